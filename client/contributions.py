@@ -1,0 +1,86 @@
+"""The client side of a round for a group of clients, summed the way the server receives it.
+
+:func:`contribute` applies the policy's client transform to the raw updates of some clients
+(one client in a Flower ``ClientApp``, a shard in a Ray actor, all sampled clients in the
+in-process engine) and returns the sums that go to the server, plus per-cohort diagnostics
+that only a simulation may record (true counts and update norms; a real client never reports
+its raw norm).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from fairclip.strategies import Policy
+from fairclip.strategies.base import Broadcast
+from fairclip.strategies.clipping import row_norms
+
+
+@dataclass
+class CohortDiagnostics:
+    """Simulation-only sums per cohort (arrays of length K)."""
+
+    sampled: np.ndarray
+    exceeded: np.ndarray
+    nonfinite: np.ndarray
+    norm_before: np.ndarray
+    norm_after: np.ndarray
+
+    @classmethod
+    def zeros(cls, num_cohorts: int) -> CohortDiagnostics:
+        return cls(*(np.zeros(num_cohorts) for _ in range(5)))
+
+    def __add__(self, other: CohortDiagnostics) -> CohortDiagnostics:
+        return CohortDiagnostics(
+            self.sampled + other.sampled,
+            self.exceeded + other.exceeded,
+            self.nonfinite + other.nonfinite,
+            self.norm_before + other.norm_before,
+            self.norm_after + other.norm_after,
+        )
+
+
+@dataclass
+class RoundSums:
+    """What the server receives from a group of clients: sums only."""
+
+    contribution_sum: np.ndarray
+    report_sum: np.ndarray
+    num_reports: int
+    diagnostics: CohortDiagnostics
+
+    def __add__(self, other: RoundSums) -> RoundSums:
+        return RoundSums(
+            self.contribution_sum + other.contribution_sum,
+            self.report_sum + other.report_sum,
+            self.num_reports + other.num_reports,
+            self.diagnostics + other.diagnostics,
+        )
+
+
+def contribute(
+    policy: Policy, params: Broadcast, updates: np.ndarray, cohorts: np.ndarray, num_cohorts: int
+) -> RoundSums:
+    """Clip the raw ``updates`` (one row per client) with ``policy`` and sum what they send."""
+    updates = np.atleast_2d(np.asarray(updates, dtype=np.float64))
+    cohorts = np.asarray(cohorts, dtype=np.int64)
+    reports = policy.client_side(updates, cohorts, params)
+
+    def per_cohort(values: np.ndarray) -> np.ndarray:
+        return np.bincount(cohorts, weights=values.astype(np.float64), minlength=num_cohorts)
+
+    finite = np.where(reports.nonfinite[:, None], 0.0, updates)
+    diagnostics = CohortDiagnostics(
+        sampled=per_cohort(np.ones(len(cohorts))),
+        exceeded=per_cohort(reports.exceeded),
+        nonfinite=per_cohort(reports.nonfinite),
+        norm_before=per_cohort(row_norms(finite)),
+        norm_after=per_cohort(row_norms(reports.contributions)),
+    )
+    return RoundSums(
+        contribution_sum=reports.contributions.sum(axis=0),
+        report_sum=reports.reports.sum(axis=0),
+        num_reports=int(updates.shape[0]),
+        diagnostics=diagnostics,
+    )

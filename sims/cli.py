@@ -1,0 +1,216 @@
+"""The ``fairclip`` command line (DESIGN section 5).
+
+Every invalid input (configuration, scenario file, command-line value) ends with one line on
+standard error naming the problem and exit status 2; no traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated
+
+import click
+import typer
+from fairclip.sims.config import builtin_scenarios, load_config, read_toml
+from fairclip.sims.errors import ConfigError
+from fairclip.sims.outputs import write_csv, write_json
+from fairclip.strategies import NoiseMultipliers, PolicyConfigError
+from fairclip.strategies.accounting import PrivacyClaim, calibrate, check_privacy_parameters
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+app = typer.Typer(
+    name="fairclip",
+    help="Who pays for differentially private clipping in federated learning.",
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
+console = Console(stderr=True)
+stdout = Console()
+
+
+class Backend(StrEnum):
+    local = "local"
+    ray = "ray"
+
+
+class Accountant(StrEnum):
+    prv = "prv"
+    rdp = "rdp"
+
+
+ScenarioOption = Annotated[
+    str | None, typer.Option("--scenario", help="A built-in scenario (see `fairclip scenarios`).")
+]
+ConfigOption = Annotated[Path | None, typer.Option("--config", help="A scenario TOML file.")]
+SetOption = Annotated[
+    list[str] | None,
+    typer.Option("--set", help="Override a configuration key: KEY=VALUE (repeatable)."),
+]
+
+
+@app.command()
+def run(
+    scenario: ScenarioOption = None,
+    config: ConfigOption = None,
+    overrides: SetOption = None,
+    out: Annotated[
+        Path | None, typer.Option("--out", help="Output folder [runs/<scenario>-<strategy>].")
+    ] = None,
+    backend: Annotated[Backend, typer.Option("--backend", help="Where clients run.")] = Backend.local,
+) -> None:
+    """Run one simulation; write rounds.csv and summary.json."""
+    from fairclip.sims.engine import RunResult, build_task, simulate
+
+    run_config = load_config(scenario, config, overrides or [])
+    if backend is Backend.ray:
+        raise ConfigError("--backend ray is not available yet in this version; use --backend local")
+    out = out or Path("runs") / f"{run_config.scenario.name}-{run_config.strategy.name}"
+    task = build_task(run_config)
+    result = RunResult()
+    progress = Progress(
+        TextColumn(f"[bold]{run_config.strategy.name}[/bold] on {run_config.scenario.name}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
+    )
+    try:
+        with progress:
+            bar = progress.add_task("rounds", total=run_config.training.rounds)
+            simulate(run_config, task, on_round=lambda _row: progress.advance(bar), result=result)
+    finally:
+        # Finished rounds are written even when the run is interrupted.
+        if result.rows or result.summary:
+            write_csv(out / "rounds.csv", result.rows)
+            write_json(out / "summary.json", result.summary)
+    if result.stop_reason:
+        console.print(f"[yellow]{result.stop_reason}[/yellow]")
+    _print_run_summary(result.summary, out)
+
+
+def _print_run_summary(summary: dict, out: Path) -> None:
+    privacy = summary["privacy"]
+    table = Table(title=f"{summary['strategy']} on {summary['scenario']} (seed {summary['seed']})")
+    table.add_column("cohort")
+    metrics = sorted({metric for values in summary["cohorts"].values() for metric in values})
+    for metric in metrics:
+        table.add_column(metric, justify="right")
+    for cohort, values in summary["cohorts"].items():
+        table.add_row(cohort, *(f"{values[m]:.4g}" for m in metrics))
+    stdout.print(table)
+    if "estimate" in summary:
+        stdout.print(f"estimate: {', '.join(f'{v:.4f}' for v in summary['estimate'])}")
+    stdout.print(
+        f"epsilon = {privacy['epsilon']} at delta = {privacy['delta']:g} ({privacy['accountant']}, "
+        f"q = {privacy['sample_rate']:g}, T = {privacy['rounds']}, "
+        f"sigma = {privacy['noise_multiplier']:.4g}, "
+        f"sigma_b = {privacy['count_noise_multiplier']}); final clip bound {summary['final_clip_bound']}"
+    )
+    stdout.print(f"wrote {out / 'rounds.csv'} and {out / 'summary.json'}")
+
+
+@app.command()
+def privacy(
+    sample_rate: Annotated[float, typer.Option("--sample-rate", help="Client sampling rate q.")],
+    rounds: Annotated[int, typer.Option("--rounds", help="Number of rounds T.")],
+    delta: Annotated[float, typer.Option("--delta", help="δ of the (ε, δ) claim.")],
+    noise_multiplier: Annotated[
+        float | None,
+        typer.Option("--noise-multiplier", help="σ_Δ, noise multiplier of the update sum."),
+    ] = None,
+    count_noise_multiplier: Annotated[
+        float | None,
+        typer.Option("--count-noise-multiplier", help="σ_b of a count release, if any."),
+    ] = None,
+    target_epsilon: Annotated[
+        float | None,
+        typer.Option("--target-epsilon", help="Print the noise multipliers that reach this ε."),
+    ] = None,
+    accountant: Annotated[Accountant, typer.Option("--accountant")] = Accountant.prv,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+) -> None:
+    """ε of T rounds of user-level DP-FedAvg, or the noise for a target ε."""
+    if (noise_multiplier is None) == (target_epsilon is None):
+        raise ConfigError("give exactly one of --noise-multiplier or --target-epsilon")
+    check_privacy_parameters(sample_rate, rounds, delta, accountant.value)
+    if target_epsilon is not None:
+        releases_reports = True  # calibrate for a policy with a count release, split σ_b = 10 σ_Δ
+        if count_noise_multiplier is not None:
+            raise ConfigError(
+                "--count-noise-multiplier is derived (10 x sigma) when --target-epsilon is given"
+            )
+        noise = calibrate(
+            target_epsilon,
+            sample_rate,
+            rounds,
+            delta,
+            accountant.value,
+            releases_reports=releases_reports,
+        )
+    else:
+        releases_reports = count_noise_multiplier is not None
+        noise = NoiseMultipliers(noise_multiplier, count_noise_multiplier or 0.0)
+    claim = PrivacyClaim.of(
+        noise,
+        releases_reports=releases_reports,
+        sample_rate=sample_rate,
+        rounds=rounds,
+        delta=delta,
+        accountant=accountant.value,
+    )
+    if as_json:
+        stdout.print_json(json.dumps(claim.as_dict()))
+        return
+    epsilon_text = "inf" if math.isinf(claim.epsilon) else f"{claim.epsilon:.4f}"
+    stdout.print(
+        f"epsilon = {epsilon_text} at delta = {delta:g} ({accountant.value} accountant; q = {sample_rate:g}, "
+        f"T = {rounds}, sigma = {claim.noise_multiplier:.4f}, sigma_b = "
+        f"{'-' if claim.count_noise_multiplier is None else f'{claim.count_noise_multiplier:.4f}'}, "
+        f"sigma_eff = {claim.effective_noise_multiplier:.4f})"
+    )
+
+
+@app.command()
+def scenarios() -> None:
+    """List the built-in scenarios."""
+    table = Table(title="built-in scenarios")
+    table.add_column("name")
+    table.add_column("description")
+    for name, path in builtin_scenarios().items():
+        table.add_row(name, read_toml(path).get("scenario", {}).get("description", ""))
+    stdout.print(table)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point: run the app and turn every input error into one line and exit status 2."""
+    try:
+        # Without standalone mode click returns the exit status of --help, Ctrl-C and the like.
+        status = app(args=argv, prog_name="fairclip", standalone_mode=False)
+    except click.exceptions.Exit as done:
+        sys.exit(done.exit_code)
+    except click.exceptions.Abort:
+        console.print("aborted")
+        sys.exit(130)
+    except click.ClickException as error:
+        _fail(error.format_message())
+    except (ConfigError, PolicyConfigError) as error:
+        _fail(str(error))
+    except KeyboardInterrupt:
+        status = 130
+    if status == 130:
+        console.print("interrupted; finished rounds were written")
+    if isinstance(status, int) and status != 0:
+        sys.exit(status)
+
+
+def _fail(message: str) -> None:
+    print(f"fairclip: error: {message}", file=sys.stderr)
+    sys.exit(2)

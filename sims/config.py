@@ -1,0 +1,250 @@
+"""Scenario configuration: TOML files, ``--set`` overrides and validation (DESIGN section 5).
+
+A configuration has the tables ``[scenario]``, ``[federation]``, ``[training]``,
+``[strategy]`` and ``[privacy]`` and a top-level ``seed``. Keys directly under ``[strategy]``
+(besides ``name``) apply to whichever policy is chosen; a sub-table ``[strategy.<policy>]``
+holds defaults for that one policy only, so a scenario can give ``bounded`` its lower bound
+without breaking ``--set strategy.name=constant``. Direct keys win over the sub-table, which
+is where ``--set strategy.lower_bound=...`` lands. Unknown keys and out-of-range values raise
+:class:`ConfigError` with one line naming the key.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import tomllib
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from fairclip.sims.errors import ConfigError
+from fairclip.strategies import POLICIES, PolicyConfigError, build_policy, policy_parameters
+from fairclip.strategies.accounting import ACCOUNTANTS
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+SCENARIO_DIR = Path(__file__).parent / "scenarios"
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+PositiveFloat = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+NonNegativeFloat = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+
+
+class CohortSpec(_Section):
+    """One cohort of the ``mean-estimation`` task: its share of clients and point cloud."""
+
+    share: Annotated[float, Field(gt=0, le=1)]
+    centre: float | list[float]
+    spread: NonNegativeFloat = 0.0
+
+
+class ScenarioSpec(_Section):
+    """What the clients hold and what the model is."""
+
+    name: str
+    description: str = ""
+    task: Literal["mean-estimation"]
+    dimension: Annotated[int, Field(ge=1)] = 1
+    cohorts: dict[str, CohortSpec]
+
+    @field_validator("cohorts")
+    @classmethod
+    def _shares_sum_to_one(cls, cohorts: dict[str, CohortSpec]) -> dict[str, CohortSpec]:
+        if not cohorts:
+            raise ValueError("at least one cohort is required")
+        total = sum(c.share for c in cohorts.values())
+        if not math.isclose(total, 1.0, abs_tol=1e-6):
+            raise ValueError(f"cohort shares must sum to 1 (they sum to {total:g})")
+        return cohorts
+
+    @model_validator(mode="after")
+    def _centres_match_dimension(self) -> ScenarioSpec:
+        for name, cohort in self.cohorts.items():
+            if isinstance(cohort.centre, list) and len(cohort.centre) != self.dimension:
+                raise ValueError(
+                    f"cohorts.{name}.centre has {len(cohort.centre)} values but dimension is {self.dimension}"
+                )
+        return self
+
+
+class FederationSpec(_Section):
+    num_clients: Annotated[int, Field(ge=1)]
+    sample_rate: Annotated[float, Field(gt=0, le=1)]
+
+
+class TrainingSpec(_Section):
+    rounds: Annotated[int, Field(ge=1)]
+    local_epochs: Annotated[int, Field(ge=1)] = 1
+    batch_size: Annotated[int, Field(ge=1)] = 32
+    client_lr: PositiveFloat = 0.1
+    server_lr: PositiveFloat = 1.0
+    server_momentum: Annotated[float, Field(ge=0, lt=1)] = 0.0
+
+
+class PrivacySpec(_Section):
+    noise_multiplier: NonNegativeFloat = 0.0
+    count_noise_multiplier: NonNegativeFloat | None = None
+    target_epsilon: PositiveFloat | None = None
+    epsilon_budget: PositiveFloat | None = None
+    delta: Annotated[float, Field(gt=0, lt=1)] = 1e-5
+    accountant: Literal["prv", "rdp"] = "prv"
+
+
+class StrategySpec(_Section):
+    """The chosen policy and its complete parameters (defaults filled in)."""
+
+    name: str
+    params: dict[str, Any]
+
+
+class RunConfig(_Section):
+    seed: Annotated[int, Field(ge=0)] = 0
+    scenario: ScenarioSpec
+    federation: FederationSpec
+    training: TrainingSpec
+    strategy: StrategySpec
+    privacy: PrivacySpec
+
+    @property
+    def expected_clients(self) -> float:
+        """m̂ = qN, the public denominator."""
+        return self.federation.sample_rate * self.federation.num_clients
+
+    def as_dict(self) -> dict[str, Any]:
+        """The resolved configuration, as it would be written back to TOML (strategy flattened)."""
+        data = self.model_dump()
+        strategy = data.pop("strategy")
+        data["strategy"] = {"name": strategy["name"], **strategy["params"]}
+        return data
+
+
+# ----- loading --------------------------------------------------------------------------
+
+
+def builtin_scenarios() -> dict[str, Path]:
+    """Name -> file of every scenario shipped inside the package."""
+    return {path.stem: path for path in sorted(SCENARIO_DIR.glob("*.toml"))}
+
+
+def read_toml(path: Path) -> dict[str, Any]:
+    """Parse a TOML file; a missing or malformed file is a :class:`ConfigError`."""
+    try:
+        with path.open("rb") as handle:
+            return tomllib.load(handle)
+    except FileNotFoundError:
+        raise ConfigError(f"config file not found: {path}") from None
+    except tomllib.TOMLDecodeError as error:
+        raise ConfigError(f"{path}: invalid TOML ({error})") from None
+
+
+def scenario_source(scenario: str | None, config_file: Path | None) -> dict[str, Any]:
+    """The raw configuration of a built-in scenario or of a TOML file (exactly one of them)."""
+    if (scenario is None) == (config_file is None):
+        raise ConfigError("give exactly one of --scenario NAME or --config FILE")
+    if config_file is not None:
+        return read_toml(config_file)
+    scenarios = builtin_scenarios()
+    if scenario not in scenarios:
+        raise ConfigError(f"unknown scenario {scenario!r} (built-in: {', '.join(scenarios)})")
+    return read_toml(scenarios[scenario])
+
+
+def parse_override(assignment: str) -> tuple[list[str], Any]:
+    """``a.b.c=VALUE`` -> (["a", "b", "c"], value); VALUE is read as TOML, else as a string."""
+    key, separator, text = assignment.partition("=")
+    path = [part.strip() for part in key.split(".")]
+    if not separator or not all(path):
+        raise ConfigError(f"--set expects KEY=VALUE with a dotted key (got {assignment!r})")
+    try:
+        value = tomllib.loads(f"value = {text.strip()}")["value"]
+    except tomllib.TOMLDecodeError:
+        value = text.strip()
+    return path, value
+
+
+def apply_overrides(raw: dict[str, Any], assignments: list[str]) -> dict[str, Any]:
+    """A copy of ``raw`` with every ``--set`` assignment applied in order."""
+    result = copy.deepcopy(raw)
+    for assignment in assignments:
+        path, value = parse_override(assignment)
+        table = result
+        for part in path[:-1]:
+            child = table.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise ConfigError(f"--set {assignment}: {part!r} is a value, not a table")
+            table = child
+        table[path[-1]] = value
+    return result
+
+
+def resolve_strategy(raw_strategy: dict[str, Any], num_cohorts: int) -> StrategySpec:
+    """Merge ``[strategy.<name>]`` with the direct keys, check every key and fill in defaults."""
+    if not isinstance(raw_strategy, dict) or "name" not in raw_strategy:
+        raise ConfigError("strategy.name is required")
+    name = raw_strategy["name"]
+    if name not in POLICIES:
+        raise ConfigError(f"strategy.name: unknown strategy {name!r} (known: {', '.join(POLICIES)})")
+    direct = {k: v for k, v in raw_strategy.items() if k != "name" and not isinstance(v, dict)}
+    for policy_name, table in raw_strategy.items():
+        if isinstance(table, dict):
+            if policy_name not in POLICIES:
+                raise ConfigError(f"strategy.{policy_name}: no strategy of that name")
+            _check_keys(policy_name, table, f"strategy.{policy_name}")
+    params = {**raw_strategy.get(name, {}), **direct}
+    _check_keys(name, params, "strategy")
+    try:
+        build_policy(name, params, num_cohorts=num_cohorts)
+    except PolicyConfigError as error:
+        raise ConfigError(f"strategy ({name}): {error}") from None
+    return StrategySpec(name=name, params={**policy_parameters(name), **params})
+
+
+def _check_keys(policy_name: str, params: dict[str, Any], where: str) -> None:
+    known = policy_parameters(policy_name)
+    for key in params:
+        if key not in known:
+            takes = ", ".join(known)
+            raise ConfigError(
+                f"{where}.{key}: strategy {policy_name!r} has no such parameter (it takes: {takes})"
+            )
+
+
+def validate(raw: dict[str, Any]) -> RunConfig:
+    """Turn a raw configuration into a :class:`RunConfig`, or raise one-line :class:`ConfigError`."""
+    raw = copy.deepcopy(raw)
+    raw_strategy = raw.pop("strategy", None)
+    num_cohorts = len(raw.get("scenario", {}).get("cohorts", {}) or {}) or 1
+    try:
+        partial = RunConfig.model_validate({**raw, "strategy": {"name": "none", "params": {}}}, strict=True)
+    except ValidationError as error:
+        raise ConfigError(_first_error(error)) from None
+    strategy = resolve_strategy(raw_strategy, num_cohorts)
+    return partial.model_copy(update={"strategy": strategy})
+
+
+def load_config(scenario: str | None, config_file: Path | None, assignments: list[str]) -> RunConfig:
+    """Scenario or file, then ``--set`` overrides, then validation."""
+    return validate(apply_overrides(scenario_source(scenario, config_file), assignments))
+
+
+def _first_error(error: ValidationError) -> str:
+    first = error.errors()[0]
+    location = ".".join(str(part) for part in first["loc"]) or "config"
+    message = first["msg"].removeprefix("Value error, ")
+    if first["type"] == "extra_forbidden":
+        message = "unknown key"
+    elif first["type"] == "missing":
+        message = "required key is missing"
+    given = first.get("input")
+    suffix = (
+        ""
+        if first["type"] in {"missing", "extra_forbidden"} or isinstance(given, dict)
+        else f" (got {given!r})"
+    )
+    return f"{location}: {message}{suffix}"
+
+
+__all__ = ["ACCOUNTANTS", "ConfigError", "RunConfig", "load_config", "validate"]

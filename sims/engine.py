@@ -1,0 +1,165 @@
+"""The round loop of a simulation (DESIGN section 2), shared by every backend.
+
+One round t:
+
+1. Poisson sampling of clients with rate q (:func:`fairclip.sims.randomness.poisson_sample`).
+2. The policy broadcasts its public parameters; the sampled clients train and their updates
+   go through the policy's client side. *Where* that happens is the backend's only job
+   (:class:`ClientExecutor`): in this process, or in Ray actors.
+3. The policy's server side noises the sums with the sensitivity of this round, forms Δ̂ and
+   moves its state; the server optimizer steps the model.
+4. ε after t rounds is recorded; the run stops before a round that would exceed the budget.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+from fairclip.client.contributions import RoundSums, contribute
+from fairclip.server.optimizer import ServerSGD
+from fairclip.sims.config import RunConfig
+from fairclip.sims.privacy_plan import PrivacyPlan, json_number, plan_privacy
+from fairclip.sims.randomness import Stream, poisson_sample, rng
+from fairclip.sims.tasks import Task
+from fairclip.strategies import Policy, build_policy
+from fairclip.strategies.base import Broadcast
+
+
+class ClientExecutor(Protocol):
+    """Runs the client side of a round for the sampled clients and returns their sums."""
+
+    def __call__(
+        self, model: np.ndarray, client_ids: np.ndarray, round_number: int, params: Broadcast
+    ) -> RoundSums: ...
+
+
+@dataclass
+class LocalExecutor:
+    """All sampled clients in this process, in one vectorised call of the policy's client side."""
+
+    task: Task
+    policy: Policy
+
+    def __call__(self, model, client_ids, round_number, params) -> RoundSums:
+        updates = self.task.local_updates(model, client_ids, round_number)
+        cohorts = self.task.client_cohorts[client_ids]
+        return contribute(self.policy, params, updates, cohorts, len(self.task.cohort_names))
+
+
+@dataclass
+class RunResult:
+    """Rows of ``rounds.csv`` and the content of ``summary.json``."""
+
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    summary: dict[str, Any] = field(default_factory=dict)
+    stop_reason: str | None = None
+
+
+def build_task(config: RunConfig) -> Task:
+    """The task of a scenario."""
+    from fairclip.sims.mean_estimation import MeanEstimationTask
+
+    if config.scenario.task == "mean-estimation":
+        return MeanEstimationTask(config.scenario, config.federation.num_clients, config.seed)
+    raise ValueError(f"unknown task {config.scenario.task!r}")
+
+
+def simulate(
+    config: RunConfig,
+    task: Task,
+    executor_factory: Callable[[Task, Policy], ClientExecutor] = LocalExecutor,
+    on_round: Callable[[dict[str, Any]], None] | None = None,
+    result: RunResult | None = None,
+) -> RunResult:
+    """Run every round of ``config``. Rows are appended to ``result`` as rounds finish, so a
+    caller that is interrupted still holds every finished round."""
+    result = result if result is not None else RunResult()
+    cohort_names = task.cohort_names
+    policy = build_policy(config.strategy.name, config.strategy.params, num_cohorts=len(cohort_names))
+    model = task.initial_model()
+    plan = plan_privacy(config, policy, model.shape[0])
+    state = policy.initial_state(model.shape[0])
+    optimizer = ServerSGD(config.training.server_lr, config.training.server_momentum)
+    execute = executor_factory(task, policy)
+    expected = config.expected_clients
+    num_clients = config.federation.num_clients
+
+    result.summary = _summary(config, plan, policy, state, task, model, 0, None)
+    for round_number in range(1, config.training.rounds + 1):
+        if round_number > plan.rounds_allowed:
+            result.stop_reason = plan.budget_message(round_number - 1)
+            break
+        client_ids = poisson_sample(config.seed, round_number, num_clients, config.federation.sample_rate)
+        sums = execute(model, client_ids, round_number, policy.broadcast(state))
+        server = policy.server_side(
+            state,
+            sums.contribution_sum,
+            sums.report_sum,
+            expected_clients=expected,
+            num_reports=sums.num_reports,
+            noise=plan.noise,
+            rng=rng(config.seed, Stream.NOISE, round_number),
+        )
+        model = optimizer.step(model, server.estimate, server.server_lr_factor)
+        state = server.state
+        overall, per_cohort = task.evaluate(model)
+        row = _round_row(round_number, server, sums, plan, overall, per_cohort, cohort_names)
+        result.rows.append(row)
+        result.summary = _summary(config, plan, policy, state, task, model, round_number, per_cohort)
+        if on_round is not None:
+            on_round(row)
+    result.summary["stopped_early"] = result.stop_reason
+    return result
+
+
+def _round_row(round_number, server, sums: RoundSums, plan: PrivacyPlan, overall, per_cohort, cohort_names):
+    diagnostics = sums.diagnostics
+    sampled = max(sums.num_reports, 1)
+    row: dict[str, Any] = {
+        "round": round_number,
+        "clip_bound": server.clip_bound,
+        "noise_std": server.noise_std,
+        "sensitivity": server.sensitivity,
+        "clipped_fraction": float(diagnostics.exceeded.sum() / sampled),
+        "epsilon": plan.epsilon_after(round_number),
+        "sampled_clients": sums.num_reports,
+        "nonfinite_updates": int(diagnostics.nonfinite.sum()),
+        "server_lr_factor": server.server_lr_factor,
+        **server.info,
+        **overall,
+    }
+    for index, name in enumerate(cohort_names):
+        count = diagnostics.sampled[index]
+        row[f"{name}/sampled"] = int(count)
+        row[f"{name}/clipped_fraction"] = _ratio(diagnostics.exceeded[index], count)
+        row[f"{name}/norm_before"] = _ratio(diagnostics.norm_before[index], count)
+        row[f"{name}/norm_after"] = _ratio(diagnostics.norm_after[index], count)
+        for metric, value in per_cohort[name].items():
+            row[f"{name}/{metric}"] = value
+    return row
+
+
+def _ratio(total: float, count: float) -> float:
+    return float(total / count) if count > 0 else math.nan
+
+
+def _summary(config, plan: PrivacyPlan, policy, state, task, model, completed, per_cohort) -> dict[str, Any]:
+    claim = plan.claim(completed).as_dict()
+    return {
+        "scenario": config.scenario.name,
+        "strategy": config.strategy.name,
+        "seed": config.seed,
+        "rounds_completed": completed,
+        "epsilon": claim["epsilon"],
+        "delta": plan.delta,
+        "privacy": claim,
+        "privacy_budget": plan.budget,
+        "final_clip_bound": json_number(float(policy.clip_bound(state))),
+        "cohorts": per_cohort or {},
+        **task.summary(model),
+        "config": config.as_dict(),
+    }

@@ -1,0 +1,110 @@
+"""The privacy side of a run: noise multipliers, ε per round and the budget that stops it.
+
+Resolution of ``[privacy]`` (DESIGN section 5): ``target_epsilon`` (when set) calibrates σ_Δ and
+σ_b for the configured number of rounds; otherwise σ_Δ = ``noise_multiplier`` and
+σ_b = ``count_noise_multiplier`` (default 10 σ_Δ). The budget is ``epsilon_budget``, or the
+target when calibrating; a run stops before the first round whose ε would exceed it.
+The non-private ``none`` policy adds no noise and has ε = ∞.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from fairclip.sims.config import RunConfig
+from fairclip.sims.errors import ConfigError
+from fairclip.strategies import NoiseMultipliers, Policy, PolicyConfigError
+from fairclip.strategies.accounting import (
+    DEFAULT_COUNT_RATIO,
+    PrivacyClaim,
+    calibrate,
+    effective_noise_multiplier,
+    epsilon,
+    rounds_within_budget,
+)
+
+
+@dataclass(frozen=True)
+class PrivacyPlan:
+    """Noise of every round and the accounting parameters of one run."""
+
+    noise: NoiseMultipliers
+    releases_reports: bool
+    sample_rate: float
+    delta: float
+    accountant: str
+    budget: float | None
+    rounds_allowed: int
+
+    @property
+    def effective_noise_multiplier(self) -> float:
+        return effective_noise_multiplier(self.noise, self.releases_reports)
+
+    def epsilon_after(self, rounds: int) -> float:
+        """ε spent after ``rounds`` rounds."""
+        return epsilon(self.effective_noise_multiplier, self.sample_rate, rounds, self.delta, self.accountant)
+
+    def claim(self, rounds: int) -> PrivacyClaim:
+        """ε after ``rounds`` rounds with everything it came from."""
+        return PrivacyClaim.of(
+            self.noise,
+            releases_reports=self.releases_reports,
+            sample_rate=self.sample_rate,
+            rounds=rounds,
+            delta=self.delta,
+            accountant=self.accountant,
+        )
+
+    def budget_message(self, completed: int) -> str:
+        """Why a run stopped after ``completed`` rounds."""
+        return (
+            f"privacy budget reached: round {completed + 1} would spend epsilon="
+            f"{self.epsilon_after(completed + 1):.4g} > budget {self.budget:g} "
+            f"(delta={self.delta:g}, {self.accountant}, q={self.sample_rate:g}, "
+            f"sigma_eff={self.effective_noise_multiplier:.4g}); stopped after {completed} rounds"
+        )
+
+
+def plan_privacy(config: RunConfig, policy: Policy, dimension: int) -> PrivacyPlan:
+    """Resolve the noise multipliers and the budget of a run."""
+    privacy = config.privacy
+    rounds = config.training.rounds
+    q = config.federation.sample_rate
+    releases_reports = policy.report_size(dimension) > 0
+    try:
+        if not policy.private:
+            noise = NoiseMultipliers(0.0, 0.0)
+        elif privacy.target_epsilon is not None:
+            noise = calibrate(
+                privacy.target_epsilon,
+                q,
+                rounds,
+                privacy.delta,
+                privacy.accountant,
+                releases_reports=releases_reports,
+            )
+        else:
+            count = privacy.count_noise_multiplier
+            noise = NoiseMultipliers(
+                privacy.noise_multiplier,
+                DEFAULT_COUNT_RATIO * privacy.noise_multiplier if count is None else count,
+            )
+    except PolicyConfigError as error:
+        raise ConfigError(f"privacy: {error}") from None
+    budget = privacy.epsilon_budget if privacy.epsilon_budget is not None else privacy.target_epsilon
+    plan = PrivacyPlan(noise, releases_reports, q, privacy.delta, privacy.accountant, budget, rounds)
+    if budget is not None and policy.private:
+        sigma_eff = plan.effective_noise_multiplier
+        allowed = (
+            0
+            if sigma_eff == 0
+            else rounds_within_budget(budget, sigma_eff, q, privacy.delta, privacy.accountant, rounds)
+        )
+        plan = PrivacyPlan(noise, releases_reports, q, privacy.delta, privacy.accountant, budget, allowed)
+    return plan
+
+
+def json_number(value: float) -> float | str:
+    """JSON has no infinity: write it as the string "inf"."""
+    return "inf" if math.isinf(value) else value

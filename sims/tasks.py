@@ -1,0 +1,27 @@
+"""What an engine needs from a scenario: clients, cohorts, local updates and evaluation."""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import numpy as np
+
+
+class Task(Protocol):
+    """A federated task: the population of clients and how they train and are evaluated."""
+
+    cohort_names: list[str]
+    client_cohorts: np.ndarray
+    """Cohort index of each of the N clients."""
+
+    def initial_model(self) -> np.ndarray:
+        """θ_0 as a flat float64 vector."""
+
+    def local_updates(self, model: np.ndarray, client_ids: np.ndarray, round_number: int) -> np.ndarray:
+        """Raw updates Δ_i = θ_i − θ_t of the given clients, one row each."""
+
+    def evaluate(self, model: np.ndarray) -> tuple[dict[str, float], dict[str, dict[str, float]]]:
+        """(global metrics, per-cohort metrics) of ``model``."""
+
+    def summary(self, model: np.ndarray) -> dict[str, Any]:
+        """Task-specific entries of ``summary.json`` for the final model."""

@@ -1,0 +1,79 @@
+"""``adaptive``: hard clipping at a bound that tracks a quantile of the update norms.
+
+Andrew, Thakkar, McMahan, Ramaswamy, "Differentially Private Learning with Adaptive
+Clipping", NeurIPS 2021 (τ = 1); Esipova, Ghomi, Luo, Cresswell, "Disparate Impact in
+Differential Privacy from Gradient Misalignment", ICLR 2023 (threshold multiplier τ).
+
+Client i, round t (bound C_t broadcast by the server)::
+
+    Δ̄_i = Δ_i · min(1, C_t / ||Δ_i||)
+    b_i = 1[ ||Δ_i|| > τ · C_t ]                 (report: counts updates *above* τ·C_t)
+
+Server, after noise (B = Σ b_i + N(0, σ_b²), b̃ = clamp(B / m̂, 0, 1))::
+
+    C_{t+1} = max(C_LB, C_t · exp(η_C · (b̃ − γ)))
+
+γ is the target fraction of updates above τ·C; too many above makes the bound grow. With
+τ = 1 this is Andrew et al.'s rule written for clipped rather than unclipped updates
+(γ = 1 − γ'). The noise of round t uses C_t, the bound that clipped round t. Here C_LB = 0;
+``bounded`` is the same policy with C_LB > 0.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from fairclip.strategies import checks
+from fairclip.strategies.base import Broadcast, Policy, geometric_update, noisy_fraction
+from fairclip.strategies.clipping import hard_clip
+from fairclip.strategies.constant import BoundState
+
+
+class AdaptiveClipping(Policy):
+    """Hard clipping with the geometric bound update of Andrew et al. (C_LB = 0)."""
+
+    name = "adaptive"
+
+    def __init__(
+        self,
+        *,
+        initial_bound: float = 1.0,
+        target_quantile: float = 0.5,
+        threshold_multiplier: float = 2.5,
+        bound_lr: float = 0.2,
+        num_cohorts: int = 1,
+        normalize: bool = False,
+    ):
+        super().__init__(num_cohorts=num_cohorts, normalize=normalize)
+        self.initial_bound = checks.positive("initial_bound", initial_bound)
+        self.target_quantile = checks.fraction("target_quantile", target_quantile)
+        self.threshold_multiplier = checks.positive("threshold_multiplier", threshold_multiplier)
+        self.bound_lr = checks.non_negative("bound_lr", bound_lr)
+        self.lower_bound = 0.0
+
+    def initial_state(self, dim: int) -> BoundState:
+        return BoundState(self.initial_bound)
+
+    def broadcast(self, state: BoundState) -> Broadcast:
+        return {"bound": state.bound, "threshold_multiplier": self.threshold_multiplier}
+
+    def sensitivity(self, state: BoundState) -> float:
+        return state.bound
+
+    def contribution_bounds(self, params: Broadcast, cohorts: np.ndarray) -> np.ndarray:
+        return np.full(cohorts.shape[0], float(params["bound"]))
+
+    def report_size(self, dim: int) -> int:
+        return 1
+
+    def transform(self, updates, norms, cohorts, params):
+        bound = float(params["bound"])
+        above = norms > float(params["threshold_multiplier"]) * bound
+        return hard_clip(updates, norms, bound), above[:, None].astype(np.float64), above
+
+    def next_state(self, state: BoundState, estimate, noisy_reports, expected_clients) -> BoundState:
+        fraction = noisy_fraction(noisy_reports, expected_clients)
+        return BoundState(
+            geometric_update(state.bound, fraction, self.target_quantile, self.bound_lr, self.lower_bound)
+        )
+

@@ -1,0 +1,259 @@
+"""The contract every clipping policy fulfils, and the server step they share.
+
+A policy is split the way pfl-research splits a privacy mechanism
+(``postprocess_one_user`` / ``postprocess_server``):
+
+* **client side** -- :meth:`Policy.client_side` turns the raw updates Δ_i of some clients into
+  their contributions Δ̄_i and their report vectors a_i (the bits the policy needs: a count
+  indicator, a one-hot cohort count, or a unit direction). It sees only the public parameters
+  that the server broadcast for the round (:meth:`Policy.broadcast`).
+* **server side** -- :meth:`Policy.server_side` takes the *sums* Σ Δ̄_i and Σ a_i, adds
+  Gaussian noise, forms the update estimate and moves the policy state.
+
+Notation (DESIGN section 2)::
+
+    Δ_i        raw model update of client i (a flat float vector)
+    Δ̄_i        its contribution after the policy's client transform
+    a_i        its report vector (L2 norm <= 1 under add/remove of client i)
+    s_t        sensitivity of one contribution in round t: ||Δ̄_i|| <= s_t for every i
+    σ_Δ, σ_b   noise multipliers of the update sum and of the report sum
+    m̂ = qN    expected number of sampled clients (public)
+
+    S   = Σ Δ̄_i + N(0, (σ_Δ s_t)² I)       noise calibrated to the bound that clipped round t
+    A   = Σ a_i + N(0, σ_b² I)              (only if the policy releases reports)
+    Δ̂   = S / m̂        or  S / (m̂ s_t) with ``normalize`` (De et al. 2022)
+    state_{t+1} = policy.next_state(state_t, Δ̂, A, m̂)    after noise, never before
+
+The engines (in-process, Ray, Flower) call exactly these two methods with flattened update
+vectors; no engine re-implements any part of a policy.
+
+Two invariants are guaranteed here, not in each policy: every contribution leaves
+:meth:`Policy.client_side` with norm at most its sensitivity (a final guarded projection,
+:func:`fairclip.strategies.clipping.clip_rows`), and non-finite updates are replaced by zero
+contributions, so a diverged client can never break the bound.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import numpy as np
+
+from fairclip.strategies.clipping import clip_rows, row_norms
+from fairclip.strategies.errors import PolicyConfigError
+
+State = Any
+"""A policy's state: an immutable dataclass owned by the policy (for example the bound C_t)."""
+
+Broadcast = dict[str, Any]
+"""Public per-round parameters sent to clients: floats or lists of floats, JSON-serialisable."""
+
+BOUND_FLOOR = 1e-30
+"""Smallest bound any geometric update may reach, so a bound never underflows to zero."""
+
+
+@dataclass(frozen=True)
+class NoiseMultipliers:
+    """Noise multipliers of one round's releases.
+
+    ``update`` is σ_Δ (the sum of contributions is noised with σ_Δ · s_t); ``report`` is σ_b
+    (the sum of report vectors, each of L2 norm at most 1, is noised with σ_b). Zero turns a
+    release's noise off.
+    """
+
+    update: float
+    report: float
+
+    def __post_init__(self) -> None:
+        for label, value in (("noise multiplier", self.update), ("count noise multiplier", self.report)):
+            if not np.isfinite(value) or value < 0:
+                raise PolicyConfigError(f"{label} must be a finite number >= 0 (got {value})")
+
+
+@dataclass(frozen=True)
+class ClientReports:
+    """What a batch of clients sends, plus simulation-only diagnostics.
+
+    ``contributions`` (n, d) and ``reports`` (n, k) are what a real client sends.
+    ``exceeded`` (n,) is the true indicator ||Δ_i|| > τ·bound, and ``nonfinite`` (n,) marks
+    updates that were not finite and were replaced by zero; both are diagnostics that only a
+    simulation may record (a real client never reveals them).
+    """
+
+    contributions: np.ndarray
+    reports: np.ndarray
+    exceeded: np.ndarray
+    nonfinite: np.ndarray
+
+
+@dataclass(frozen=True)
+class ServerRound:
+    """Result of the server side of one round."""
+
+    estimate: np.ndarray
+    """Δ̂, the noisy update estimate handed to the server optimizer."""
+    state: State
+    """The policy state for the next round."""
+    sensitivity: float
+    """s_t, the sensitivity that this round's noise was calibrated to."""
+    clip_bound: float
+    """The bound that clipped this round's updates (the largest one for ``per-cohort``)."""
+    server_lr_factor: float
+    """Factor on the server learning rate for this round's step (1 except for ``online``)."""
+    noise_std: float
+    """Standard deviation σ_Δ · s_t of the noise added to the sum of contributions."""
+    noisy_reports: np.ndarray | None
+    """The noisy sum of report vectors, or ``None`` when the policy releases none."""
+    info: dict[str, float] = field(default_factory=dict)
+    """Extra public values to log (for example the server learning-rate factor of ``online``)."""
+
+
+class Policy(ABC):
+    """A clipping policy: a client transform, a noise sensitivity and a bound update."""
+
+    name: ClassVar[str]
+    needs_cohorts: ClassVar[bool] = False
+    """Whether the server must know each client's cohort (``per-cohort``, ``reweight``)."""
+    private: ClassVar[bool] = True
+    """False only for ``none``, the non-private reference."""
+
+    def __init__(self, *, num_cohorts: int = 1, normalize: bool = False) -> None:
+        if num_cohorts < 1:
+            raise PolicyConfigError(f"num_cohorts must be >= 1 (got {num_cohorts})")
+        self.num_cohorts = int(num_cohorts)
+        self.normalize = bool(normalize)
+
+    # ----- what a policy defines -------------------------------------------------------
+    @abstractmethod
+    def initial_state(self, dim: int) -> State:
+        """State before round 1, for models with ``dim`` parameters."""
+
+    @abstractmethod
+    def broadcast(self, state: State) -> Broadcast:
+        """Public parameters that clients need to transform their updates in this round."""
+
+    @abstractmethod
+    def sensitivity(self, state: State) -> float:
+        """s_t: the largest norm any contribution can have under ``broadcast(state)``."""
+
+    @abstractmethod
+    def contribution_bounds(self, params: Broadcast, cohorts: np.ndarray) -> np.ndarray:
+        """Per-client norm bound of the contribution (each at most the round's sensitivity)."""
+
+    @abstractmethod
+    def transform(
+        self, updates: np.ndarray, norms: np.ndarray, cohorts: np.ndarray, params: Broadcast
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Client transform of finite updates: (contributions, reports, exceeded)."""
+
+    def report_size(self, dim: int) -> int:
+        """Length k of each client's report vector (0: the policy releases nothing else)."""
+        return 0
+
+    def next_state(
+        self, state: State, estimate: np.ndarray, noisy_reports: np.ndarray | None, expected_clients: float
+    ) -> State:
+        """State of round t+1 from the released (noisy) values of round t."""
+        return state
+
+    def round_info(self, state: State) -> dict[str, float]:
+        """Public values of ``state`` worth logging each round."""
+        return {}
+
+    def clip_bound(self, state: State) -> float:
+        """The bound reported as ``clip_bound``; the sensitivity unless a policy says otherwise."""
+        return self.sensitivity(state)
+
+    def server_lr_factor(self, state: State) -> float:
+        """Factor on the server learning rate (``online`` adapts it; others keep 1)."""
+        return 1.0
+
+    # ----- the client side, shared by every engine -------------------------------------
+    def client_side(self, updates: np.ndarray, cohorts: np.ndarray, params: Broadcast) -> ClientReports:
+        """Transform the raw updates of ``n`` clients (rows of ``updates``) into what they send.
+
+        ``cohorts`` holds each client's cohort index; only policies with ``needs_cohorts``
+        read it. Every returned contribution has norm at most its client's bound.
+        """
+        updates = np.atleast_2d(np.asarray(updates, dtype=np.float64))
+        cohorts = np.asarray(cohorts, dtype=np.int64).reshape(-1)
+        if cohorts.shape[0] != updates.shape[0]:
+            raise ValueError(f"{updates.shape[0]} updates but {cohorts.shape[0]} cohort labels")
+        if self.needs_cohorts and cohorts.size and (cohorts.min() < 0 or cohorts.max() >= self.num_cohorts):
+            raise ValueError(f"cohort index outside 0..{self.num_cohorts - 1}")
+        nonfinite = ~np.isfinite(updates).all(axis=1)
+        safe = np.where(nonfinite[:, None], 0.0, updates)
+        norms = row_norms(safe)
+        contributions, reports, exceeded = self.transform(safe, norms, cohorts, params)
+        contributions = clip_rows(contributions, self.contribution_bounds(params, cohorts))
+        reports = reports.copy()
+        reports[nonfinite] = 0.0
+        return ClientReports(
+            contributions=contributions,
+            reports=reports,
+            exceeded=exceeded & ~nonfinite,
+            nonfinite=nonfinite,
+        )
+
+    # ----- the server side, shared by every engine -------------------------------------
+    def server_side(
+        self,
+        state: State,
+        contribution_sum: np.ndarray,
+        report_sum: np.ndarray | None,
+        *,
+        expected_clients: float,
+        num_reports: int,
+        noise: NoiseMultipliers,
+        rng: np.random.Generator,
+    ) -> ServerRound:
+        """Noise the sums, form Δ̂ and move the state (module docstring).
+
+        ``num_reports`` is the true number of clients that reported. It is private and only the
+        non-private ``none`` policy reads it; every private policy divides by the public
+        ``expected_clients`` m̂.
+        """
+        if expected_clients <= 0:
+            raise ValueError(f"expected_clients must be > 0 (got {expected_clients})")
+        sensitivity = float(self.sensitivity(state))
+        noise_std = noise.update * sensitivity
+        noisy_sum = contribution_sum + rng.normal(0.0, 1.0, size=contribution_sum.shape) * noise_std
+        noisy_reports = None
+        if self.report_size(contribution_sum.shape[0]) > 0:
+            if report_sum is None:
+                raise ValueError(f"policy {self.name!r} needs the sum of client reports")
+            noisy_reports = report_sum + rng.normal(0.0, 1.0, size=report_sum.shape) * noise.report
+        denominator = expected_clients * (sensitivity if self.normalize else 1.0)
+        estimate = noisy_sum / denominator
+        next_state = self.next_state(state, estimate, noisy_reports, expected_clients)
+        return ServerRound(
+            estimate=estimate,
+            state=next_state,
+            sensitivity=sensitivity,
+            clip_bound=float(self.clip_bound(state)),
+            server_lr_factor=float(self.server_lr_factor(state)),
+            noise_std=noise_std,
+            noisy_reports=noisy_reports,
+            info=self.round_info(state),
+        )
+
+
+def geometric_update(
+    bound: float, fraction_above: float, target: float, learning_rate: float, lower: float
+) -> float:
+    """C_{t+1} = max(C_LB, C_t · exp(η_C · (b̃ − γ))), with b̃ clamped to [0, 1] first.
+
+    b̃ is the noisy fraction of updates above τ·C_t (DESIGN section 2, step 4); clamping it to
+    its valid range is post-processing. The result never falls below ``BOUND_FLOOR``.
+    """
+    clamped = min(max(float(fraction_above), 0.0), 1.0)
+    return max(lower, BOUND_FLOOR, bound * float(np.exp(learning_rate * (clamped - target))))
+
+
+def noisy_fraction(noisy_count: np.ndarray | None, expected_clients: float) -> float:
+    """b̃ = B / m̂ from a released one-element count vector."""
+    if noisy_count is None:
+        raise ValueError("the bound update needs the noisy count")
+    return float(noisy_count[0]) / expected_clients

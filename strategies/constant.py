@@ -1,0 +1,50 @@
+"""``constant``: hard clipping at a fixed bound (Abadi et al. 2016; McMahan et al. 2018).
+
+    Δ̄_i = Δ_i · min(1, C / ||Δ_i||)          s_t = C for every round
+
+McMahan, Ramage, Talwar, Zhang, "Learning Differentially Private Recurrent Language Models",
+ICLR 2018 (DP-FedAvg); Abadi et al., "Deep Learning with Differential Privacy", CCS 2016.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from fairclip.strategies import checks
+from fairclip.strategies.base import Broadcast, Policy
+from fairclip.strategies.clipping import hard_clip
+
+
+@dataclass(frozen=True)
+class BoundState:
+    """The clipping bound C_t of the current round."""
+
+    bound: float
+
+
+class ConstantClipping(Policy):
+    """Hard clipping at the fixed bound ``initial_bound``."""
+
+    name = "constant"
+
+    def __init__(self, *, initial_bound: float = 1.0, num_cohorts: int = 1, normalize: bool = False):
+        super().__init__(num_cohorts=num_cohorts, normalize=normalize)
+        self.initial_bound = checks.positive("initial_bound", initial_bound)
+
+    def initial_state(self, dim: int) -> BoundState:
+        return BoundState(self.initial_bound)
+
+    def broadcast(self, state: BoundState) -> Broadcast:
+        return {"bound": state.bound}
+
+    def sensitivity(self, state: BoundState) -> float:
+        return state.bound
+
+    def contribution_bounds(self, params: Broadcast, cohorts: np.ndarray) -> np.ndarray:
+        return np.full(cohorts.shape[0], float(params["bound"]))
+
+    def transform(self, updates, norms, cohorts, params):
+        bound = float(params["bound"])
+        return hard_clip(updates, norms, bound), np.zeros((updates.shape[0], 0)), norms > bound

@@ -1,0 +1,87 @@
+"""``global-adapt``: global scaling with an adaptive threshold (Esipova et al. 2023, seed 003).
+
+Esipova, Ghomi, Luo, Cresswell, "Disparate Impact in Differential Privacy from Gradient
+Misalignment", ICLR 2023, Algorithm 2 (DPSGD-Global-Adapt)::
+
+    Δ̄_i = Δ_i · C_0 / Z_t         if ||Δ_i|| <= Z_t
+    Δ̄_i = Δ_i · C_0 / ||Δ_i||     otherwise                 s_t = C_0
+    b_i = 1[ ||Δ_i|| > τ · Z_t ]
+
+    Z_{t+1} = Z_t · exp(−η_Z + b̃),   b̃ = clamp((Σ b_i + N(0, σ_b²)) / m̂, 0, 1)
+
+Updates under Z_t keep their relative sizes (one common scale, so no misalignment); updates
+above it are clipped to C_0 instead of dropped. Z shrinks by exp(−η_Z) per round unless a
+fraction above η_Z of the updates exceeds τ·Z_t. Defaults: Z_0 = 50, η_Z = 0.1, τ = 1.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from fairclip.strategies import checks
+from fairclip.strategies.base import BOUND_FLOOR, Broadcast, Policy, noisy_fraction
+
+
+@dataclass(frozen=True)
+class ThresholdState:
+    """The scaling threshold Z_t of the current round."""
+
+    scale_threshold: float
+
+
+class GlobalAdaptiveScaling(Policy):
+    """Global scaling below Z_t, clipping to C_0 above it, Z_t adapted from a noisy count."""
+
+    name = "global-adapt"
+
+    def __init__(
+        self,
+        *,
+        initial_bound: float = 1.0,
+        scale_threshold: float = 50.0,
+        threshold_lr: float = 0.1,
+        threshold_multiplier: float = 1.0,
+        num_cohorts: int = 1,
+        normalize: bool = False,
+    ):
+        super().__init__(num_cohorts=num_cohorts, normalize=normalize)
+        self.initial_bound = checks.positive("initial_bound", initial_bound)
+        self.scale_threshold = checks.positive("scale_threshold", scale_threshold)
+        self.threshold_lr = checks.non_negative("threshold_lr", threshold_lr)
+        self.threshold_multiplier = checks.positive("threshold_multiplier", threshold_multiplier)
+
+    def initial_state(self, dim: int) -> ThresholdState:
+        return ThresholdState(self.scale_threshold)
+
+    def broadcast(self, state: ThresholdState) -> Broadcast:
+        return {
+            "bound": self.initial_bound,
+            "scale_threshold": state.scale_threshold,
+            "threshold_multiplier": self.threshold_multiplier,
+        }
+
+    def sensitivity(self, state: ThresholdState) -> float:
+        return self.initial_bound
+
+    def contribution_bounds(self, params: Broadcast, cohorts: np.ndarray) -> np.ndarray:
+        return np.full(cohorts.shape[0], float(params["bound"]))
+
+    def report_size(self, dim: int) -> int:
+        return 1
+
+    def transform(self, updates, norms, cohorts, params):
+        bound = float(params["bound"])
+        threshold = float(params["scale_threshold"])
+        divisor = np.maximum(norms, threshold)
+        above = norms > float(params["threshold_multiplier"]) * threshold
+        return updates * (bound / divisor)[:, None], above[:, None].astype(np.float64), above
+
+    def next_state(self, state: ThresholdState, estimate, noisy_reports, expected_clients) -> ThresholdState:
+        fraction = min(max(noisy_fraction(noisy_reports, expected_clients), 0.0), 1.0)
+        updated = state.scale_threshold * float(np.exp(-self.threshold_lr + fraction))
+        return ThresholdState(max(updated, BOUND_FLOOR))
+
+    def round_info(self, state: ThresholdState) -> dict[str, float]:
+        return {"scale_threshold": state.scale_threshold}

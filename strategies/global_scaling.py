@@ -1,0 +1,57 @@
+"""``global``: global clipping with a fixed threshold (Bu, Wang, Zha, Karypis 2021; seed 003).
+
+Bu et al., "On the Convergence and Calibration of Deep Learning with Differential Privacy"
+(global clipping), as written in Esipova et al. 2023 (seed 003)::
+
+    Δ̄_i = Δ_i · C_0 / Z      if ||Δ_i|| <= Z
+    Δ̄_i = 0                  otherwise                 s_t = C_0
+
+Every kept update is scaled by the same factor C_0 / Z, so the direction of the sum is not
+distorted by per-client clipping; updates above Z are dropped. Z is fixed.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from fairclip.strategies import checks
+from fairclip.strategies.base import Broadcast, Policy
+
+
+class GlobalScaling(Policy):
+    """Scale every update by C_0 / Z; drop those with norm above Z."""
+
+    name = "global"
+
+    def __init__(
+        self,
+        *,
+        initial_bound: float = 1.0,
+        scale_threshold: float = 50.0,
+        num_cohorts: int = 1,
+        normalize: bool = False,
+    ):
+        super().__init__(num_cohorts=num_cohorts, normalize=normalize)
+        self.initial_bound = checks.positive("initial_bound", initial_bound)
+        self.scale_threshold = checks.positive("scale_threshold", scale_threshold)
+
+    def initial_state(self, dim: int) -> None:
+        return None
+
+    def broadcast(self, state: None) -> Broadcast:
+        return {"bound": self.initial_bound, "scale_threshold": self.scale_threshold}
+
+    def sensitivity(self, state: None) -> float:
+        return self.initial_bound
+
+    def contribution_bounds(self, params: Broadcast, cohorts: np.ndarray) -> np.ndarray:
+        return np.full(cohorts.shape[0], float(params["bound"]))
+
+    def transform(self, updates, norms, cohorts, params):
+        threshold = float(params["scale_threshold"])
+        above = norms > threshold
+        factors = np.where(above, 0.0, float(params["bound"]) / threshold)
+        return updates * factors[:, None], np.zeros((updates.shape[0], 0)), above
+
+    def round_info(self, state: None) -> dict[str, float]:
+        return {"scale_threshold": self.scale_threshold}

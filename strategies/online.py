@@ -1,0 +1,107 @@
+"""``online``: online sensitivity optimisation of the clipping bound (OSO, seed 002).
+
+Client i, round t::
+
+    Δ̄_i = Δ_i · min(1, C_t / ||Δ_i||)
+    q_i  = Δ_i / ||Δ_i||  if ||Δ_i|| > C_t, else 0        (report: unit direction, norm <= 1)
+
+Server, with σ_q = σ_b on the summed directions (L2 sensitivity 1)::
+
+    q̃_t = (Σ q_i + N(0, σ_q² I)) / m̂
+    C_{t+1} = C_t · exp(ρ_c · sign(⟨Δ̂_t, q̃_{t−1}⟩))                  s_t = C_t
+    ρ_{t+1} = ρ_t · exp(ρ_r · sign(⟨Δ̂_t, Δ̂_{t−1}⟩))   (optional server learning-rate factor)
+
+If the current update points along the directions that were clipped last round, clipping
+biased the step and the bound grows; otherwise it shrinks. The paper writes the rule with
+gradients g̃_tᵀq̃_{t−1}; with updates Δ ∝ −g both factors flip sign, so the product is the same.
+The q release composes with the update release: for an effective multiplier σ the update
+noise is σ_Δ = (σ^−2 − σ_q^−2)^−1/2 (seed 002, Proposition 1; see ``accounting``).
+Defaults: C_0 = 0.1, ρ_c = ρ_r = 2.5e-3.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from fairclip.strategies import checks
+from fairclip.strategies.base import BOUND_FLOOR, Broadcast, Policy
+from fairclip.strategies.clipping import hard_clip
+
+
+@dataclass(frozen=True)
+class OnlineState:
+    """C_t, the server learning-rate factor ρ_t, and last round's released vectors."""
+
+    bound: float
+    lr_factor: float = 1.0
+    previous_direction: np.ndarray | None = None
+    previous_estimate: np.ndarray | None = None
+
+
+def _sign_of_inner(a: np.ndarray, b: np.ndarray | None) -> float:
+    return 0.0 if b is None else float(np.sign(np.dot(a, b)))
+
+
+class OnlineSensitivityClipping(Policy):
+    """Hard clipping; the bound follows the sign of ⟨Δ̂_t, q̃_{t−1}⟩."""
+
+    name = "online"
+
+    def __init__(
+        self,
+        *,
+        initial_bound: float = 0.1,
+        bound_lr: float = 2.5e-3,
+        adapt_server_lr: bool = False,
+        server_lr_rate: float = 2.5e-3,
+        num_cohorts: int = 1,
+        normalize: bool = False,
+    ):
+        super().__init__(num_cohorts=num_cohorts, normalize=normalize)
+        self.initial_bound = checks.positive("initial_bound", initial_bound)
+        self.bound_lr = checks.non_negative("bound_lr", bound_lr)
+        self.adapt_server_lr = checks.flag("adapt_server_lr", adapt_server_lr)
+        self.server_lr_rate = checks.non_negative("server_lr_rate", server_lr_rate)
+
+    def initial_state(self, dim: int) -> OnlineState:
+        return OnlineState(bound=self.initial_bound)
+
+    def broadcast(self, state: OnlineState) -> Broadcast:
+        return {"bound": state.bound}
+
+    def sensitivity(self, state: OnlineState) -> float:
+        return state.bound
+
+    def contribution_bounds(self, params: Broadcast, cohorts: np.ndarray) -> np.ndarray:
+        return np.full(cohorts.shape[0], float(params["bound"]))
+
+    def report_size(self, dim: int) -> int:
+        return dim
+
+    def transform(self, updates, norms, cohorts, params):
+        bound = float(params["bound"])
+        above = norms > bound
+        directions = np.zeros_like(updates)
+        directions[above] = updates[above] / norms[above][:, None]
+        return hard_clip(updates, norms, bound), directions, above
+
+    def next_state(self, state: OnlineState, estimate, noisy_reports, expected_clients) -> OnlineState:
+        direction = np.asarray(noisy_reports, dtype=np.float64) / expected_clients
+        bound = state.bound * float(np.exp(self.bound_lr * _sign_of_inner(estimate, state.previous_direction)))
+        lr_factor = state.lr_factor
+        if self.adapt_server_lr:
+            lr_factor *= float(np.exp(self.server_lr_rate * _sign_of_inner(estimate, state.previous_estimate)))
+        return OnlineState(
+            bound=max(bound, BOUND_FLOOR),
+            lr_factor=lr_factor,
+            previous_direction=direction,
+            previous_estimate=np.array(estimate, dtype=np.float64),
+        )
+
+    def server_lr_factor(self, state: OnlineState) -> float:
+        return state.lr_factor
+
+    def round_info(self, state: OnlineState) -> dict[str, float]:
+        return {"server_lr_factor": state.lr_factor}

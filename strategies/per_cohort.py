@@ -1,0 +1,86 @@
+"""``per-cohort``: a clipping bound per cohort from noisy clipped counts (DPSGD-F, seed 004).
+
+Xu, Du, Wu, "Removing Disparate Impact on Model Accuracy in Differentially Private Stochastic
+Gradient Descent", KDD 2021 (DPSGD-F), as written in Esipova et al. 2023, Algorithm 3.
+Client i of cohort k(i), round t::
+
+    Δ̄_i = Δ_i · min(1, C_{t,k(i)} / ||Δ_i||)
+    report: one-hot e_{2k+0} if ||Δ_i|| > C_0 (counts m_k), e_{2k+1} otherwise (counts o_k)
+
+Server, with σ_1 = σ_b on each of the 2K counts (a client adds 1 to exactly one count, so the
+count vector has L2 sensitivity 1)::
+
+    m̃_k, õ_k = counts + N(0, σ_1²), clamped >= 0;   b̃_k = m̃_k + õ_k;   m̃ = Σ_k m̃_k
+    C_{t+1,k} = C_0 · (1 + (m̃_k / b̃_k) / (m̃ / m̂))          s_t = max_k C_{t,k}
+
+The sum is noised with s_t = max_k C_{t,k} as in seed 004's paper (seed 003's Algorithm 3
+noises with C_0, which adds too little noise when some C_k > C_0; fairclip does not copy that).
+
+Decisions (post-processing, so any choice keeps DP): the bounds of round t+1 come from the
+counts of round t, so clients need one message per round, like ``adaptive``; the per-cohort
+fraction m̃_k/b̃_k is clamped to [0, 1] and taken as 0 when b̃_k = 0; the overall fraction
+m̃/m̂ is clamped to [1/m̂, 1], which caps each C_k at C_0 (1 + m̂). All bounds start at C_0.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from fairclip.strategies import checks
+from fairclip.strategies.base import Broadcast, Policy
+from fairclip.strategies.clipping import hard_clip
+
+
+@dataclass(frozen=True)
+class CohortBoundsState:
+    """The bound C_{t,k} of each cohort."""
+
+    bounds: tuple[float, ...]
+
+
+class PerCohortClipping(Policy):
+    """Hard clipping at each cohort's own bound, set from noisy per-cohort clipped counts."""
+
+    name = "per-cohort"
+    needs_cohorts = True
+
+    def __init__(self, *, initial_bound: float = 1.0, num_cohorts: int = 1, normalize: bool = False):
+        super().__init__(num_cohorts=num_cohorts, normalize=normalize)
+        self.initial_bound = checks.positive("initial_bound", initial_bound)
+
+    def initial_state(self, dim: int) -> CohortBoundsState:
+        return CohortBoundsState((self.initial_bound,) * self.num_cohorts)
+
+    def broadcast(self, state: CohortBoundsState) -> Broadcast:
+        return {"bound": self.initial_bound, "cohort_bounds": list(state.bounds)}
+
+    def sensitivity(self, state: CohortBoundsState) -> float:
+        return max(state.bounds)
+
+    def contribution_bounds(self, params: Broadcast, cohorts: np.ndarray) -> np.ndarray:
+        return np.asarray(params["cohort_bounds"], dtype=np.float64)[cohorts]
+
+    def report_size(self, dim: int) -> int:
+        return 2 * self.num_cohorts
+
+    def transform(self, updates, norms, cohorts, params):
+        own_bounds = self.contribution_bounds(params, cohorts)
+        above_base = norms > float(params["bound"])
+        reports = np.zeros((updates.shape[0], self.report_size(updates.shape[1])))
+        reports[np.arange(updates.shape[0]), 2 * cohorts + (~above_base).astype(np.int64)] = 1.0
+        return hard_clip(updates, norms, own_bounds), reports, norms > own_bounds
+
+    def next_state(self, state, estimate, noisy_reports, expected_clients) -> CohortBoundsState:
+        counts = np.maximum(np.asarray(noisy_reports, dtype=np.float64).reshape(self.num_cohorts, 2), 0.0)
+        above, below = counts[:, 0], counts[:, 1]
+        sizes = above + below
+        cohort_fraction = np.divide(above, sizes, out=np.zeros_like(above), where=sizes > 0)
+        cohort_fraction = np.clip(cohort_fraction, 0.0, 1.0)
+        overall_fraction = min(max(above.sum() / expected_clients, 1.0 / expected_clients), 1.0)
+        bounds = self.initial_bound * (1.0 + cohort_fraction / overall_fraction)
+        return CohortBoundsState(tuple(float(b) for b in bounds))
+
+    def round_info(self, state: CohortBoundsState) -> dict[str, float]:
+        return {f"cohort_bound_{k}": bound for k, bound in enumerate(state.bounds)}

@@ -1,0 +1,328 @@
+"""The command line: outputs, privacy claims, budgets, reproducibility and bad input."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pandas as pd
+import pytest
+from opacus.accountants import PRVAccountant, RDPAccountant
+
+QUICK = ["--set", "federation.num_clients=500", "--set", "training.rounds=8"]
+
+
+def _run(cli, out, *extra):
+    return cli("run", "--scenario", "bimodal-mean", *QUICK, "--out", str(out), *extra)
+
+
+@pytest.mark.parametrize("accountant", ["prv", "rdp"])
+def test_privacy_json_equals_opacus_called_directly(cli, accountant):
+    status, out, err = cli(
+        "privacy",
+        "--noise-multiplier",
+        "1.1",
+        "--count-noise-multiplier",
+        "11",
+        "--sample-rate",
+        "0.02",
+        "--rounds",
+        "300",
+        "--delta",
+        "1e-5",
+        "--accountant",
+        accountant,
+        "--json",
+    )
+    assert status == 0, err
+    claim = json.loads(out)
+    sigma_eff = (1.1**-2 + 11**-2) ** -0.5
+    opacus = {"prv": PRVAccountant, "rdp": RDPAccountant}[accountant]()
+    opacus.history = [(sigma_eff, 0.02, 300)]
+    assert claim["epsilon"] == pytest.approx(opacus.get_epsilon(delta=1e-5), rel=1e-9)
+    assert claim["effective_noise_multiplier"] == pytest.approx(sigma_eff)
+    assert set(claim) == {
+        "epsilon",
+        "delta",
+        "noise_multiplier",
+        "count_noise_multiplier",
+        "effective_noise_multiplier",
+        "sample_rate",
+        "rounds",
+        "accountant",
+    }
+    assert (claim["sample_rate"], claim["rounds"], claim["delta"], claim["accountant"]) == (
+        0.02,
+        300,
+        1e-5,
+        accountant,
+    )
+
+
+def test_privacy_target_epsilon_round_trips(cli):
+    status, out, _ = cli(
+        "privacy",
+        "--target-epsilon",
+        "3",
+        "--sample-rate",
+        "0.05",
+        "--rounds",
+        "200",
+        "--delta",
+        "1e-5",
+        "--json",
+    )
+    assert status == 0
+    claim = json.loads(out)
+    assert claim["count_noise_multiplier"] == pytest.approx(10 * claim["noise_multiplier"])
+    status, out, _ = cli(
+        "privacy",
+        "--noise-multiplier",
+        str(claim["noise_multiplier"]),
+        "--count-noise-multiplier",
+        str(claim["count_noise_multiplier"]),
+        "--sample-rate",
+        "0.05",
+        "--rounds",
+        "200",
+        "--delta",
+        "1e-5",
+        "--json",
+    )
+    assert json.loads(out)["epsilon"] == pytest.approx(3.0, rel=0.01)
+    assert json.loads(out)["epsilon"] <= 3.0
+
+
+def test_zero_noise_reports_infinite_epsilon(cli):
+    status, out, _ = cli(
+        "privacy",
+        "--noise-multiplier",
+        "0",
+        "--sample-rate",
+        "0.1",
+        "--rounds",
+        "5",
+        "--delta",
+        "1e-5",
+        "--json",
+    )
+    assert status == 0
+    assert json.loads(out)["epsilon"] == "inf"
+
+
+def test_run_with_noise_records_epsilon_and_the_noise_of_the_clipping_bound(cli, tmp_path):
+    status, _, err = _run(
+        cli,
+        tmp_path,
+        "--set",
+        "strategy.name=bounded",
+        "--set",
+        "privacy.noise_multiplier=0.8",
+        "--set",
+        "privacy.accountant=rdp",
+    )
+    assert status == 0, err
+    rounds = pd.read_csv(tmp_path / "rounds.csv")
+    assert np.allclose(rounds["noise_std"], 0.8 * rounds["clip_bound"], rtol=1e-12)
+    assert rounds["clip_bound"].nunique() > 1
+    assert rounds["epsilon"].is_monotonic_increasing
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["epsilon"] == pytest.approx(rounds["epsilon"].iloc[-1])
+    assert summary["privacy"]["count_noise_multiplier"] == pytest.approx(8.0)
+    assert summary["privacy"]["sample_rate"] == 0.1
+    assert summary["privacy"]["rounds"] == 8
+
+
+def test_budget_stops_the_run_before_it_is_exceeded(cli, tmp_path):
+    status, _out, err = _run(
+        cli,
+        tmp_path,
+        "--set",
+        "strategy.name=bounded",
+        "--set",
+        "privacy.noise_multiplier=1.0",
+        "--set",
+        "privacy.epsilon_budget=3.0",
+        "--set",
+        "privacy.accountant=rdp",
+    )
+    assert status == 0, err
+    assert "privacy budget reached" in err
+    rounds = pd.read_csv(tmp_path / "rounds.csv")
+    assert 0 < len(rounds) < 8
+    assert rounds["epsilon"].iloc[-1] <= 3.0
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["rounds_completed"] == len(rounds)
+    assert "privacy budget reached" in summary["stopped_early"]
+
+
+def test_target_epsilon_calibrates_both_multipliers(cli, tmp_path):
+    status, _, err = _run(
+        cli, tmp_path, "--set", "strategy.name=bounded", "--set", "privacy.target_epsilon=4.0"
+    )
+    assert status == 0, err
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["rounds_completed"] == 8
+    assert 4.0 * 0.99 <= summary["epsilon"] <= 4.0
+    privacy = summary["privacy"]
+    assert privacy["count_noise_multiplier"] == pytest.approx(10 * privacy["noise_multiplier"])
+
+
+def test_same_seed_same_result_and_other_seed_differs(cli, tmp_path):
+    noisy = ["--set", "strategy.name=adaptive", "--set", "privacy.noise_multiplier=0.5"]
+    for name, seed in (("a", 3), ("b", 3), ("c", 4)):
+        assert _run(cli, tmp_path / name, *noisy, "--set", f"seed={seed}")[0] == 0
+    a, b, c = (pd.read_csv(tmp_path / name / "rounds.csv") for name in "abc")
+    pd.testing.assert_frame_equal(a, b)
+    assert not a["estimate"].equals(c["estimate"])
+
+
+def test_interrupted_run_keeps_finished_rounds(cli, tmp_path, monkeypatch):
+    import fairclip.sims.engine as engine
+
+    original = engine.simulate
+
+    def interrupted(config, task, on_round=None, result=None, **kwargs):
+        def stop_after_three(row):
+            on_round(row)
+            if row["round"] == 3:
+                raise KeyboardInterrupt
+
+        return original(config, task, on_round=stop_after_three, result=result, **kwargs)
+
+    monkeypatch.setattr(engine, "simulate", interrupted)
+    status, _, _ = _run(cli, tmp_path)
+    assert status == 130
+    assert list(pd.read_csv(tmp_path / "rounds.csv")["round"]) == [1, 2, 3]
+    assert json.loads((tmp_path / "summary.json").read_text())["rounds_completed"] == 3
+
+
+BAD_INPUTS = [
+    ("run", "--scenario", "no-such-scenario"),
+    ("run", "--scenario", "bimodal-mean", "--set", "strategy.target_quantile=1.5"),
+    ("run", "--scenario", "bimodal-mean", "--set", "strategy.initial_bound=-1"),
+    (
+        "run",
+        "--scenario",
+        "bimodal-mean",
+        "--set",
+        "strategy.name=bounded",
+        "--set",
+        "strategy.lower_bound=5",
+    ),
+    (
+        "run",
+        "--scenario",
+        "bimodal-mean",
+        "--set",
+        "strategy.name=bounded",
+        "--set",
+        "strategy.bounded.lower_bound=0",
+    ),
+    ("run", "--scenario", "bimodal-mean", "--set", "strategy.name=nonsense"),
+    ("run", "--scenario", "bimodal-mean", "--set", "strategy.unknown_key=1"),
+    ("run", "--scenario", "bimodal-mean", "--set", "federation.sample_rate=0"),
+    ("run", "--scenario", "bimodal-mean", "--set", "training.rounds=many"),
+    ("run", "--scenario", "bimodal-mean", "--set", "privacy.delta=2"),
+    ("run", "--scenario", "bimodal-mean", "--set", "privacy.accountant=gdp"),
+    ("run", "--scenario", "bimodal-mean", "--set", "privacy.noise_multiplier=-0.5"),
+    ("run", "--scenario", "bimodal-mean", "--set", "nosuchtable.key=1"),
+    ("run", "--scenario", "bimodal-mean", "--set", "novalue"),
+    ("run", "--config", "/nonexistent/scenario.toml"),
+    ("run", "--scenario", "bimodal-mean", "--backend", "mpi"),
+    (
+        "privacy",
+        "--noise-multiplier",
+        "1",
+        "--sample-rate",
+        "1.5",
+        "--rounds",
+        "10",
+        "--delta",
+        "1e-5",
+    ),
+    (
+        "privacy",
+        "--noise-multiplier",
+        "-1",
+        "--sample-rate",
+        "0.1",
+        "--rounds",
+        "10",
+        "--delta",
+        "1e-5",
+    ),
+    (
+        "privacy",
+        "--noise-multiplier",
+        "1",
+        "--sample-rate",
+        "0.1",
+        "--rounds",
+        "ten",
+        "--delta",
+        "1e-5",
+    ),
+    (
+        "privacy",
+        "--target-epsilon",
+        "1",
+        "--noise-multiplier",
+        "1",
+        "--sample-rate",
+        "0.1",
+        "--rounds",
+        "1",
+        "--delta",
+        "1e-5",
+    ),
+]
+
+
+@pytest.mark.parametrize("args", BAD_INPUTS, ids=lambda args: " ".join(args[-2:]))
+def test_bad_input_gives_one_line_and_status_2(cli, tmp_path, args):
+    status, _, err = cli(*args, *(["--out", str(tmp_path / "x")] if args[0] == "run" else []))
+    assert status == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("fairclip: error: ")
+    assert "Traceback" not in err
+    assert not (tmp_path / "x").exists()
+
+
+def test_malformed_config_file_is_one_line(cli, tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[scenario\nname = 1\n")
+    status, _, err = cli("run", "--config", str(bad))
+    assert status == 2
+    assert len(err.strip().splitlines()) == 1 and "invalid TOML" in err
+
+
+def test_python_dash_m_entry_point_exits_2_without_traceback(tmp_path):
+    completed = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "fairclip",
+            "run",
+            "--scenario",
+            "bimodal-mean",
+            "--set",
+            "strategy.bound_lr=-1",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=120,
+    )
+    assert completed.returncode == 2
+    assert completed.stderr.strip().splitlines() == [
+        "fairclip: error: strategy (adaptive): bound_lr must be >= 0 (got -1)"
+    ]
+
+
+def test_scenarios_lists_bimodal_mean(cli):
+    status, out, _ = cli("scenarios")
+    assert status == 0 and "bimodal-mean" in out
