@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+
 from fairclip.strategies import Policy
 from fairclip.strategies.base import Broadcast
 from fairclip.strategies.clipping import row_norms

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sys
 from enum import StrEnum
 from pathlib import Path
@@ -15,14 +16,16 @@ from typing import Annotated
 
 import click
 import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
 from fairclip.sims.config import builtin_scenarios, load_config, read_toml
+from fairclip.sims.data import DataError
 from fairclip.sims.errors import ConfigError
 from fairclip.sims.outputs import write_csv, write_json
 from fairclip.strategies import NoiseMultipliers, PolicyConfigError
 from fairclip.strategies.accounting import PrivacyClaim, calibrate, check_privacy_parameters
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
 app = typer.Typer(
     name="fairclip",
@@ -55,6 +58,11 @@ SetOption = Annotated[
 ]
 
 
+DataDirOption = Annotated[
+    Path | None, typer.Option("--data-dir", help="Folder of the real datasets [env FAIRCLIP_DATA].")
+]
+
+
 @app.command()
 def run(
     scenario: ScenarioOption = None,
@@ -64,15 +72,27 @@ def run(
         Path | None, typer.Option("--out", help="Output folder [runs/<scenario>-<strategy>].")
     ] = None,
     backend: Annotated[Backend, typer.Option("--backend", help="Where clients run.")] = Backend.local,
+    data_dir: DataDirOption = None,
+    address: Annotated[
+        str | None, typer.Option("--address", help="Ray cluster address (ray backend).")
+    ] = None,
+    actors: Annotated[
+        int | None, typer.Option("--actors", min=1, help="Ray actors (ray backend) [cores].")
+    ] = None,
 ) -> None:
     """Run one simulation; write rounds.csv and summary.json."""
-    from fairclip.sims.engine import RunResult, build_task, simulate
+    from fairclip.sims.engine import LocalExecutor, RunResult, build_task, simulate
 
     run_config = load_config(scenario, config, overrides or [])
-    if backend is Backend.ray:
-        raise ConfigError("--backend ray is not available yet in this version; use --backend local")
     out = out or Path("runs") / f"{run_config.scenario.name}-{run_config.strategy.name}"
-    task = build_task(run_config)
+    task = build_task(run_config, data_dir)
+    executor_factory = LocalExecutor
+    if backend is Backend.ray:
+        from fairclip.sims.ray_engine import RayExecutor, ensure_ray
+
+        ensure_ray(address)
+        executor = RayExecutor.start(run_config, data_dir, actors or _cpu_count())
+        executor_factory = lambda _task, _policy: executor  # noqa: E731
     result = RunResult()
     progress = Progress(
         TextColumn(f"[bold]{run_config.strategy.name}[/bold] on {run_config.scenario.name}"),
@@ -85,7 +105,13 @@ def run(
     try:
         with progress:
             bar = progress.add_task("rounds", total=run_config.training.rounds)
-            simulate(run_config, task, on_round=lambda _row: progress.advance(bar), result=result)
+            simulate(
+                run_config,
+                task,
+                executor_factory,
+                on_round=lambda _row: progress.advance(bar),
+                result=result,
+            )
     finally:
         # Finished rounds are written even when the run is interrupted.
         if result.rows or result.summary:
@@ -94,6 +120,82 @@ def run(
     if result.stop_reason:
         console.print(f"[yellow]{result.stop_reason}[/yellow]")
     _print_run_summary(result.summary, out)
+
+
+@app.command()
+def compare(
+    scenario: ScenarioOption = None,
+    config: ConfigOption = None,
+    overrides: SetOption = None,
+    strategies: Annotated[
+        str, typer.Option("--strategies", help="Comma-separated strategies; `none` always runs too.")
+    ] = "constant,adaptive,bounded",
+    epsilons: Annotated[
+        str | None,
+        typer.Option("--epsilons", help="Comma-separated target ε [the scenario's privacy settings]."),
+    ] = None,
+    seeds: Annotated[
+        int, typer.Option("--seeds", min=1, help="Number of seeds (scenario seed, +1, ...).")
+    ] = 1,
+    out: Annotated[
+        Path | None, typer.Option("--out", help="Output folder [runs/compare-<scenario>].")
+    ] = None,
+    resume: Annotated[
+        bool, typer.Option("--resume", help="Keep finished runs in --out; compute the rest.")
+    ] = False,
+    address: Annotated[
+        str | None, typer.Option("--address", help="An existing Ray cluster to run on.")
+    ] = None,
+    data_dir: DataDirOption = None,
+) -> None:
+    """Compare strategies across target ε and seeds on Ray; write summary.csv, report.md and plots."""
+    import time
+
+    from fairclip.sims import compare as sweep
+    from fairclip.sims.config import apply_overrides, scenario_source
+    from fairclip.sims.report import PLOTS, write_report
+
+    started = time.perf_counter()
+    raw = apply_overrides(scenario_source(scenario, config), overrides or [])
+    names = [name.strip() for name in strategies.split(",") if name.strip()]
+    runs = sweep.plan_runs(raw, names, sweep.parse_epsilons(epsilons), seeds)
+    base = sweep.validate(raw)
+    out = out or Path("runs") / f"compare-{base.scenario.name}"
+    if base.scenario.task == "classification" and base.scenario.dataset != "synthetic":
+        from fairclip.sims.data import resolve_data_dir
+
+        data_dir = resolve_data_dir(data_dir)  # fail before starting Ray
+    todo = [run for run in runs if not (resume and sweep.is_finished(out, run))]
+    console.print(f"{len(runs)} runs, {len(runs) - len(todo)} already finished; results in {out}")
+    with Progress(
+        TextColumn("[bold]compare[/bold] {task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+    ) as progress:
+        bar = progress.add_task(base.scenario.name, total=len(todo))
+        sweep.execute(
+            raw,
+            runs,
+            out,
+            data_dir=data_dir,
+            resume=resume,
+            address=address,
+            on_finished=lambda _run: progress.advance(bar),
+        )
+    table, rounds, keys = sweep.load_results(out, runs)
+    sweep.write_summary(out, table)
+    write_report(out, table, rounds, keys, f"fairclip compare: {base.scenario.name}")
+    stdout.print((out / "report.md").read_text(), markup=False, highlight=False)
+    stdout.print(f"wall time {time.perf_counter() - started:.1f} s")
+    stdout.print(f"report: {out / 'report.md'}")
+    stdout.print(f"table:  {out / 'summary.csv'}")
+    stdout.print("plots:  " + ", ".join(str(out / name) for name in PLOTS))
+
+
+def _cpu_count() -> int:
+    return len(os.sched_getaffinity(0))
 
 
 def _print_run_summary(summary: dict, out: Path) -> None:
@@ -201,7 +303,7 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(130)
     except click.ClickException as error:
         _fail(error.format_message())
-    except (ConfigError, PolicyConfigError) as error:
+    except (ConfigError, PolicyConfigError, DataError) as error:
         _fail(str(error))
     except KeyboardInterrupt:
         status = 130

@@ -17,10 +17,11 @@ import tomllib
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
 from fairclip.sims.errors import ConfigError
 from fairclip.strategies import POLICIES, PolicyConfigError, build_policy, policy_parameters
 from fairclip.strategies.accounting import ACCOUNTANTS
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 SCENARIO_DIR = Path(__file__).parent / "scenarios"
 
@@ -33,6 +34,21 @@ PositiveFloat = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 NonNegativeFloat = Annotated[float, Field(ge=0, allow_inf_nan=False)]
 
 
+class _ScenarioBase(_Section):
+    name: str
+    description: str = ""
+
+    @field_validator("cohorts", check_fields=False)
+    @classmethod
+    def _shares_sum_to_one(cls, cohorts: dict[str, Any]) -> dict[str, Any]:
+        if not cohorts:
+            raise ValueError("at least one cohort is required")
+        total = sum(c.share for c in cohorts.values())
+        if not math.isclose(total, 1.0, abs_tol=1e-6):
+            raise ValueError(f"cohort shares must sum to 1 (they sum to {total:g})")
+        return cohorts
+
+
 class CohortSpec(_Section):
     """One cohort of the ``mean-estimation`` task: its share of clients and point cloud."""
 
@@ -41,24 +57,12 @@ class CohortSpec(_Section):
     spread: NonNegativeFloat = 0.0
 
 
-class ScenarioSpec(_Section):
-    """What the clients hold and what the model is."""
+class ScenarioSpec(_ScenarioBase):
+    """``mean-estimation``: each client holds a point, the model is their mean."""
 
-    name: str
-    description: str = ""
     task: Literal["mean-estimation"]
     dimension: Annotated[int, Field(ge=1)] = 1
     cohorts: dict[str, CohortSpec]
-
-    @field_validator("cohorts")
-    @classmethod
-    def _shares_sum_to_one(cls, cohorts: dict[str, CohortSpec]) -> dict[str, CohortSpec]:
-        if not cohorts:
-            raise ValueError("at least one cohort is required")
-        total = sum(c.share for c in cohorts.values())
-        if not math.isclose(total, 1.0, abs_tol=1e-6):
-            raise ValueError(f"cohort shares must sum to 1 (they sum to {total:g})")
-        return cohorts
 
     @model_validator(mode="after")
     def _centres_match_dimension(self) -> ScenarioSpec:
@@ -67,6 +71,67 @@ class ScenarioSpec(_Section):
                 raise ValueError(
                     f"cohorts.{name}.centre has {len(cohort.centre)} values but dimension is {self.dimension}"
                 )
+        return self
+
+
+class SyntheticCohortSpec(_Section):
+    """Data of one synthetic cohort (see :mod:`fairclip.sims.synthetic`)."""
+
+    signal_feature: Annotated[int, Field(ge=0)]
+    signal_strength: PositiveFloat = 1.0
+    noise: PositiveFloat = 1.0
+    """Standard deviation of the noise on the signal feature."""
+    background_noise: NonNegativeFloat = 0.1
+    """Standard deviation of the noise on every other feature."""
+    offset: float = 0.0
+    """Added to every feature of the cohort (a shifted feature distribution)."""
+
+
+class ClassificationCohortSpec(_Section):
+    """A cohort of a classification scenario: its share of clients and one data rule."""
+
+    share: Annotated[float, Field(gt=0, le=1)]
+    attribute: str | None = None
+    """Holds the training rows whose protected attribute has this value (Adult, Dutch)."""
+    class_fractions: dict[str, Annotated[float, Field(ge=0, le=1)]] | None = None
+    """{class: fraction of that class's examples held by this cohort}."""
+    synthetic: SyntheticCohortSpec | None = None
+    """How this cohort's examples are generated (dataset ``synthetic``)."""
+
+
+class ClassificationSpec(_ScenarioBase):
+    """A classification task over a real or synthetic dataset."""
+
+    task: Literal["classification"]
+    dataset: Literal["synthetic", "mnist", "fashion-mnist", "adult", "dutch"]
+    model: Literal["logistic", "mlp", "cnn", "tanh-cnn"] = "logistic"
+    partition: Literal["cohort", "iid", "dirichlet"] = "cohort"
+    dirichlet_alpha: PositiveFloat = 0.5
+    skew_class: Annotated[int, Field(ge=0)] | None = None
+    skew_keep: Annotated[float, Field(gt=0, le=1)] = 0.09
+    balance: bool = True
+    test_fraction: Annotated[float, Field(gt=0, lt=1)] = 0.2
+    features: Annotated[int, Field(ge=1)] = 20
+    """Number of features (dataset ``synthetic``)."""
+    examples_per_client: Annotated[int, Field(ge=1)] = 32
+    """Training examples per client (dataset ``synthetic``)."""
+    test_examples_per_cohort: Annotated[int, Field(ge=1)] = 2000
+    """Test examples generated per cohort (dataset ``synthetic``)."""
+    cohorts: dict[str, ClassificationCohortSpec]
+
+    @model_validator(mode="after")
+    def _cohort_rules_fit_the_dataset(self) -> ClassificationSpec:
+        for name, cohort in self.cohorts.items():
+            if self.dataset == "synthetic" and cohort.synthetic is None:
+                raise ValueError(f"cohorts.{name}.synthetic is required for the synthetic dataset")
+            if self.dataset == "synthetic" and cohort.synthetic.signal_feature >= self.features:
+                raise ValueError(
+                    f"cohorts.{name}.synthetic.signal_feature must be < features ({self.features})"
+                )
+            if self.dataset != "synthetic" and cohort.synthetic is not None:
+                raise ValueError(f"cohorts.{name}.synthetic is only for the synthetic dataset")
+            if cohort.attribute is not None and cohort.class_fractions is not None:
+                raise ValueError(f"cohorts.{name}: give attribute or class_fractions, not both")
         return self
 
 
@@ -102,7 +167,7 @@ class StrategySpec(_Section):
 
 class RunConfig(_Section):
     seed: Annotated[int, Field(ge=0)] = 0
-    scenario: ScenarioSpec
+    scenario: Annotated[ScenarioSpec | ClassificationSpec, Field(discriminator="task")]
     federation: FederationSpec
     training: TrainingSpec
     strategy: StrategySpec

@@ -16,9 +16,11 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
+
 from fairclip.client.contributions import RoundSums, contribute
 from fairclip.server.optimizer import ServerSGD
 from fairclip.sims.config import RunConfig
@@ -37,17 +39,45 @@ class ClientExecutor(Protocol):
     ) -> RoundSums: ...
 
 
+SUM_SHARDS = 8
+"""Clients are summed in this many fixed blocks of ids, in block order, on every backend, so that
+the floating-point sum -- and with it the whole run -- is the same whether the blocks are
+computed here or in Ray actors."""
+
+
+def shard_ids(client_ids: np.ndarray, num_clients: int, num_shards: int = SUM_SHARDS) -> list[np.ndarray]:
+    """Split sorted client ids into the contiguous id blocks ``[s·N/S, (s+1)·N/S)``."""
+    owners = client_ids * num_shards // num_clients
+    return [client_ids[owners == shard] for shard in range(num_shards)]
+
+
+def shard_sums(task: Task, policy: Policy, model, client_ids, round_number, params) -> RoundSums:
+    """Train and clip the clients of one block; return their sums."""
+    updates = task.local_updates(model, client_ids, round_number)
+    cohorts = task.client_cohorts[client_ids]
+    return contribute(policy, params, updates, cohorts, len(task.cohort_names))
+
+
+def add_in_order(sums: list[RoundSums]) -> RoundSums:
+    """Σ of block sums, always in block order."""
+    total = sums[0]
+    for part in sums[1:]:
+        total = total + part
+    return total
+
+
 @dataclass
 class LocalExecutor:
-    """All sampled clients in this process, in one vectorised call of the policy's client side."""
+    """Every block of sampled clients in this process, one after the other."""
 
     task: Task
     policy: Policy
 
     def __call__(self, model, client_ids, round_number, params) -> RoundSums:
-        updates = self.task.local_updates(model, client_ids, round_number)
-        cohorts = self.task.client_cohorts[client_ids]
-        return contribute(self.policy, params, updates, cohorts, len(self.task.cohort_names))
+        blocks = shard_ids(client_ids, len(self.task.client_cohorts))
+        return add_in_order(
+            [shard_sums(self.task, self.policy, model, ids, round_number, params) for ids in blocks]
+        )
 
 
 @dataclass
@@ -59,13 +89,17 @@ class RunResult:
     stop_reason: str | None = None
 
 
-def build_task(config: RunConfig) -> Task:
-    """The task of a scenario."""
-    from fairclip.sims.mean_estimation import MeanEstimationTask
-
+def build_task(config: RunConfig, data_dir: Path | None = None) -> Task:
+    """The task of a scenario (real datasets are read from ``data_dir``)."""
     if config.scenario.task == "mean-estimation":
+        from fairclip.sims.mean_estimation import MeanEstimationTask
+
         return MeanEstimationTask(config.scenario, config.federation.num_clients, config.seed)
-    raise ValueError(f"unknown task {config.scenario.task!r}")
+    from fairclip.sims.classification import ClassificationTask
+
+    return ClassificationTask(
+        config.scenario, config.training, config.federation.num_clients, config.seed, data_dir
+    )
 
 
 def simulate(

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+
 from fairclip.client.mean_estimation import local_updates
 from fairclip.sims.config import ScenarioSpec
 from fairclip.sims.randomness import Stream, rng

@@ -76,4 +76,3 @@ class AdaptiveClipping(Policy):
         return BoundState(
             geometric_update(state.bound, fraction, self.target_quantile, self.bound_lr, self.lower_bound)
         )
-

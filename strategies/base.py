@@ -35,6 +35,7 @@ contributions, so a diverged client can never break the bound.
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -52,6 +53,10 @@ Broadcast = dict[str, Any]
 
 BOUND_FLOOR = 1e-30
 """Smallest bound any geometric update may reach, so a bound never underflows to zero."""
+
+BOUND_CEILING = 1e30
+"""Largest value a multiplicative update may take a bound to (unless it started above), so that
+the bound and the noise σ_Δ · s_t stay finite however long it keeps growing."""
 
 
 @dataclass(frozen=True)
@@ -240,16 +245,29 @@ class Policy(ABC):
         )
 
 
+def exponential_step(value: float, exponent: float, lower: float = 0.0) -> float:
+    """value · exp(exponent), kept within [max(lower, BOUND_FLOOR), max(BOUND_CEILING, value)].
+
+    Computed without overflow for any finite exponent (a large learning rate, or a bound that
+    keeps growing round after round, would otherwise reach infinity). ``value`` must be > 0.
+    """
+    lowest = max(float(lower), BOUND_FLOOR)
+    highest = max(BOUND_CEILING, float(value))
+    exponent = min(float(exponent), math.log(highest) - math.log(value))
+    return min(highest, max(lowest, value * math.exp(exponent)))
+
+
 def geometric_update(
     bound: float, fraction_above: float, target: float, learning_rate: float, lower: float
 ) -> float:
     """C_{t+1} = max(C_LB, C_t · exp(η_C · (b̃ − γ))), with b̃ clamped to [0, 1] first.
 
     b̃ is the noisy fraction of updates above τ·C_t (DESIGN section 2, step 4); clamping it to
-    its valid range is post-processing. The result never falls below ``BOUND_FLOOR``.
+    its valid range is post-processing. The result stays within ``BOUND_FLOOR`` and
+    ``BOUND_CEILING`` (:func:`exponential_step`).
     """
     clamped = min(max(float(fraction_above), 0.0), 1.0)
-    return max(lower, BOUND_FLOOR, bound * float(np.exp(learning_rate * (clamped - target))))
+    return exponential_step(bound, learning_rate * (clamped - target), lower)
 
 
 def noisy_fraction(noisy_count: np.ndarray | None, expected_clients: float) -> float:

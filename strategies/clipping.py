@@ -21,7 +21,8 @@ def row_norms(x: np.ndarray) -> np.ndarray:
         return np.zeros(x.shape[0])
     scale = np.max(np.abs(x), axis=1)
     safe_scale = np.where(scale > 0, scale, 1.0)
-    return scale * np.sqrt(np.sum((x / safe_scale[:, None]) ** 2, axis=1))
+    with np.errstate(over="ignore"):  # a norm beyond the float maximum is inf, as intended
+        return scale * np.sqrt(np.sum((x / safe_scale[:, None]) ** 2, axis=1))
 
 
 def clip_rows(x: np.ndarray, bounds: np.ndarray | float) -> np.ndarray:
@@ -30,9 +31,7 @@ def clip_rows(x: np.ndarray, bounds: np.ndarray | float) -> np.ndarray:
     norms = row_norms(x)
     limit = np.broadcast_to(np.asarray(bounds, dtype=np.float64), norms.shape) * (1.0 - SAFETY)
     over = norms > limit
-    factor = np.ones_like(norms)
-    factor[over] = limit[over] / norms[over]
-    return x * factor[:, None]
+    return _rescale(x, norms, limit, over)
 
 
 def clip_factors(norms: np.ndarray, bounds: np.ndarray | float) -> np.ndarray:
@@ -46,4 +45,16 @@ def clip_factors(norms: np.ndarray, bounds: np.ndarray | float) -> np.ndarray:
 
 def hard_clip(updates: np.ndarray, norms: np.ndarray, bounds: np.ndarray | float) -> np.ndarray:
     """Δ · min(1, C / ||Δ||) for each row, given the rows' norms."""
-    return updates * clip_factors(norms, bounds)[:, None]
+    bounds = np.broadcast_to(np.asarray(bounds, dtype=np.float64), norms.shape)
+    return _rescale(np.asarray(updates, dtype=np.float64), norms, bounds, norms > bounds)
+
+
+def _rescale(x: np.ndarray, norms: np.ndarray, radii: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """``x`` with each selected row set to (x / ||x||) · radius.
+
+    Dividing first keeps full precision: the factor radius / ||x|| of a huge row with a small
+    radius would be a subnormal number that carries only a few significant digits.
+    """
+    out = x.copy()
+    out[rows] = x[rows] / norms[rows][:, None] * radii[rows][:, None]
+    return out

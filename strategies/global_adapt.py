@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from fairclip.strategies import checks
-from fairclip.strategies.base import BOUND_FLOOR, Broadcast, Policy, noisy_fraction
+from fairclip.strategies.base import Broadcast, Policy, exponential_step, noisy_fraction
 
 
 @dataclass(frozen=True)
@@ -80,8 +80,7 @@ class GlobalAdaptiveScaling(Policy):
 
     def next_state(self, state: ThresholdState, estimate, noisy_reports, expected_clients) -> ThresholdState:
         fraction = min(max(noisy_fraction(noisy_reports, expected_clients), 0.0), 1.0)
-        updated = state.scale_threshold * float(np.exp(-self.threshold_lr + fraction))
-        return ThresholdState(max(updated, BOUND_FLOOR))
+        return ThresholdState(exponential_step(state.scale_threshold, -self.threshold_lr + fraction))
 
     def round_info(self, state: ThresholdState) -> dict[str, float]:
         return {"scale_threshold": state.scale_threshold}

@@ -26,8 +26,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from fairclip.strategies import checks
-from fairclip.strategies.base import BOUND_FLOOR, Broadcast, Policy
-from fairclip.strategies.clipping import hard_clip
+from fairclip.strategies.base import Broadcast, Policy, exponential_step
+from fairclip.strategies.clipping import clip_rows, hard_clip
 
 
 @dataclass(frozen=True)
@@ -41,7 +41,14 @@ class OnlineState:
 
 
 def _sign_of_inner(a: np.ndarray, b: np.ndarray | None) -> float:
-    return 0.0 if b is None else float(np.sign(np.dot(a, b)))
+    """sign(⟨a, b⟩), 0 without a previous vector; each vector is scaled by its largest entry
+    first, so that the inner product of huge vectors cannot overflow to inf − inf = nan."""
+    if b is None:
+        return 0.0
+    scales = [float(np.max(np.abs(v), initial=0.0)) for v in (a, b)]
+    if not all(0.0 < scale < np.inf for scale in scales):
+        return 0.0
+    return float(np.sign(np.dot(a / scales[0], b / scales[1])))
 
 
 class OnlineSensitivityClipping(Policy):
@@ -85,16 +92,19 @@ class OnlineSensitivityClipping(Policy):
         above = norms > bound
         directions = np.zeros_like(updates)
         directions[above] = updates[above] / norms[above][:, None]
-        return hard_clip(updates, norms, bound), directions, above
+        # Δ/||Δ|| can have norm 1 + 2^-52 after rounding; the guarded projection keeps it <= 1
+        return hard_clip(updates, norms, bound), clip_rows(directions, 1.0), above
 
     def next_state(self, state: OnlineState, estimate, noisy_reports, expected_clients) -> OnlineState:
         direction = np.asarray(noisy_reports, dtype=np.float64) / expected_clients
-        bound = state.bound * float(np.exp(self.bound_lr * _sign_of_inner(estimate, state.previous_direction)))
+        sign = _sign_of_inner(estimate, state.previous_direction)
+        bound = exponential_step(state.bound, self.bound_lr * sign)
         lr_factor = state.lr_factor
         if self.adapt_server_lr:
-            lr_factor *= float(np.exp(self.server_lr_rate * _sign_of_inner(estimate, state.previous_estimate)))
+            sign = _sign_of_inner(estimate, state.previous_estimate)
+            lr_factor = exponential_step(lr_factor, self.server_lr_rate * sign)
         return OnlineState(
-            bound=max(bound, BOUND_FLOOR),
+            bound=bound,
             lr_factor=lr_factor,
             previous_direction=direction,
             previous_estimate=np.array(estimate, dtype=np.float64),

@@ -1,0 +1,82 @@
+"""The models fairclip trains, and the flat parameter vectors that policies clip.
+
+* ``logistic``: one linear layer (multinomial logistic regression; binary tasks use 2 logits).
+* ``mlp``: two hidden layers of 256 units with ReLU (Esipova et al. 2023, Adult).
+* ``cnn``: the two-layer CNN used for DP-SGD on MNIST by seed 000 (appendix A.5), as in
+  Papernot et al. 2021 / Opacus' MNIST example: conv 16@8×8 stride 2, max-pool, conv 32@4×4
+  stride 2, max-pool, dense 32, dense 10, tanh activations.
+* ``tanh-cnn``: the small CNN of seed 003 (Esipova et al.): two 3×3 convolutions of 32 and 16
+  channels with tanh, each followed by 2×2 max-pooling, then a dense layer to the classes.
+
+A client's update Δ = θ_i − θ_t is the difference of two flat vectors made by
+:func:`model_to_vector`, in the order of ``model.parameters()``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import nn
+
+MODELS = ("logistic", "mlp", "cnn", "tanh-cnn")
+
+
+def build_model(name: str, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+    """A freshly initialised model (initialise under ``torch.manual_seed`` for reproducibility)."""
+    features = int(np.prod(input_shape))
+    if name == "logistic":
+        return nn.Sequential(nn.Flatten(), nn.Linear(features, num_classes))
+    if name == "mlp":
+        return nn.Sequential(
+            nn.Flatten(),
+            nn.Linear(features, 256),
+            nn.ReLU(),
+            nn.Linear(256, 256),
+            nn.ReLU(),
+            nn.Linear(256, num_classes),
+        )
+    if name in ("cnn", "tanh-cnn"):
+        if len(input_shape) != 3:
+            raise ValueError(
+                f"model {name!r} needs image inputs (channels, height, width), got {input_shape}"
+            )
+        channels = input_shape[0]
+        if name == "cnn":
+            layers = nn.Sequential(
+                nn.Conv2d(channels, 16, 8, stride=2, padding=3),
+                nn.Tanh(),
+                nn.MaxPool2d(2, 1),
+                nn.Conv2d(16, 32, 4, stride=2),
+                nn.Tanh(),
+                nn.MaxPool2d(2, 1),
+                nn.Flatten(),
+            )
+            head = [nn.LazyLinear(32), nn.Tanh(), nn.Linear(32, num_classes)]
+        else:
+            layers = nn.Sequential(
+                nn.Conv2d(channels, 32, 3),
+                nn.Tanh(),
+                nn.MaxPool2d(2),
+                nn.Conv2d(32, 16, 3),
+                nn.Tanh(),
+                nn.MaxPool2d(2),
+                nn.Flatten(),
+            )
+            head = [nn.LazyLinear(num_classes)]
+        model = nn.Sequential(*layers, *head)
+        with torch.no_grad():
+            model(torch.zeros(1, *input_shape))  # materialise the lazy layer
+        return model
+    raise ValueError(f"unknown model {name!r} (known: {', '.join(MODELS)})")
+
+
+def model_to_vector(model: nn.Module) -> np.ndarray:
+    """The model's parameters as one float64 vector."""
+    return torch.nn.utils.parameters_to_vector(model.parameters()).detach().double().numpy().copy()
+
+
+def load_vector(model: nn.Module, vector: np.ndarray) -> None:
+    """Overwrite the model's parameters with ``vector`` (inverse of :func:`model_to_vector`)."""
+    reference = next(model.parameters())
+    flat = torch.as_tensor(vector, dtype=reference.dtype)
+    torch.nn.utils.vector_to_parameters(flat, model.parameters())

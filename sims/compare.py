@@ -1,0 +1,188 @@
+"""``fairclip compare``: strategies × target ε × seeds as Ray tasks, and the `none` reference.
+
+Each run is one Ray task that simulates a whole federation in its worker process (the
+in-process engine: parallelism comes from running many runs at once). The driver writes every
+finished run at once and atomically into ``DIR/runs/<key>/`` (``rounds.csv``, then
+``summary.json``, whose presence marks the run finished), so an interrupted sweep keeps all
+finished runs and ``--resume`` recomputes none of them. When every run is done the driver
+writes ``summary.csv``, ``report.md`` and the plots (:mod:`fairclip.sims.report`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from fairclip.sims.config import RunConfig, apply_overrides, validate
+from fairclip.sims.errors import ConfigError
+from fairclip.sims.outputs import write_csv, write_json
+
+REFERENCE = "none"
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One cell of the sweep."""
+
+    strategy: str
+    target_epsilon: float | None
+    seed: int
+
+    @property
+    def key(self) -> str:
+        epsilon = "none" if self.target_epsilon is None else f"{self.target_epsilon:g}"
+        return f"{self.strategy}__eps-{epsilon}__seed-{self.seed}"
+
+    def config(self, raw: dict[str, Any]) -> RunConfig:
+        """The configuration of this run: the scenario with strategy, ε and seed set."""
+        overrides = [f"strategy.name={self.strategy}", f"seed={self.seed}"]
+        if self.target_epsilon is not None and self.strategy != REFERENCE:
+            overrides.append(f"privacy.target_epsilon={self.target_epsilon!r}")
+        return validate(apply_overrides(raw, overrides))
+
+
+def plan_runs(
+    raw: dict[str, Any], strategies: list[str], epsilons: list[float | None], seeds: int
+) -> list[RunSpec]:
+    """Every run of the sweep, the `none` reference once per seed first. Validates them all."""
+    base = validate(raw)
+    if seeds < 1:
+        raise ConfigError(f"--seeds must be >= 1 (got {seeds})")
+    seed_values = [base.seed + offset for offset in range(seeds)]
+    runs = [RunSpec(REFERENCE, None, seed) for seed in seed_values]
+    runs += [
+        RunSpec(strategy, epsilon, seed)
+        for strategy in strategies
+        if strategy != REFERENCE
+        for epsilon in epsilons
+        for seed in seed_values
+    ]
+    for run in runs:
+        run.config(raw)  # fail fast, before any work, on a strategy or ε the scenario rejects
+    return runs
+
+
+def is_finished(out: Path, run: RunSpec) -> bool:
+    """A run is finished when its ``summary.json`` exists (written last, atomically)."""
+    return (out / "runs" / run.key / "summary.json").is_file()
+
+
+def run_simulation(raw_config: dict[str, Any], data_dir: str | None) -> dict[str, Any]:
+    """Simulate one run in this process; returns its rows and summary."""
+    from fairclip.sims.engine import build_task, simulate
+
+    config = validate(raw_config)
+    task = build_task(config, Path(data_dir) if data_dir else None)
+    result = simulate(config, task)
+    return {"rows": result.rows, "summary": result.summary}
+
+
+def execute(
+    raw: dict[str, Any],
+    runs: list[RunSpec],
+    out: Path,
+    *,
+    data_dir: Path | None,
+    resume: bool,
+    address: str | None,
+    on_finished: Callable[[RunSpec], None] | None = None,
+) -> list[RunSpec]:
+    """Run every unfinished run on Ray, writing each as it finishes; returns the runs computed."""
+    import ray
+
+    from fairclip.sims.ray_engine import ensure_ray
+
+    pending = [run for run in runs if not (resume and is_finished(out, run))]
+    if not pending:
+        return []
+    ensure_ray(address)
+    remote = ray.remote(num_cpus=1)(run_simulation)
+    futures = {
+        remote.remote(run.config(raw).as_dict(), str(data_dir) if data_dir else None): run for run in pending
+    }
+    remaining = list(futures)
+    while remaining:
+        done, remaining = ray.wait(remaining, num_returns=1)
+        run = futures[done[0]]
+        result = ray.get(done[0])
+        folder = out / "runs" / run.key
+        write_csv(folder / "rounds.csv", result["rows"])
+        write_json(folder / "summary.json", result["summary"])
+        if on_finished is not None:
+            on_finished(run)
+    return pending
+
+
+def load_results(
+    out: Path, runs: Iterable[RunSpec]
+) -> tuple[pd.DataFrame, dict[str, pd.DataFrame], dict[str, tuple[str, float]]]:
+    """``summary.csv`` rows (per run and cohort, with privacy cost against `none`), each run's
+    rounds, and each run's (strategy, target ε) by key."""
+    summaries = {run.key: json.loads((out / "runs" / run.key / "summary.json").read_text()) for run in runs}
+    rounds = {run.key: pd.read_csv(out / "runs" / run.key / "rounds.csv") for run in runs}
+    references = {run.seed: summaries[run.key] for run in runs if run.strategy == REFERENCE}
+    rows = []
+    keys = {run.key: (run.strategy, _target(run, summaries[run.key])) for run in runs}
+    for run in runs:
+        summary = summaries[run.key]
+        reference = references[run.seed]["cohorts"]
+        for cohort, metrics in summary["cohorts"].items():
+            accuracy = metrics.get("accuracy", math.nan)
+            loss = metrics.get("loss", math.nan)
+            rows.append(
+                {
+                    "strategy": run.strategy,
+                    "target_epsilon": keys[run.key][1],
+                    "epsilon": float(summary["epsilon"]),
+                    "delta": summary["delta"],
+                    "seed": run.seed,
+                    "cohort": cohort,
+                    "accuracy": accuracy,
+                    "loss": loss,
+                    "privacy_cost": reference[cohort].get("accuracy", math.nan) - accuracy,
+                    "excessive_risk": loss - reference[cohort].get("loss", math.nan),
+                    "final_clip_bound": float(summary["final_clip_bound"]),
+                    "rounds_completed": summary["rounds_completed"],
+                    "noise_multiplier": summary["privacy"]["noise_multiplier"],
+                    "count_noise_multiplier": summary["privacy"]["count_noise_multiplier"],
+                    "accountant": summary["privacy"]["accountant"],
+                }
+            )
+    return pd.DataFrame(rows), rounds, keys
+
+
+def _target(run: RunSpec, summary: dict[str, Any]) -> float:
+    """The run's target ε: ∞ for the reference, the scenario's own target (or NaN) without one."""
+    if run.strategy == REFERENCE:
+        return math.inf
+    if run.target_epsilon is not None:
+        return run.target_epsilon
+    configured = summary["config"]["privacy"]["target_epsilon"]
+    return math.nan if configured is None else float(configured)
+
+
+def write_summary(out: Path, table: pd.DataFrame) -> None:
+    """``summary.csv``, atomically."""
+    write_csv(out / "summary.csv", table.to_dict("records"))
+
+
+def parse_epsilons(text: str | None) -> list[float | None]:
+    """``"1,2.5,8"`` -> [1.0, 2.5, 8.0]; ``None`` -> [None] (the scenario's own privacy settings)."""
+    if text is None:
+        return [None]
+    values = []
+    for part in text.split(","):
+        try:
+            value = float(part)
+        except ValueError:
+            raise ConfigError(f"--epsilons: {part.strip()!r} is not a number") from None
+        if not (math.isfinite(value) and value > 0):
+            raise ConfigError(f"--epsilons: every ε must be a finite number > 0 (got {part.strip()})")
+        values.append(value)
+    return values

@@ -1,0 +1,41 @@
+"""Benchmark data: file checks and downloads, dataset loaders and client partitioners (DESIGN §4)."""
+
+from .datasets import (
+    DATASETS,
+    Dataset,
+    load_adult,
+    load_dataset,
+    load_dutch,
+    load_fashion_mnist,
+    load_mnist,
+    skew_class,
+)
+from .errors import DataError
+from .files import DATASET_FILES, ENV_VAR, SHA256, SOURCES, fetch, resolve_data_dir, verified_path
+from .partition import CohortRule, Partition, by_cohort, cohort_client_counts, dirichlet, group_index, iid
+
+__all__ = [
+    "DATASETS",
+    "DATASET_FILES",
+    "ENV_VAR",
+    "SHA256",
+    "SOURCES",
+    "CohortRule",
+    "DataError",
+    "Dataset",
+    "Partition",
+    "by_cohort",
+    "cohort_client_counts",
+    "dirichlet",
+    "fetch",
+    "group_index",
+    "iid",
+    "load_adult",
+    "load_dataset",
+    "load_dutch",
+    "load_fashion_mnist",
+    "load_mnist",
+    "resolve_data_dir",
+    "skew_class",
+    "verified_path",
+]

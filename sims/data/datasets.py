@@ -1,0 +1,568 @@
+"""Benchmark datasets as numpy arrays: MNIST, skewed MNIST, Fashion-MNIST, Adult and Dutch census.
+
+Every loader takes the data directory (``None``: ``$FAIRCLIP_DATA``, see :mod:`.files`), checks
+the SHA-256 of each file it reads, and returns a :class:`Dataset`: ``x`` float32, ``y`` int64 class
+index, ``g`` int64 protected-attribute index (``None`` for the image datasets). Parsed files are
+cached in this process (keyed on path, size and modification time); every call returns fresh
+arrays, so callers may modify them. Nothing here needs the network or torch.
+
+What is done, exactly
+=====================
+
+MNIST and Fashion-MNIST (:func:`load_mnist`, :func:`load_fashion_mnist`)
+    The gzip IDX files are parsed with numpy: magic number 2051 (images, unsigned bytes, 3
+    dimensions) or 2049 (labels, 1 dimension), big-endian dimensions, and a payload whose length
+    must equal their product. Images become ``(n, 1, 28, 28)`` float32 pixel/255 in [0, 1]; no
+    mean/std normalisation (a model may add it). The original train (60,000) and test (10,000)
+    splits are kept; 10 classes.
+
+Skewed MNIST (:func:`skew_class`, seeds 000/003/004)
+    Each *training* example of class ``cls`` (8) is kept independently with probability ``keep``
+    (0.09), drawn from ``numpy.random.default_rng(seed)``: of MNIST's 5,851 eights about 527 ± 22
+    remain (the papers quote "about 500"). Every other class and the whole test set are untouched.
+
+Adult (:func:`load_adult`; Esipova et al. 2023, appendix B.1, and their code ``fair-dp``)
+    ``adult.data`` (32,561 rows) and ``adult.test`` (16,281 rows; its first line, a banner, is
+    skipped) are concatenated; fields are comma-separated with a leading space. ``fnlwgt`` (a
+    sampling weight) is dropped and every row with a ``?`` in any field is dropped, leaving the
+    45,222 complete rows. Label: 1 iff income is ``>50K`` (``>50K.`` in adult.test, whose labels
+    carry a trailing period), else 0. Protected attribute: ``sex``, ``g = 0`` male, ``g = 1``
+    female (``group_names = ("male", "female")``, the coding of Esipova et al.). With
+    ``balance=True`` (default), ``per_group`` = 14,000 female and 14,000 male rows are drawn
+    without replacement (28,000 rows; there are 14,695 complete female rows). The rows (all, or
+    the balanced 28,000) are then shuffled and the first ``round(test_fraction·n)`` form the test
+    set (5,600 of 28,000 by default), the rest the training set (22,400). Both draws come from
+    ``numpy.random.default_rng(seed)``, in that order. Features, in this order:
+
+    * ``age``, ``education_num``, ``capital_gain``, ``capital_loss``, ``hours_per_week``,
+      standardised with the mean and (population, ddof=0) standard deviation of the *training*
+      rows (Esipova et al. used the whole table's statistics, before the split);
+    * ``race`` binarised: 0 White, 1 any other value;
+    * ``sex``: 0 male, 1 female (the protected attribute is also an input feature, as in
+      ``fair-dp``; pass ``include_protected=False`` to leave it out);
+    * one-hot indicators of ``workclass`` (7 values), ``education`` (16), ``marital_status``
+      (7), ``occupation`` (14), ``relationship`` (6) and ``native_country`` (41), one per value
+      seen among the 45,222 complete rows, so the layout (98 features in all) does not depend on
+      the seed or the balancing (``fair-dp`` one-hot encodes after its sampling instead).
+
+Dutch census 2001 (:func:`load_dutch`; Esipova et al. 2023, appendix B.1, ``fair-dp``)
+    The file is the ARFF of the fairness-benchmark version (Le Quy et al. 2022, tailequy/
+    fairness_dataset): 60,420 rows and 12 nominal attributes, no missing values. It is *already*
+    preprocessed the way ``fair-dp``'s ``preprocess_dutch`` treats the original IPUMS file: it
+    has no ``weight`` column (the ARFF header records Weka's ``Remove-R12``), no under-age rows
+    (age codes present are 4–15; codes 1–3, which ``fair-dp`` drops as under-age, are declared
+    in the header but unused), and, judging by the Weka filters its header records, occupation
+    is already merged into two classes with the middle-level codes removed. The loader still
+    drops a ``weight`` column and rows with age code ≤ 3 should a file contain them, which this
+    one does not, so all 60,420 rows stay.
+
+    * Label ``occupation``: ``2_1`` → 1 (positive), ``5_4_9`` → 0. By the ISCO-88 major-group
+      codes, ``2_1`` is groups 1 (legislators, senior officials and managers) and 2
+      (professionals), the "high-level" occupations; ``5_4_9`` is groups 5 (service and sales
+      workers), 4 (clerks) and 9 (elementary occupations). ``fair-dp`` maps 1, 2 → 1 and
+      4, 5, 9 → 0, i.e. predicts a high-level occupation, as in the benchmark's origin
+      (Žliobaitė et al. 2011). Counts: 28,763 positive, 31,657 negative.
+    * Protected attribute ``sex``: code 1 → ``g = 0`` male, code 2 → ``g = 1`` female
+      (``group_names = ("male", "female")``). This is the IPUMS-International convention
+      (SEX: 1 male, 2 female), the mapping ``{1: 0, 2: 1}`` of ``fair-dp`` (whose Adult coding is
+      male 0, female 1), and it matches the data: 62.6 % of code-1 rows but 32.7 % of code-2 rows
+      hold a high-level occupation. Counts: 30,147 male, 30,273 female.
+    * Features, in this order: ``sex`` (0 male, 1 female; left out with
+      ``include_protected=False``), ``prev_residence_place`` as one indicator (code 2 → 1, code
+      1 → 0; the only two codes present), then one-hot indicators of ``age`` (12 codes present),
+      ``household_position``, ``household_size``, ``citizenship``, ``country_birth``,
+      ``edu_level``, ``economic_status``, ``cur_eco_activity``, ``Marital_status``, one per code
+      present in the file (59 features in all). All features are 0/1; none is standardised (as in
+      ``fair-dp``).
+    * No group rebalancing; ``numpy.random.default_rng(seed)`` shuffles the rows and the first
+      ``round(test_fraction·n)`` (12,084) form the test set, the remaining 48,336 the training
+      set. (``fair-dp``'s Dutch runs additionally subsample women to a 1 : 0.333 ratio; the
+      cohort partitioners, not the loader, are the place for such skews here.)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import gzip
+import io
+import math
+import os
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from .errors import DataError
+from .files import ENV_VAR, resolve_data_dir, verified_path
+
+IDX_IMAGES_MAGIC = 2051
+IDX_LABELS_MAGIC = 2049
+
+SEX_GROUPS = ("male", "female")
+
+
+@dataclass(frozen=True, eq=False)
+class Dataset:
+    """A train/test split with labels and, for tabular data, a protected attribute per example."""
+
+    x_train: np.ndarray
+    y_train: np.ndarray
+    g_train: np.ndarray | None
+    x_test: np.ndarray
+    y_test: np.ndarray
+    g_test: np.ndarray | None
+    num_classes: int
+    name: str
+    group_names: tuple[str, ...] = ()
+    feature_names: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        for split in ("train", "test"):
+            x, y, g = (getattr(self, f"{field}_{split}") for field in "xyg")
+            what = f"{split} split of {self.name}"
+            if x.dtype != np.float32 or y.dtype != np.int64 or y.ndim != 1 or len(x) != len(y):
+                raise ValueError(f"{what}: need float32 x and 1-D int64 y of equal length")
+            if (g is None) != (self.g_train is None):
+                raise ValueError(f"{what}: g must be None in both splits or in neither")
+            if g is not None and (g.dtype != np.int64 or g.shape != y.shape):
+                raise ValueError(f"{what}: g must be int64 and shaped like y")
+        if self.x_train.shape[1:] != self.x_test.shape[1:]:
+            raise ValueError(f"{self.name}: train and test examples differ in shape")
+
+    @property
+    def num_train(self) -> int:
+        return len(self.y_train)
+
+    @property
+    def num_test(self) -> int:
+        return len(self.y_test)
+
+    @property
+    def input_shape(self) -> tuple[int, ...]:
+        """Shape of one example: ``(1, 28, 28)`` for images, ``(num_features,)`` for tables."""
+        return tuple(self.x_train.shape[1:])
+
+    @property
+    def num_groups(self) -> int:
+        return len(self.group_names)
+
+
+def _malformed(path: Path, what: str) -> DataError:
+    path = path.absolute()
+    return DataError(
+        f"malformed data file {path}: {what}; delete it and run `fairclip data --data-dir "
+        f"{path.parent.parent}` where the network allows, or set {ENV_VAR} to a folder holding an intact copy"
+    )
+
+
+def _file_key(path: Path) -> tuple[str, int, int]:
+    status = path.stat()
+    return str(path), status.st_size, status.st_mtime_ns
+
+
+# ----------------------------------------------------------------------------------------------
+# IDX (MNIST, Fashion-MNIST)
+
+
+def read_idx(path: str | os.PathLike[str], magic: int) -> np.ndarray:
+    """The uint8 array in gzip IDX file ``path`` (read-only, cached); :class:`DataError` if malformed.
+
+    ``magic`` is 2051 for images (3 dimensions) or 2049 for labels (1 dimension). No checksum is
+    checked here; loaders pass paths from :func:`verified_path`.
+    """
+    return _read_idx(*_file_key(Path(path)), magic)
+
+
+@functools.lru_cache(maxsize=16)
+def _read_idx(path_text: str, _size: int, _mtime_ns: int, magic: int) -> np.ndarray:
+    path = Path(path_text)
+    try:
+        with gzip.open(path, "rb") as stream:
+            raw = stream.read()
+    except (OSError, EOFError, zlib.error) as error:
+        raise _malformed(path, f"not a complete gzip stream ({error})") from None
+    if len(raw) < 4 or int.from_bytes(raw[:4], "big") != magic:
+        found = int.from_bytes(raw[:4], "big") if len(raw) >= 4 else None
+        raise _malformed(path, f"IDX magic number {found} where {magic} is expected")
+    ndim = magic & 0xFF
+    header = 4 + 4 * ndim
+    if len(raw) < header:
+        raise _malformed(path, "IDX header is truncated")
+    dims = tuple(int(d) for d in np.frombuffer(raw, dtype=">u4", count=ndim, offset=4))
+    if len(raw) - header != math.prod(dims):
+        raise _malformed(path, f"IDX payload has {len(raw) - header} bytes where the header announces {dims}")
+    return np.frombuffer(raw, dtype=np.uint8, offset=header).reshape(dims)
+
+
+def _load_idx_dataset(data_dir: str | os.PathLike[str] | None, folder: str, name: str) -> Dataset:
+    root = resolve_data_dir(data_dir)
+    paths = {
+        (split, kind): verified_path(root, f"{folder}/{split}-{kind}-ubyte.gz")
+        for split in ("train", "t10k")
+        for kind in ("images-idx3", "labels-idx1")
+    }
+    arrays: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+    for split in ("train", "t10k"):
+        image_path, label_path = paths[split, "images-idx3"], paths[split, "labels-idx1"]
+        images = read_idx(image_path, IDX_IMAGES_MAGIC)
+        labels = read_idx(label_path, IDX_LABELS_MAGIC)
+        if images.shape[1:] != (28, 28):
+            raise _malformed(image_path, f"images are {images.shape[1:]} where 28x28 is expected")
+        if len(labels) != len(images):
+            raise _malformed(label_path, f"{len(labels)} labels for {len(images)} images")
+        if labels.size and labels.max() > 9:
+            raise _malformed(label_path, f"label {labels.max()} outside 0..9")
+        x = images.reshape(-1, 1, 28, 28).astype(np.float32)
+        x /= 255.0
+        arrays[split] = x, labels.astype(np.int64)
+    (x_train, y_train), (x_test, y_test) = arrays["train"], arrays["t10k"]
+    return Dataset(x_train, y_train, None, x_test, y_test, None, num_classes=10, name=name)
+
+
+def load_mnist(data_dir: str | os.PathLike[str] | None = None) -> Dataset:
+    """MNIST: 60,000 train and 10,000 test images ``(n, 1, 28, 28)`` in [0, 1], 10 classes."""
+    return _load_idx_dataset(data_dir, "mnist", "mnist")
+
+
+def load_fashion_mnist(data_dir: str | os.PathLike[str] | None = None) -> Dataset:
+    """Fashion-MNIST: 60,000 train and 10,000 test images ``(n, 1, 28, 28)`` in [0, 1], 10 classes."""
+    return _load_idx_dataset(data_dir, "fashion-mnist", "fashion-mnist")
+
+
+def skew_class(dataset: Dataset, cls: int = 8, keep: float = 0.09, *, seed: int) -> Dataset:
+    """Keep each training example of class ``cls`` with probability ``keep`` (seeded); test untouched."""
+    if not 0 <= cls < dataset.num_classes:
+        raise ValueError(f"class {cls} is outside 0..{dataset.num_classes - 1} of {dataset.name}")
+    if not 0.0 <= keep <= 1.0:
+        raise ValueError(f"keep must lie in [0, 1], not {keep}")
+    rng = np.random.default_rng(seed)
+    of_class = np.flatnonzero(dataset.y_train == cls)
+    dropped = of_class[rng.random(len(of_class)) >= keep]
+    mask = np.ones(dataset.num_train, dtype=bool)
+    mask[dropped] = False
+    return dataclasses.replace(
+        dataset,
+        x_train=dataset.x_train[mask],
+        y_train=dataset.y_train[mask],
+        g_train=None if dataset.g_train is None else dataset.g_train[mask],
+        name=f"skewed-{dataset.name}",
+    )
+
+
+# ----------------------------------------------------------------------------------------------
+# Tabular helpers
+
+
+def _check_split_args(seed: int, test_fraction: float) -> None:
+    if not 0.0 < test_fraction < 1.0:
+        raise ValueError(f"test_fraction must lie strictly between 0 and 1, not {test_fraction}")
+    if isinstance(seed, bool) or not isinstance(seed, int | np.integer) or seed < 0:
+        raise ValueError(f"seed must be a non-negative integer, not {seed!r}")
+
+
+def _split_rows(rows: np.ndarray, test_fraction: float, rng: np.random.Generator) -> tuple[np.ndarray, ...]:
+    shuffled = rng.permutation(rows)
+    n_test = round(test_fraction * len(shuffled))
+    if not 0 < n_test < len(shuffled):
+        raise ValueError(f"test_fraction {test_fraction} leaves {len(rows)} rows an empty train or test set")
+    return shuffled[n_test:], shuffled[:n_test]
+
+
+def _one_hot(values: pd.Series, column: str, categories: list[str]) -> tuple[np.ndarray, list[str]]:
+    codes = pd.Categorical(values, categories=categories).codes
+    matrix = np.zeros((len(values), len(categories)), dtype=np.float32)
+    matrix[np.arange(len(values)), codes] = 1.0
+    return matrix, [f"{column}={category}" for category in categories]
+
+
+def _tabular(
+    x: np.ndarray,
+    y: np.ndarray,
+    g: np.ndarray,
+    train: np.ndarray,
+    test: np.ndarray,
+    name: str,
+    feature_names: list[str],
+) -> Dataset:
+    return Dataset(
+        x_train=np.ascontiguousarray(x[train]),
+        y_train=y[train],
+        g_train=g[train],
+        x_test=np.ascontiguousarray(x[test]),
+        y_test=y[test],
+        g_test=g[test],
+        num_classes=2,
+        name=name,
+        group_names=SEX_GROUPS,
+        feature_names=tuple(feature_names),
+    )
+
+
+# ----------------------------------------------------------------------------------------------
+# Adult
+
+ADULT_COLUMNS = (
+    "age",
+    "workclass",
+    "fnlwgt",
+    "education",
+    "education_num",
+    "marital_status",
+    "occupation",
+    "relationship",
+    "race",
+    "sex",
+    "capital_gain",
+    "capital_loss",
+    "hours_per_week",
+    "native_country",
+    "income",
+)
+ADULT_NUMERIC = ("age", "education_num", "capital_gain", "capital_loss", "hours_per_week")
+ADULT_CATEGORICAL = (
+    "workclass",
+    "education",
+    "marital_status",
+    "occupation",
+    "relationship",
+    "native_country",
+)
+_ADULT_INCOME = {"<=50K": 0, ">50K": 1, "<=50K.": 0, ">50K.": 1}
+
+
+def _read_adult_file(path: Path, skip_rows: int) -> pd.DataFrame:
+    try:
+        frame = pd.read_csv(
+            path,
+            header=None,
+            names=list(ADULT_COLUMNS),
+            skiprows=skip_rows,
+            skipinitialspace=True,
+            dtype=str,
+            na_values=["?"],
+            keep_default_na=False,
+            skip_blank_lines=True,
+            engine="c",
+        )
+    except (pd.errors.ParserError, UnicodeDecodeError, ValueError) as error:
+        raise _malformed(path, f"not the 15-field Adult CSV ({str(error).splitlines()[0]})") from None
+    if frame["income"].isna().any() or not frame["income"].isin(list(_ADULT_INCOME)).all():
+        raise _malformed(path, "a row lacks a valid income label (<=50K or >50K)")
+    for column in (*ADULT_NUMERIC, "fnlwgt"):
+        values = pd.to_numeric(frame[column], errors="coerce")
+        if (values.isna() & frame[column].notna()).any():
+            raise _malformed(path, f"column {column} holds a non-numeric value")
+        frame[column] = values
+    return frame
+
+
+@functools.lru_cache(maxsize=2)
+def _adult_complete_rows(train_key: tuple[str, int, int], test_key: tuple[str, int, int]) -> pd.DataFrame:
+    frames = [_read_adult_file(Path(train_key[0]), 0), _read_adult_file(Path(test_key[0]), 1)]
+    frame = pd.concat(frames, ignore_index=True).drop(columns="fnlwgt")
+    return frame.dropna(how="any").reset_index(drop=True)
+
+
+def load_adult(
+    data_dir: str | os.PathLike[str] | None = None,
+    seed: int = 0,
+    balance: bool = True,
+    test_fraction: float = 0.2,
+    *,
+    per_group: int = 14_000,
+    include_protected: bool = True,
+) -> Dataset:
+    """UCI Adult, income > 50K, protected attribute sex (0 male, 1 female); see the module docstring."""
+    _check_split_args(seed, test_fraction)
+    root = resolve_data_dir(data_dir)
+    train_path = verified_path(root, "adult/adult.data")
+    test_path = verified_path(root, "adult/adult.test")
+    frame = _adult_complete_rows(_file_key(train_path), _file_key(test_path))
+
+    y = frame["income"].map(_ADULT_INCOME).to_numpy(dtype=np.int64)
+    sex = frame["sex"]
+    if not sex.isin(["Male", "Female"]).all():
+        raise _malformed(train_path, "sex is neither Male nor Female in some row")
+    g = (sex == "Female").to_numpy(dtype=np.int64)
+
+    rng = np.random.default_rng(seed)
+    if balance:
+        if per_group <= 0:
+            raise ValueError(f"per_group must be positive, not {per_group}")
+        chosen = []
+        for group, group_name in enumerate(SEX_GROUPS):
+            members = np.flatnonzero(g == group)
+            if len(members) < per_group:
+                raise ValueError(f"Adult has {len(members)} complete {group_name} rows, not {per_group}")
+            chosen.append(rng.choice(members, size=per_group, replace=False))
+        rows = np.sort(np.concatenate(chosen))
+    else:
+        rows = np.arange(len(frame))
+    train, test = _split_rows(rows, test_fraction, rng)
+
+    columns: list[np.ndarray] = []
+    names: list[str] = []
+    numeric = frame[list(ADULT_NUMERIC)].to_numpy(dtype=np.float64)
+    mean = numeric[train].mean(axis=0)
+    std = numeric[train].std(axis=0)
+    std[std == 0] = 1.0
+    columns.append(((numeric - mean) / std).astype(np.float32))
+    names.extend(ADULT_NUMERIC)
+    columns.append((frame["race"] != "White").to_numpy(dtype=np.float32)[:, None])
+    names.append("race=non-white")
+    if include_protected:
+        columns.append(g.astype(np.float32)[:, None])
+        names.append("sex=female")
+    for column in ADULT_CATEGORICAL:
+        matrix, labels = _one_hot(frame[column], column, sorted(frame[column].unique()))
+        columns.append(matrix)
+        names.extend(labels)
+    x = np.concatenate(columns, axis=1)
+    return _tabular(x, y, g, train, test, "adult", names)
+
+
+# ----------------------------------------------------------------------------------------------
+# Dutch census
+
+DUTCH_ATTRIBUTES = (
+    "sex",
+    "age",
+    "household_position",
+    "household_size",
+    "prev_residence_place",
+    "citizenship",
+    "country_birth",
+    "edu_level",
+    "economic_status",
+    "cur_eco_activity",
+    "Marital_status",
+    "occupation",
+)
+DUTCH_ONE_HOT = (
+    "age",
+    "household_position",
+    "household_size",
+    "citizenship",
+    "country_birth",
+    "edu_level",
+    "economic_status",
+    "cur_eco_activity",
+    "Marital_status",
+)
+_DUTCH_OCCUPATION = {"2_1": 1, "5_4_9": 0}
+_DUTCH_SEX = {"1": 0, "2": 1}
+
+
+def read_arff(path: str | os.PathLike[str]) -> tuple[pd.DataFrame, dict[str, tuple[str, ...]]]:
+    """A nominal-only ARFF file as a frame of strings (``?`` → missing) and each attribute's values."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as error:
+        raise _malformed(path, f"not a readable ARFF text file ({error})") from None
+    attributes: dict[str, tuple[str, ...]] = {}
+    lines = text.splitlines()
+    for number, line in enumerate(lines):
+        stripped = line.strip()
+        lowered = stripped.lower()
+        if lowered.startswith("@attribute"):
+            parts = stripped.split(None, 2)
+            if len(parts) < 3 or not (parts[2].startswith("{") and parts[2].endswith("}")):
+                raise _malformed(path, f"line {number + 1} is not a nominal @attribute")
+            values = parts[2][1:-1].split(",")
+            attributes[parts[1].strip("'\"")] = tuple(value.strip().strip("'\"") for value in values)
+        elif lowered.startswith("@data"):
+            body = "\n".join(lines[number + 1 :])
+            break
+    else:
+        raise _malformed(path, "no @data section")
+    try:
+        frame = pd.read_csv(
+            io.StringIO(body),
+            header=None,
+            names=list(attributes),
+            dtype=str,
+            comment="%",
+            skip_blank_lines=True,
+            na_values=["?"],
+            keep_default_na=False,
+            skipinitialspace=True,
+        )
+    except (pd.errors.ParserError, ValueError) as error:
+        raise _malformed(path, f"bad @data row ({str(error).splitlines()[0]})") from None
+    for name, values in attributes.items():
+        column = frame[name]
+        unknown = column.notna() & ~column.isin(values)
+        if unknown.any():
+            raise _malformed(path, f"attribute {name} has undeclared value {column[unknown].iloc[0]!r}")
+    return frame, attributes
+
+
+@functools.lru_cache(maxsize=2)
+def _dutch_rows(key: tuple[str, int, int]) -> pd.DataFrame:
+    path = Path(key[0])
+    frame, _ = read_arff(path)
+    missing = [name for name in DUTCH_ATTRIBUTES if name not in frame.columns]
+    extra = [name for name in frame.columns if name not in DUTCH_ATTRIBUTES and name != "weight"]
+    if missing or extra:
+        raise _malformed(path, f"attributes are not the Dutch census ones (missing {missing}, extra {extra})")
+    frame = frame.drop(columns=[c for c in frame.columns if c == "weight"]).dropna(how="any")
+    frame = frame[frame["age"].astype(int) > 3]  # under-age rows (none in the benchmark file)
+    if not frame["occupation"].isin(list(_DUTCH_OCCUPATION)).all() or not frame["sex"].isin(["1", "2"]).all():
+        raise _malformed(path, "occupation must be 2_1 or 5_4_9 and sex 1 or 2")
+    return frame.reset_index(drop=True)
+
+
+def load_dutch(
+    data_dir: str | os.PathLike[str] | None = None,
+    seed: int = 0,
+    test_fraction: float = 0.2,
+    *,
+    include_protected: bool = True,
+) -> Dataset:
+    """Dutch census 2001, high-level occupation, protected attribute sex (0 male, 1 female)."""
+    _check_split_args(seed, test_fraction)
+    root = resolve_data_dir(data_dir)
+    path = verified_path(root, "dutch/dutch_census_2001.arff")
+    frame = _dutch_rows(_file_key(path))
+
+    y = frame["occupation"].map(_DUTCH_OCCUPATION).to_numpy(dtype=np.int64)
+    g = frame["sex"].map(_DUTCH_SEX).to_numpy(dtype=np.int64)
+    columns: list[np.ndarray] = []
+    names: list[str] = []
+    if include_protected:
+        columns.append(g.astype(np.float32)[:, None])
+        names.append("sex=female")
+    columns.append((frame["prev_residence_place"] == "2").to_numpy(dtype=np.float32)[:, None])
+    names.append("prev_residence_place=2")
+    for column in DUTCH_ONE_HOT:
+        matrix, labels = _one_hot(frame[column], column, sorted(frame[column].unique(), key=int))
+        columns.append(matrix)
+        names.extend(labels)
+    x = np.concatenate(columns, axis=1)
+
+    train, test = _split_rows(np.arange(len(frame)), test_fraction, np.random.default_rng(seed))
+    return _tabular(x, y, g, train, test, "dutch", names)
+
+
+# ----------------------------------------------------------------------------------------------
+
+DATASETS = ("mnist", "skewed-mnist", "fashion-mnist", "adult", "dutch")
+
+
+def load_dataset(name: str, data_dir: str | os.PathLike[str] | None = None, *, seed: int = 0) -> Dataset:
+    """Load a dataset by its scenario name, with the defaults of the papers (see module docstring)."""
+    if name == "mnist":
+        return load_mnist(data_dir)
+    if name == "skewed-mnist":
+        return skew_class(load_mnist(data_dir), cls=8, keep=0.09, seed=seed)
+    if name == "fashion-mnist":
+        return load_fashion_mnist(data_dir)
+    if name == "adult":
+        return load_adult(data_dir, seed=seed)
+    if name == "dutch":
+        return load_dutch(data_dir, seed=seed)
+    raise ValueError(f"unknown dataset {name!r}; choose one of {', '.join(DATASETS)}")

@@ -1,0 +1,101 @@
+"""Real datasets as federated data: load, skew, partition into clients, weigh the test set.
+
+The files come from ``--data-dir`` or ``FAIRCLIP_DATA`` and are checked against their SHA-256
+(:mod:`fairclip.sims.data`). With ``partition = "cohort"`` each cohort's rule picks its examples
+(a protected-attribute value, or fractions of classes); with ``iid`` or ``dirichlet`` the whole
+training set is dealt to the clients and cohorts are only a random split of the clients.
+A cohort is evaluated on its own test distribution: the test rows of its attribute value, or
+the test set reweighted to the class mix of the cohort's training examples.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from fairclip.sims.classification import FederatedData
+from fairclip.sims.config import ClassificationSpec
+from fairclip.sims.data import (
+    CohortRule,
+    Dataset,
+    Partition,
+    by_cohort,
+    dirichlet,
+    group_index,
+    iid,
+    load_adult,
+    load_dataset,
+    resolve_data_dir,
+    skew_class,
+)
+from fairclip.sims.mean_estimation import cohort_sizes
+from fairclip.sims.randomness import Stream, rng
+
+
+def load(spec: ClassificationSpec, data_dir: Path | None, seed: int) -> Dataset:
+    """The dataset of a scenario, skewed if the scenario says so."""
+    directory = resolve_data_dir(data_dir)
+    if spec.dataset == "adult":
+        dataset = load_adult(directory, seed=seed, balance=spec.balance, test_fraction=spec.test_fraction)
+    else:
+        dataset = load_dataset(spec.dataset, directory, seed=seed)
+    if spec.skew_class is not None:
+        dataset = skew_class(dataset, cls=spec.skew_class, keep=spec.skew_keep, seed=seed)
+    return dataset
+
+
+def partition(spec: ClassificationSpec, dataset: Dataset, num_clients: int, seed: int) -> Partition:
+    """Clients' example indices and cohorts."""
+    generator = rng(seed, Stream.DATA, 2)
+    if spec.partition == "cohort":
+        rules = [
+            CohortRule(share=c.share, attribute=c.attribute, class_fractions=c.class_fractions, name=name)
+            for name, c in spec.cohorts.items()
+        ]
+        return by_cohort(
+            dataset.y_train, dataset.g_train, rules, num_clients, generator, group_names=dataset.group_names
+        )
+    if spec.partition == "iid":
+        dealt = iid(len(dataset.y_train), num_clients, generator)
+    else:
+        dealt = dirichlet(dataset.y_train, num_clients, spec.dirichlet_alpha, generator)
+    sizes = cohort_sizes([c.share for c in spec.cohorts.values()], num_clients)
+    cohorts = generator.permutation(np.repeat(np.arange(len(sizes)), sizes))
+    return Partition(dealt.client_indices, cohorts, tuple(spec.cohorts))
+
+
+def cohort_test_weights(
+    spec: ClassificationSpec, dataset: Dataset, split: Partition
+) -> dict[str, np.ndarray]:
+    """One weight per test example and cohort: the cohort's own test distribution."""
+    weights = {}
+    test_counts = np.bincount(dataset.y_test, minlength=dataset.num_classes).astype(np.float64)
+    for k, (name, cohort) in enumerate(spec.cohorts.items()):
+        if cohort.attribute is not None:
+            index = group_index(cohort.attribute, name, dataset.group_names)
+            weights[name] = (dataset.g_test == index).astype(np.float64)
+            continue
+        held = np.concatenate([split.client_indices[c] for c in np.flatnonzero(split.client_cohorts == k)])
+        mix = np.bincount(dataset.y_train[held], minlength=dataset.num_classes) / max(len(held), 1)
+        per_class = np.divide(mix, test_counts, out=np.zeros_like(mix), where=test_counts > 0)
+        weights[name] = per_class[dataset.y_test]
+    return weights
+
+
+def real_federated_data(
+    spec: ClassificationSpec, num_clients: int, seed: int, data_dir: Path | None
+) -> FederatedData:
+    """Load and partition a real dataset."""
+    dataset = load(spec, data_dir, seed)
+    split = partition(spec, dataset, num_clients, seed)
+    return FederatedData(
+        train_x=dataset.x_train,
+        train_y=dataset.y_train,
+        client_indices=split.client_indices,
+        client_cohorts=np.asarray(split.client_cohorts),
+        test_x=dataset.x_test,
+        test_y=dataset.y_test,
+        cohort_weights=cohort_test_weights(spec, dataset, split),
+        num_classes=dataset.num_classes,
+    )

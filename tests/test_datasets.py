@@ -1,0 +1,382 @@
+"""Dataset files, checksums and loaders (fairclip.sims.data).
+
+The real benchmark files are read from ``$FAIRCLIP_DATA`` (default: ``../shared/data`` beside the
+repository); tests that need a file that is not there are skipped with the reason. Nothing here
+touches the network or writes into the data folder.
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from fairclip.sims.data import (
+    SHA256,
+    SOURCES,
+    DataError,
+    Dataset,
+    fetch,
+    load_adult,
+    load_dataset,
+    load_dutch,
+    load_fashion_mnist,
+    load_mnist,
+    resolve_data_dir,
+    skew_class,
+    verified_path,
+)
+from fairclip.sims.data import datasets as datasets_module
+from fairclip.sims.data import files as files_module
+
+DATA_DIR = Path(
+    os.environ.get("FAIRCLIP_DATA") or Path(__file__).resolve().parents[2] / "shared" / "data"
+).absolute()
+
+MNIST_TRAIN_COUNTS = [5923, 6742, 5958, 6131, 5842, 5421, 5918, 6265, 5851, 5949]
+MNIST_TEST_COUNTS = [980, 1135, 1032, 1010, 982, 892, 958, 1028, 974, 1009]
+SMALL_FILE = "mnist/t10k-labels-idx1-ubyte.gz"
+
+
+def need(*relative: str) -> Path:
+    """The data folder, or skip the test when one of the files is absent."""
+    for name in relative:
+        if not (DATA_DIR / name).is_file():
+            pytest.skip(f"{DATA_DIR / name} is absent: set FAIRCLIP_DATA to the benchmark data folder")
+    return DATA_DIR
+
+
+def files_of(prefix: str) -> list[str]:
+    return [name for name in SHA256 if name.startswith(prefix)]
+
+
+def assert_one_line(error: BaseException, *fragments: str) -> None:
+    message = str(error)
+    assert "\n" not in message and "\r" not in message
+    for fragment in fragments:
+        assert fragment in message
+
+
+@pytest.fixture(scope="module")
+def mnist() -> Dataset:
+    return load_mnist(need(*files_of("mnist/")))
+
+
+@pytest.fixture(scope="module")
+def adult() -> Dataset:
+    return load_adult(need("adult/adult.data", "adult/adult.test"), seed=0)
+
+
+@pytest.fixture(scope="module")
+def dutch() -> Dataset:
+    return load_dutch(need("dutch/dutch_census_2001.arff"), seed=0)
+
+
+# ----------------------------------------------------------------------------------------------
+# Files, checksums, data directory
+
+
+def test_the_twelve_files_have_checksums_and_sources() -> None:
+    assert len(SHA256) == 12
+    assert set(SOURCES) == set(SHA256)
+    assert all(len(digest) == 64 and int(digest, 16) >= 0 for digest in SHA256.values())
+    assert all(
+        urls and all(url.startswith(("https://", "http://")) for url in urls) for urls in SOURCES.values()
+    )
+
+
+def test_checksums_match_the_shared_sha256sums_file() -> None:
+    listing = need("SHA256SUMS") / "SHA256SUMS"
+    expected = dict(reversed(line.split()) for line in listing.read_text().splitlines() if line.strip())
+    assert expected == SHA256
+
+
+def test_data_dir_explicit_then_environment_then_error(monkeypatch, tmp_path) -> None:
+    monkeypatch.setenv("FAIRCLIP_DATA", str(tmp_path / "env"))
+    assert resolve_data_dir(tmp_path / "explicit") == tmp_path / "explicit"
+    assert resolve_data_dir(None) == tmp_path / "env"
+    monkeypatch.delenv("FAIRCLIP_DATA")
+    with pytest.raises(DataError) as caught:
+        resolve_data_dir(None)
+    assert_one_line(caught.value, "FAIRCLIP_DATA", "--data-dir")
+    monkeypatch.setenv("FAIRCLIP_DATA", "")
+    with pytest.raises(DataError):
+        resolve_data_dir(None)
+
+
+def test_loaders_use_the_environment_when_no_folder_is_given(monkeypatch) -> None:
+    monkeypatch.setenv("FAIRCLIP_DATA", str(need("dutch/dutch_census_2001.arff")))
+    assert load_dutch(None, seed=0).num_train == 48_336
+
+
+def test_verified_path_accepts_intact_files_and_remembers_them(monkeypatch, tmp_path) -> None:
+    (tmp_path / "mnist").mkdir()
+    copy = tmp_path / SMALL_FILE
+    shutil.copyfile(need(SMALL_FILE) / SMALL_FILE, copy)
+    calls = []
+    real = files_module._sha256_of
+    monkeypatch.setattr(files_module, "_sha256_of", lambda path: calls.append(path) or real(path))
+    assert verified_path(tmp_path, SMALL_FILE) == copy
+    assert verified_path(tmp_path, SMALL_FILE) == copy
+    assert len(calls) == 1
+    os.utime(copy, ns=(0, 10**9))  # a changed mtime means the file is hashed again
+    assert verified_path(tmp_path, SMALL_FILE) == copy
+    assert len(calls) == 2
+
+
+def test_corrupt_copy_raises_one_line_naming_the_file(tmp_path) -> None:
+    (tmp_path / "mnist").mkdir()
+    copy = tmp_path / SMALL_FILE
+    shutil.copyfile(need(SMALL_FILE) / SMALL_FILE, copy)
+    data = bytearray(copy.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    copy.write_bytes(bytes(data))
+    with pytest.raises(DataError) as caught:
+        verified_path(tmp_path, SMALL_FILE)
+    assert_one_line(caught.value, str(copy), "corrupt", "fairclip data --data-dir")
+
+
+@pytest.mark.parametrize(
+    ("loader", "first_file"),
+    [
+        (load_mnist, "mnist/train-images-idx3-ubyte.gz"),
+        (load_fashion_mnist, "fashion-mnist/train-images-idx3-ubyte.gz"),
+        (load_adult, "adult/adult.data"),
+        (load_dutch, "dutch/dutch_census_2001.arff"),
+    ],
+)
+def test_missing_file_raises_one_line_naming_it(tmp_path, loader, first_file) -> None:
+    with pytest.raises(DataError) as caught:
+        loader(tmp_path)
+    assert_one_line(caught.value, f"missing data file {tmp_path / first_file}", "FAIRCLIP_DATA")
+
+
+def test_unknown_file_is_refused(tmp_path) -> None:
+    with pytest.raises(DataError):
+        verified_path(tmp_path, "mnist/nothing.gz")
+
+
+# ----------------------------------------------------------------------------------------------
+# fetch, offline: file:// sources in tmp_path stand in for the network
+
+
+def test_fetch_downloads_checks_and_skips_present_files(tmp_path) -> None:
+    source = tmp_path / "source" / "t10k-labels-idx1-ubyte.gz"
+    source.parent.mkdir()
+    shutil.copyfile(need(SMALL_FILE) / SMALL_FILE, source)
+    sources = {SMALL_FILE: ((tmp_path / "nowhere.gz").as_uri(), source.as_uri())}
+    target = tmp_path / "data"
+    assert fetch(target, [SMALL_FILE], sources=sources) == [SMALL_FILE]
+    assert verified_path(target, SMALL_FILE).read_bytes() == source.read_bytes()
+    assert fetch(target, [SMALL_FILE], sources=sources) == []
+    assert sorted(p.name for p in (target / "mnist").iterdir()) == ["t10k-labels-idx1-ubyte.gz"]
+
+
+def test_fetch_rejects_a_corrupt_download_and_leaves_nothing(tmp_path) -> None:
+    source = tmp_path / "bad.gz"
+    source.write_bytes(b"not the file")
+    target = tmp_path / "data"
+    with pytest.raises(DataError) as caught:
+        fetch(target, [SMALL_FILE], sources={SMALL_FILE: (source.as_uri(),)})
+    assert_one_line(caught.value, str(target / "mnist" / "t10k-labels-idx1-ubyte.gz"), "SHA-256")
+    assert list((target / "mnist").iterdir()) == []
+
+
+def test_fetch_refuses_unknown_names(tmp_path) -> None:
+    with pytest.raises(DataError) as caught:
+        fetch(tmp_path, ["cifar10"], sources={})
+    assert_one_line(caught.value, "cifar10")
+
+
+# ----------------------------------------------------------------------------------------------
+# Malformed files (parsers called directly, bypassing the checksum)
+
+
+def test_idx_parser_checks_magic_and_length(tmp_path) -> None:
+    labels = tmp_path / "labels.gz"
+    labels.write_bytes(gzip.compress((2049).to_bytes(4, "big") + (3).to_bytes(4, "big") + bytes([1, 2, 3])))
+    assert datasets_module.read_idx(labels, 2049).tolist() == [1, 2, 3]
+    with pytest.raises(DataError) as caught:
+        datasets_module.read_idx(labels, 2051)
+    assert_one_line(caught.value, str(labels), "magic number 2049")
+    short = tmp_path / "short.gz"
+    short.write_bytes(gzip.compress((2049).to_bytes(4, "big") + (5).to_bytes(4, "big") + bytes([1])))
+    with pytest.raises(DataError, match="payload"):
+        datasets_module.read_idx(short, 2049)
+    not_gzip = tmp_path / "plain.gz"
+    not_gzip.write_bytes(b"plain bytes")
+    with pytest.raises(DataError, match="gzip"):
+        datasets_module.read_idx(not_gzip, 2049)
+
+
+def test_arff_parser_rejects_undeclared_values(tmp_path) -> None:
+    good = "@relation r\n@attribute a {1,2}\n@attribute b {x,y}\n@data\n1,x\n2,y\n"
+    path = tmp_path / "t.arff"
+    path.write_text(good)
+    frame, declared = datasets_module.read_arff(path)
+    assert frame.values.tolist() == [["1", "x"], ["2", "y"]]
+    assert declared == {"a": ("1", "2"), "b": ("x", "y")}
+    path.write_text(good + "3,x\n")
+    with pytest.raises(DataError) as caught:
+        datasets_module.read_arff(path)
+    assert_one_line(caught.value, str(path), "undeclared value '3'")
+
+
+# ----------------------------------------------------------------------------------------------
+# Image datasets
+
+
+def test_mnist_rows_labels_and_pixels(mnist) -> None:
+    assert mnist.x_train.shape == (60_000, 1, 28, 28) and mnist.x_test.shape == (10_000, 1, 28, 28)
+    assert mnist.x_train.dtype == np.float32 and mnist.y_train.dtype == np.int64
+    assert mnist.g_train is None and mnist.g_test is None and mnist.num_classes == 10
+    assert np.bincount(mnist.y_train).tolist() == MNIST_TRAIN_COUNTS
+    assert np.bincount(mnist.y_test).tolist() == MNIST_TEST_COUNTS
+    assert mnist.x_train.min() == 0.0 and mnist.x_train.max() == 1.0
+    assert 0.12 < mnist.x_train.mean() < 0.14  # MNIST's mean pixel is 0.1307
+
+
+def test_loads_return_fresh_writable_arrays(mnist) -> None:
+    again = load_mnist(DATA_DIR)
+    assert again.x_train is not mnist.x_train and again.x_train.flags.writeable
+    np.testing.assert_array_equal(again.y_train, mnist.y_train)
+
+
+def test_fashion_mnist_has_6000_per_class() -> None:
+    fashion = load_fashion_mnist(need(*files_of("fashion-mnist/")))
+    assert fashion.x_train.shape == (60_000, 1, 28, 28) and fashion.x_test.shape == (10_000, 1, 28, 28)
+    assert np.bincount(fashion.y_train).tolist() == [6000] * 10
+    assert np.bincount(fashion.y_test).tolist() == [1000] * 10
+    assert fashion.x_test.min() >= 0.0 and fashion.x_test.max() <= 1.0
+
+
+@pytest.mark.parametrize("seed", [0, 3, 4])
+def test_skewed_mnist_keeps_about_9_percent_of_eights(mnist, seed) -> None:
+    skewed = skew_class(mnist, cls=8, keep=0.09, seed=seed)
+    counts = np.bincount(skewed.y_train, minlength=10)
+    mean, sd = 0.09 * 5851, np.sqrt(5851 * 0.09 * 0.91)
+    assert abs(counts[8] - mean) < 5 * sd  # ≈ 527 ± 22; "about 500"
+    assert [c for k, c in enumerate(counts) if k != 8] == [
+        c for k, c in enumerate(MNIST_TRAIN_COUNTS) if k != 8
+    ]
+    assert skewed.x_test is mnist.x_test and skewed.y_test is mnist.y_test
+    assert len(skewed.x_train) == len(skewed.y_train) == counts.sum()
+    assert skewed.name == "skewed-mnist"
+    np.testing.assert_array_equal(skew_class(mnist, seed=seed).y_train, skewed.y_train)
+
+
+def test_skew_is_seeded_and_validated(mnist) -> None:
+    assert not np.array_equal(skew_class(mnist, seed=0).y_train, skew_class(mnist, seed=1).y_train)
+    with pytest.raises(ValueError):
+        skew_class(mnist, cls=10, seed=0)
+    with pytest.raises(ValueError):
+        skew_class(mnist, keep=1.5, seed=0)
+
+
+def test_load_dataset_by_scenario_name(mnist) -> None:
+    skewed = load_dataset("skewed-mnist", DATA_DIR, seed=3)
+    np.testing.assert_array_equal(skewed.y_train, skew_class(mnist, seed=3).y_train)
+    with pytest.raises(ValueError, match="unknown dataset"):
+        load_dataset("cifar10", DATA_DIR)
+
+
+# ----------------------------------------------------------------------------------------------
+# Tabular datasets
+
+
+def one_hot_blocks(dataset: Dataset) -> dict[str, list[int]]:
+    blocks: dict[str, list[int]] = {}
+    for position, name in enumerate(dataset.feature_names):
+        if "=" in name and name.split("=")[0] not in ("race", "sex", "prev_residence_place"):
+            blocks.setdefault(name.split("=")[0], []).append(position)
+    return blocks
+
+
+def test_adult_has_45222_complete_rows() -> None:
+    full = load_adult(need("adult/adult.data", "adult/adult.test"), seed=0, balance=False)
+    assert full.num_train + full.num_test == 45_222
+    assert full.num_test == round(0.2 * 45_222)
+    groups = np.concatenate([full.g_train, full.g_test])
+    labels = np.concatenate([full.y_train, full.y_test])
+    assert np.bincount(groups).tolist() == [30_527, 14_695]  # male, female
+    assert np.bincount(labels).tolist() == [34_014, 11_208]  # <=50K, >50K
+
+
+def test_adult_balanced_has_14000_per_sex(adult) -> None:
+    assert adult.group_names == ("male", "female") and adult.num_classes == 2
+    assert (adult.num_train, adult.num_test) == (22_400, 5_600)
+    groups = np.concatenate([adult.g_train, adult.g_test])
+    assert np.bincount(groups).tolist() == [14_000, 14_000]
+    assert adult.x_train.dtype == np.float32 and adult.x_train.shape == (22_400, len(adult.feature_names))
+    assert set(np.unique(adult.y_train)) == {0, 1}
+
+
+def test_adult_features_are_finite_standardised_and_one_hot(adult) -> None:
+    assert np.isfinite(adult.x_train).all() and np.isfinite(adult.x_test).all()
+    numeric = [adult.feature_names.index(name) for name in datasets_module.ADULT_NUMERIC]
+    assert numeric == [0, 1, 2, 3, 4]
+    np.testing.assert_allclose(adult.x_train[:, numeric].mean(axis=0), 0.0, atol=1e-4)
+    np.testing.assert_allclose(adult.x_train[:, numeric].std(axis=0), 1.0, atol=1e-4)
+    assert abs(adult.x_test[:, numeric].mean()) < 0.1  # test rows use the train statistics
+    binary = adult.x_train[:, 5:]
+    assert set(np.unique(binary)) == {0.0, 1.0}
+    np.testing.assert_array_equal(adult.x_train[:, adult.feature_names.index("sex=female")], adult.g_train)
+    blocks = one_hot_blocks(adult)
+    assert set(blocks) == set(datasets_module.ADULT_CATEGORICAL)
+    for columns in blocks.values():
+        assert (adult.x_train[:, columns].sum(axis=1) == 1).all()
+    assert "fnlwgt" not in adult.feature_names
+
+
+def test_adult_split_is_seeded(adult) -> None:
+    root = need("adult/adult.data", "adult/adult.test")
+    np.testing.assert_array_equal(load_adult(root, seed=0).x_test, adult.x_test)
+    other = load_adult(root, seed=1)
+    assert other.feature_names == adult.feature_names
+    assert not np.array_equal(other.y_train, adult.y_train)
+    without = load_adult(root, seed=0, include_protected=False)
+    assert (
+        "sex=female" not in without.feature_names and without.x_train.shape[1] == adult.x_train.shape[1] - 1
+    )
+    with pytest.raises(ValueError):
+        load_adult(root, seed=0, test_fraction=1.0)
+
+
+def test_dutch_has_60420_rows_sex_and_occupation(dutch) -> None:
+    assert dutch.num_train + dutch.num_test == 60_420
+    assert (dutch.num_train, dutch.num_test) == (48_336, 12_084)
+    assert dutch.group_names == ("male", "female") and dutch.num_classes == 2
+    groups = np.concatenate([dutch.g_train, dutch.g_test])
+    labels = np.concatenate([dutch.y_train, dutch.y_test])
+    assert np.bincount(groups).tolist() == [30_147, 30_273]  # sex code 1 (male), 2 (female)
+    assert np.bincount(labels).tolist() == [31_657, 28_763]  # 5_4_9, 2_1 (high-level: positive)
+    # Men hold high-level occupations more often in this census.
+    assert labels[groups == 0].mean() > labels[groups == 1].mean()
+
+
+def test_dutch_features_are_binary_and_one_hot(dutch) -> None:
+    assert dutch.x_train.shape == (48_336, 59) and len(dutch.feature_names) == 59
+    assert np.isfinite(dutch.x_train).all()
+    assert set(np.unique(dutch.x_train)) == {0.0, 1.0}
+    np.testing.assert_array_equal(dutch.x_test[:, dutch.feature_names.index("sex=female")], dutch.g_test)
+    assert "occupation" not in " ".join(dutch.feature_names) and "weight" not in dutch.feature_names
+    blocks = one_hot_blocks(dutch)
+    assert set(blocks) == set(datasets_module.DUTCH_ONE_HOT)
+    for columns in blocks.values():
+        assert (dutch.x_train[:, columns].sum(axis=1) == 1).all()
+    ages = [name for name in dutch.feature_names if name.startswith("age=")]
+    assert min(int(name.split("=")[1]) for name in ages) >= 4  # no under-age rows
+
+
+def test_dataset_validates_its_arrays() -> None:
+    x = np.zeros((3, 2), dtype=np.float32)
+    y = np.zeros(3, dtype=np.int64)
+    Dataset(x, y, None, x, y, None, num_classes=2, name="ok")
+    with pytest.raises(ValueError):
+        Dataset(x.astype(np.float64), y, None, x, y, None, num_classes=2, name="bad")
+    with pytest.raises(ValueError):
+        Dataset(x, y, y, x, y, None, num_classes=2, name="bad")
