@@ -16,7 +16,7 @@ from fairclip.client.models import load_vector
 
 
 def predict(model: nn.Module, vector: np.ndarray, features: torch.Tensor, batch_size: int = 4096):
-    """(predicted class, per-example cross-entropy loss function inputs) of the test set."""
+    """Logits of the model ``vector`` on ``features``, in batches."""
     load_vector(model, vector)
     model.eval()
     with torch.no_grad():

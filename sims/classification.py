@@ -20,7 +20,7 @@ from fairclip.client.models import build_model, model_to_vector
 from fairclip.client.training import LocalTraining, local_update
 from fairclip.server.evaluation import evaluate
 from fairclip.sims.config import ClassificationSpec, TrainingSpec
-from fairclip.sims.mean_estimation import cohort_sizes
+from fairclip.sims.data import cohort_client_counts
 from fairclip.sims.randomness import Stream, rng
 from fairclip.sims.synthetic import sample_cohort
 
@@ -43,7 +43,7 @@ def synthetic_data(spec: ClassificationSpec, num_clients: int, seed: int) -> Fed
     """Each client of cohort k holds ``examples_per_client`` draws of cohort k's distribution."""
     generator = rng(seed, Stream.DATA)
     cohorts = list(spec.cohorts.values())
-    sizes = cohort_sizes([c.share for c in cohorts], num_clients)
+    sizes = cohort_client_counts([c.share for c in cohorts], num_clients)
     client_cohorts = np.repeat(np.arange(len(cohorts)), sizes)
     train_parts, test_parts = [], []
     for cohort, size in zip(cohorts, sizes, strict=True):
@@ -129,5 +129,4 @@ class ClassificationTask:
         return evaluate(self.model, model, self.test_x, self.test_y, self.cohort_weights, self.num_classes)
 
     def summary(self, model: np.ndarray) -> dict[str, Any]:
-        overall, _ = self.evaluate(model)
-        return {"overall": overall}
+        return {}

@@ -165,7 +165,7 @@ def compare(
         from fairclip.sims.data import resolve_data_dir
 
         data_dir = resolve_data_dir(data_dir)  # fail before starting Ray
-    todo = [run for run in runs if not (resume and sweep.is_finished(out, run))]
+    todo = sweep.pending_runs(raw, runs, out, resume)
     console.print(f"{len(runs)} runs, {len(runs) - len(todo)} already finished; results in {out}")
     with Progress(
         TextColumn("[bold]compare[/bold] {task.description}"),
@@ -176,13 +176,7 @@ def compare(
     ) as progress:
         bar = progress.add_task(base.scenario.name, total=len(todo))
         sweep.execute(
-            raw,
-            runs,
-            out,
-            data_dir=data_dir,
-            resume=resume,
-            address=address,
-            on_finished=lambda _run: progress.advance(bar),
+            raw, todo, out, data_dir=data_dir, address=address, on_finished=lambda _run: progress.advance(bar)
         )
     table, rounds, keys = sweep.load_results(out, runs)
     sweep.write_summary(out, table)
@@ -192,6 +186,33 @@ def compare(
     stdout.print(f"report: {out / 'report.md'}")
     stdout.print(f"table:  {out / 'summary.csv'}")
     stdout.print("plots:  " + ", ".join(str(out / name) for name in PLOTS))
+
+
+@app.command()
+def data(
+    data_dir: DataDirOption = None,
+    datasets: Annotated[
+        str | None,
+        typer.Option("--datasets", help="Comma-separated: mnist, fashion-mnist, adult, dutch [all]."),
+    ] = None,
+    verify_only: Annotated[
+        bool, typer.Option("--verify-only", help="Check the files; download nothing.")
+    ] = False,
+) -> None:
+    """Fetch the real datasets (where the network allows) and verify their SHA-256 checksums."""
+    from fairclip.sims.data import DATASET_FILES, fetch, resolve_data_dir, verified_path
+
+    directory = resolve_data_dir(data_dir)
+    names = [n.strip() for n in datasets.split(",")] if datasets else list(DATASET_FILES)
+    for name in names:
+        if name not in DATASET_FILES:
+            raise ConfigError(f"--datasets: unknown dataset {name!r} (known: {', '.join(DATASET_FILES)})")
+    downloaded = [] if verify_only else fetch(directory, names)
+    for name in names:
+        for relative in DATASET_FILES[name]:
+            verified_path(directory, relative)
+            state = "downloaded" if relative in downloaded else "verified"
+            stdout.print(f"{state:>10}  {directory / relative}")
 
 
 def _cpu_count() -> int:

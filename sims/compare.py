@@ -21,7 +21,7 @@ import pandas as pd
 
 from fairclip.sims.config import RunConfig, apply_overrides, validate
 from fairclip.sims.errors import ConfigError
-from fairclip.sims.outputs import write_csv, write_json
+from fairclip.sims.outputs import json_normalised, write_csv, write_json
 
 REFERENCE = "none"
 
@@ -73,6 +73,28 @@ def is_finished(out: Path, run: RunSpec) -> bool:
     return (out / "runs" / run.key / "summary.json").is_file()
 
 
+def pending_runs(raw: dict[str, Any], runs: list[RunSpec], out: Path, resume: bool) -> list[RunSpec]:
+    """The runs still to compute: all of them, or with ``resume`` those not finished in ``out``.
+
+    A finished run made with another configuration (other ``--set`` values, say) is an error:
+    reusing it would mix two experiments in one table.
+    """
+    if not resume:
+        return list(runs)
+    pending = []
+    for run in runs:
+        if not is_finished(out, run):
+            pending.append(run)
+            continue
+        stored = json.loads((out / "runs" / run.key / "summary.json").read_text())["config"]
+        if stored != json_normalised(run.config(raw).as_dict()):
+            raise ConfigError(
+                f"--resume: {out / 'runs' / run.key} was computed with another configuration; "
+                "use a new --out folder or run without --resume"
+            )
+    return pending
+
+
 def run_simulation(raw_config: dict[str, Any], data_dir: str | None) -> dict[str, Any]:
     """Simulate one run in this process; returns its rows and summary."""
     from fairclip.sims.engine import build_task, simulate
@@ -85,22 +107,20 @@ def run_simulation(raw_config: dict[str, Any], data_dir: str | None) -> dict[str
 
 def execute(
     raw: dict[str, Any],
-    runs: list[RunSpec],
+    pending: list[RunSpec],
     out: Path,
     *,
     data_dir: Path | None,
-    resume: bool,
     address: str | None,
     on_finished: Callable[[RunSpec], None] | None = None,
-) -> list[RunSpec]:
-    """Run every unfinished run on Ray, writing each as it finishes; returns the runs computed."""
+) -> None:
+    """Run ``pending`` on Ray, writing each run into ``out/runs/<key>/`` as it finishes."""
     import ray
 
     from fairclip.sims.ray_engine import ensure_ray
 
-    pending = [run for run in runs if not (resume and is_finished(out, run))]
     if not pending:
-        return []
+        return
     ensure_ray(address)
     remote = ray.remote(num_cpus=1)(run_simulation)
     futures = {
@@ -116,7 +136,6 @@ def execute(
         write_json(folder / "summary.json", result["summary"])
         if on_finished is not None:
             on_finished(run)
-    return pending
 
 
 def load_results(
@@ -140,18 +159,18 @@ def load_results(
                     "strategy": run.strategy,
                     "target_epsilon": keys[run.key][1],
                     "epsilon": float(summary["epsilon"]),
-                    "delta": summary["delta"],
                     "seed": run.seed,
                     "cohort": cohort,
                     "accuracy": accuracy,
                     "loss": loss,
                     "privacy_cost": reference[cohort].get("accuracy", math.nan) - accuracy,
-                    "excessive_risk": loss - reference[cohort].get("loss", math.nan),
                     "final_clip_bound": float(summary["final_clip_bound"]),
-                    "rounds_completed": summary["rounds_completed"],
+                    "excessive_risk": loss - reference[cohort].get("loss", math.nan),
+                    "delta": summary["delta"],
+                    "accountant": summary["privacy"]["accountant"],
                     "noise_multiplier": summary["privacy"]["noise_multiplier"],
                     "count_noise_multiplier": summary["privacy"]["count_noise_multiplier"],
-                    "accountant": summary["privacy"]["accountant"],
+                    "rounds_completed": summary["rounds_completed"],
                 }
             )
     return pd.DataFrame(rows), rounds, keys

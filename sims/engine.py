@@ -24,6 +24,7 @@ import numpy as np
 from fairclip.client.contributions import RoundSums, contribute
 from fairclip.server.optimizer import ServerSGD
 from fairclip.sims.config import RunConfig
+from fairclip.sims.errors import ConfigError
 from fairclip.sims.privacy_plan import PrivacyPlan, json_number, plan_privacy
 from fairclip.sims.randomness import Stream, poisson_sample, rng
 from fairclip.sims.tasks import Task
@@ -90,16 +91,27 @@ class RunResult:
 
 
 def build_task(config: RunConfig, data_dir: Path | None = None) -> Task:
-    """The task of a scenario (real datasets are read from ``data_dir``)."""
-    if config.scenario.task == "mean-estimation":
-        from fairclip.sims.mean_estimation import MeanEstimationTask
+    """The task of a scenario (real datasets are read from ``data_dir``).
 
-        return MeanEstimationTask(config.scenario, config.federation.num_clients, config.seed)
-    from fairclip.sims.classification import ClassificationTask
+    A scenario that its data cannot satisfy (a cohort left without clients, too few examples)
+    raises :class:`ConfigError`; missing or corrupt files raise ``DataError``.
+    """
+    from fairclip.sims.data import DataError
 
-    return ClassificationTask(
-        config.scenario, config.training, config.federation.num_clients, config.seed, data_dir
-    )
+    try:
+        if config.scenario.task == "mean-estimation":
+            from fairclip.sims.mean_estimation import MeanEstimationTask
+
+            return MeanEstimationTask(config.scenario, config.federation.num_clients, config.seed)
+        from fairclip.sims.classification import ClassificationTask
+
+        return ClassificationTask(
+            config.scenario, config.training, config.federation.num_clients, config.seed, data_dir
+        )
+    except DataError:
+        raise
+    except ValueError as error:
+        raise ConfigError(f"scenario {config.scenario.name!r}: {error}") from None
 
 
 def simulate(
@@ -122,7 +134,7 @@ def simulate(
     expected = config.expected_clients
     num_clients = config.federation.num_clients
 
-    result.summary = _summary(config, plan, policy, state, task, model, 0, None)
+    result.summary = _summary(config, plan, policy, state, task, model, 0, {}, {})
     for round_number in range(1, config.training.rounds + 1):
         if round_number > plan.rounds_allowed:
             result.stop_reason = plan.budget_message(round_number - 1)
@@ -143,7 +155,7 @@ def simulate(
         overall, per_cohort = task.evaluate(model)
         row = _round_row(round_number, server, sums, plan, overall, per_cohort, cohort_names)
         result.rows.append(row)
-        result.summary = _summary(config, plan, policy, state, task, model, round_number, per_cohort)
+        result.summary = _summary(config, plan, policy, state, task, model, round_number, overall, per_cohort)
         if on_round is not None:
             on_round(row)
     result.summary["stopped_early"] = result.stop_reason
@@ -181,7 +193,9 @@ def _ratio(total: float, count: float) -> float:
     return float(total / count) if count > 0 else math.nan
 
 
-def _summary(config, plan: PrivacyPlan, policy, state, task, model, completed, per_cohort) -> dict[str, Any]:
+def _summary(
+    config, plan: PrivacyPlan, policy, state, task, model, completed, overall, per_cohort
+) -> dict[str, Any]:
     claim = plan.claim(completed).as_dict()
     return {
         "scenario": config.scenario.name,
@@ -193,7 +207,8 @@ def _summary(config, plan: PrivacyPlan, policy, state, task, model, completed, p
         "privacy": claim,
         "privacy_budget": plan.budget,
         "final_clip_bound": json_number(float(policy.clip_bound(state))),
-        "cohorts": per_cohort or {},
+        "cohorts": per_cohort,
+        "overall": overall,
         **task.summary(model),
         "config": config.as_dict(),
     }

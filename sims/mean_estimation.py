@@ -1,8 +1,8 @@
 """The ``mean-estimation`` task behind ``bimodal-mean`` (seed 000, Figure 1, left).
 
 Client i of cohort k holds one point x_i = c_k + spread_k · z_i, z_i ~ N(0, I_d); the model is
-μ, and the update is x_i − μ (:mod:`fairclip.client.mean_estimation`). Cohort sizes are
-round(share_k · N), the last cohort taking the remainder. Per cohort the task reports the
+μ, and the update is x_i − μ (:mod:`fairclip.client.mean_estimation`). Cohort sizes come from
+:func:`fairclip.sims.data.cohort_client_counts`. Per cohort the task reports the
 distance ||μ − c_k|| and the loss ½·mean ||x_i − μ||² over the cohort's clients.
 """
 
@@ -14,13 +14,8 @@ import numpy as np
 
 from fairclip.client.mean_estimation import local_updates
 from fairclip.sims.config import ScenarioSpec
+from fairclip.sims.data import cohort_client_counts
 from fairclip.sims.randomness import Stream, rng
-
-
-def cohort_sizes(shares: list[float], num_clients: int) -> list[int]:
-    """round(share · N) per cohort, the last taking what is left so that they sum to N."""
-    sizes = [round(share * num_clients) for share in shares[:-1]]
-    return [*sizes, num_clients - sum(sizes)]
 
 
 class MeanEstimationTask:
@@ -36,7 +31,7 @@ class MeanEstimationTask:
                 for c in scenario.cohorts.values()
             ]
         )
-        sizes = cohort_sizes([c.share for c in scenario.cohorts.values()], num_clients)
+        sizes = cohort_client_counts([c.share for c in scenario.cohorts.values()], num_clients)
         self.client_cohorts = np.repeat(np.arange(len(sizes)), sizes)
         spreads = np.array([c.spread for c in scenario.cohorts.values()])[self.client_cohorts]
         noise = generator.standard_normal((num_clients, self.dimension))

@@ -37,6 +37,11 @@ def _json_safe(value: Any) -> Any:
     return value
 
 
+def json_normalised(data: dict[str, Any]) -> dict[str, Any]:
+    """``data`` as it reads back from :func:`write_json` (tuples as lists, ∞ as "inf")."""
+    return json.loads(json.dumps(_json_safe(data)))
+
+
 def write_json(path: Path, data: dict[str, Any]) -> None:
     """Atomically write ``data`` as indented JSON (non-finite floats as strings)."""
     atomic_write_text(path, json.dumps(_json_safe(data), indent=2, sort_keys=False) + "\n")

@@ -31,6 +31,7 @@ def ensure_ray(address: str | None = None, num_cpus: int | None = None) -> None:
     if ray.is_initialized():
         return
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+    os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
     if address:
         ray.init(address=address, include_dashboard=False, log_to_driver=False)
     else:
@@ -72,6 +73,9 @@ class RayExecutor:
 
     @classmethod
     def start(cls, config: RunConfig, data_dir: Path | None, num_actors: int) -> RayExecutor:
+        """Start ``num_actors`` actors (one CPU each; at most the cluster's CPUs and the blocks)."""
+        available = int(ray.cluster_resources().get("CPU", 1))
+        num_actors = max(1, min(num_actors, available, SUM_SHARDS))
         raw = config.as_dict()
         actors = [
             ClientBlocksActor.remote(raw, str(data_dir) if data_dir else None) for _ in range(num_actors)

@@ -21,6 +21,7 @@ from fairclip.sims.data import (
     Dataset,
     Partition,
     by_cohort,
+    cohort_client_counts,
     dirichlet,
     group_index,
     iid,
@@ -29,7 +30,6 @@ from fairclip.sims.data import (
     resolve_data_dir,
     skew_class,
 )
-from fairclip.sims.mean_estimation import cohort_sizes
 from fairclip.sims.randomness import Stream, rng
 
 
@@ -60,7 +60,7 @@ def partition(spec: ClassificationSpec, dataset: Dataset, num_clients: int, seed
         dealt = iid(len(dataset.y_train), num_clients, generator)
     else:
         dealt = dirichlet(dataset.y_train, num_clients, spec.dirichlet_alpha, generator)
-    sizes = cohort_sizes([c.share for c in spec.cohorts.values()], num_clients)
+    sizes = cohort_client_counts([c.share for c in spec.cohorts.values()], num_clients)
     cohorts = generator.permutation(np.repeat(np.arange(len(sizes)), sizes))
     return Partition(dealt.client_indices, cohorts, tuple(spec.cohorts))
 

@@ -31,6 +31,8 @@ def mean_se(values: pd.Series) -> tuple[float, float]:
     values = values.dropna()
     if values.empty:
         return math.nan, math.nan
+    if values.nunique() == 1:
+        return float(values.iloc[0]), 0.0
     se = float(values.std(ddof=1) / math.sqrt(len(values))) if len(values) > 1 else 0.0
     return float(values.mean()), se
 

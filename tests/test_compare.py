@@ -1,0 +1,115 @@
+"""`fairclip compare` on the demo: every file with the required columns, and --resume."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pandas as pd
+import pytest
+
+from fairclip.sims import compare as sweep
+from fairclip.sims.config import apply_overrides, scenario_source
+from fairclip.sims.errors import ConfigError
+
+SHORT = ["--set", "training.rounds=3", "--set", "federation.num_clients=200"]
+REQUIRED = [
+    "strategy",
+    "target_epsilon",
+    "epsilon",
+    "seed",
+    "cohort",
+    "accuracy",
+    "loss",
+    "privacy_cost",
+    "final_clip_bound",
+]
+
+
+@pytest.fixture(scope="module")
+def ray_session():
+    import ray
+
+    from fairclip.sims.ray_engine import ensure_ray
+
+    ensure_ray(num_cpus=2)
+    yield
+    ray.shutdown()
+
+
+def test_short_compare_writes_every_file(ray_session, cli, tmp_path):
+    status, out, err = cli(
+        "compare",
+        "--scenario",
+        "demo",
+        *SHORT,
+        "--strategies",
+        "adaptive,bounded",
+        "--epsilons",
+        "2,8",
+        "--seeds",
+        "2",
+        "--out",
+        str(tmp_path),
+    )
+    assert status == 0, err
+    table = pd.read_csv(tmp_path / "summary.csv")
+    assert list(table.columns[: len(REQUIRED)]) == REQUIRED
+    # none x 2 seeds + 2 strategies x 2 eps x 2 seeds, each with 2 cohorts
+    assert len(table) == (2 + 2 * 2 * 2) * 2
+    assert set(table["cohort"]) == {"majority", "minority"}
+    private = table[table["strategy"] != "none"]
+    assert set(private["target_epsilon"]) == {2.0, 8.0}
+    assert (private["epsilon"] <= private["target_epsilon"]).all()
+    assert (private["epsilon"] >= 0.98 * private["target_epsilon"]).all()
+    reference = table[table["strategy"] == "none"].set_index(["seed", "cohort"])["accuracy"]
+    for _, row in private.iterrows():
+        assert row["privacy_cost"] == pytest.approx(reference[(row["seed"], row["cohort"])] - row["accuracy"])
+    report = (tmp_path / "report.md").read_text()
+    assert "## target ε = 2" in report and "## target ε = 8" in report
+    assert "Best strategy for the worst cohort" in report
+    for plot in ("accuracy_vs_epsilon.png", "clip_bound_rounds.png", "cohort_accuracy_rounds.png"):
+        assert (tmp_path / plot).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert plot in out
+    assert str(tmp_path / "report.md") in out
+
+
+def test_resume_recomputes_nothing_finished(ray_session, tmp_path):
+    raw = apply_overrides(scenario_source("demo", None), ["training.rounds=2", "federation.num_clients=200"])
+    runs = sweep.plan_runs(raw, ["constant", "adaptive"], [4.0], seeds=2)
+    finished = []
+
+    def interrupt_after_two(run):
+        finished.append(run)
+        if len(finished) == 2:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        sweep.execute(raw, runs, tmp_path, data_dir=None, address=None, on_finished=interrupt_after_two)
+    assert [run for run in runs if sweep.is_finished(tmp_path, run)] == sorted(finished, key=runs.index)
+    stamps = {run.key: os.stat(tmp_path / "runs" / run.key / "summary.json").st_mtime_ns for run in finished}
+    computed = sweep.pending_runs(raw, runs, tmp_path, resume=True)
+    assert set(computed) == set(runs) - set(finished)
+    sweep.execute(raw, computed, tmp_path, data_dir=None, address=None)
+    for run in finished:
+        assert os.stat(tmp_path / "runs" / run.key / "summary.json").st_mtime_ns == stamps[run.key]
+    assert all(sweep.is_finished(tmp_path, run) for run in runs)
+    assert not list(tmp_path.glob("runs/*/.*.tmp"))
+    summary = json.loads((tmp_path / "runs" / runs[-1].key / "summary.json").read_text())
+    assert summary["rounds_completed"] == 2
+    assert sweep.pending_runs(raw, runs, tmp_path, resume=True) == []
+    changed = apply_overrides(raw, ["training.client_lr=0.2"])
+    with pytest.raises(ConfigError, match="another configuration"):
+        sweep.pending_runs(changed, runs, tmp_path, resume=True)
+
+
+def test_bad_compare_arguments_are_one_line(cli, tmp_path):
+    for args in (
+        ["--strategies", "constant,nonsense"],
+        ["--epsilons", "1,abc"],
+        ["--epsilons", "-1"],
+        ["--seeds", "0"],
+    ):
+        status, _, err = cli("compare", "--scenario", "demo", *args, "--out", str(tmp_path))
+        assert status == 2, args
+        assert len(err.strip().splitlines()) == 1 and err.startswith("fairclip: error:")

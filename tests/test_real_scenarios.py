@@ -1,0 +1,186 @@
+"""The real-data scenarios end to end (short runs) and their partitions, on the benchmark files.
+
+The files are read from ``$FAIRCLIP_DATA`` (default: ``../shared/data`` beside the repository);
+a test whose files are absent is skipped with the reason.
+
+The MNIST-type runs use ``scenario.model=cnn`` instead of the scenarios' ``tanh-cnn``: a run
+evaluates the 10,000 test images five times (initial summary, then twice per round), which takes
+about 5 s per evaluation with the tanh CNN on one thread and under 2 s with the CNN.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from fairclip.sims.config import load_config
+from fairclip.sims.data import DATASET_FILES, SHA256
+from fairclip.sims.real_data import cohort_test_weights, load, partition
+
+DATA_DIR = Path(os.environ.get("FAIRCLIP_DATA") or Path(__file__).resolve().parents[2] / "shared" / "data")
+
+DATASET_OF = {"skewed-mnist": "mnist", "fashion-mnist": "fashion-mnist", "adult": "adult", "dutch": "dutch"}
+COHORTS = {
+    "skewed-mnist": ("majority", "minority"),
+    "fashion-mnist": ("majority", "minority"),
+    "adult": ("female", "male"),
+    "dutch": ("female", "male"),
+}
+CHEAPER = {
+    "skewed-mnist": ["--set", "scenario.model=cnn"],
+    "fashion-mnist": ["--set", "scenario.model=cnn"],
+}
+ORIGINAL_EIGHTS = 5851  # class 8 in the 60,000 MNIST training images
+
+
+def data_dir_for(scenario: str) -> Path:
+    """The data folder, or skip the test when one of the scenario's files is absent."""
+    for relative in DATASET_FILES[DATASET_OF[scenario]]:
+        if not (DATA_DIR / relative).is_file():
+            pytest.skip(f"{DATA_DIR / relative} is absent: set FAIRCLIP_DATA to the benchmark data folder")
+    return DATA_DIR
+
+
+def scenario_spec(scenario: str):
+    return load_config(scenario, None, []).scenario
+
+
+@pytest.mark.parametrize("scenario", list(COHORTS))
+def test_short_run_of_real_scenario(cli, tmp_path, scenario):
+    data_dir = data_dir_for(scenario)
+    out = tmp_path / "run"
+    status, _, err = cli(
+        "run",
+        "--scenario",
+        scenario,
+        "--data-dir",
+        str(data_dir),
+        "--set",
+        "training.rounds=2",
+        "--set",
+        "federation.sample_rate=0.01",
+        *CHEAPER.get(scenario, []),
+        "--out",
+        str(out),
+    )
+    assert status == 0, err
+    cohorts = COHORTS[scenario]
+    assert tuple(scenario_spec(scenario).cohorts) == cohorts
+
+    rounds = pd.read_csv(out / "rounds.csv")
+    assert rounds["round"].tolist() == [1, 2]
+    epsilon = rounds["epsilon"].to_numpy()
+    assert np.all(np.isfinite(epsilon)) and np.all(epsilon > 0) and epsilon[1] > epsilon[0]
+    assert rounds["sampled_clients"].sum() > 0
+    for cohort in cohorts:
+        for metric in ("accuracy", "loss"):
+            values = rounds[f"{cohort}/{metric}"].to_numpy()
+            assert np.all(np.isfinite(values)), f"{cohort}/{metric}"
+        assert np.all((rounds[f"{cohort}/accuracy"] >= 0) & (rounds[f"{cohort}/accuracy"] <= 1))
+    per_cohort = {column.split("/")[0] for column in rounds.columns if "/" in column}
+    assert per_cohort == set(cohorts)
+
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["scenario"] == scenario
+    assert summary["rounds_completed"] == 2
+    assert list(summary["cohorts"]) == list(cohorts)
+    assert math.isfinite(summary["epsilon"]) and summary["epsilon"] == pytest.approx(epsilon[-1])
+    for cohort in cohorts:
+        assert summary["cohorts"][cohort]["accuracy"] == pytest.approx(rounds[f"{cohort}/accuracy"].iloc[-1])
+
+
+# ----- partition semantics on the real data ------------------------------------------------
+
+
+def test_skewed_mnist_keeps_nine_percent_of_eights_and_gives_the_minority_ninety_percent():
+    data_dir = data_dir_for("skewed-mnist")
+    spec = scenario_spec("skewed-mnist")
+    dataset = load(spec, data_dir, seed=0)
+    counts = np.bincount(dataset.y_train, minlength=10)
+    eights = int(counts[8])
+    # Binomial(5851, 0.09): mean 527, standard deviation 22.
+    assert abs(eights - 0.09 * ORIGINAL_EIGHTS) < 90
+    assert dataset.num_train == 60_000 - ORIGINAL_EIGHTS + eights
+    assert len(dataset.y_test) == 10_000 and np.sum(dataset.y_test == 8) == 974  # test set untouched
+
+    split = partition(spec, dataset, 1000, seed=0)
+    assert np.bincount(split.client_cohorts).tolist() == [900, 100]
+    held = np.concatenate(split.client_indices)
+    assert len(np.unique(held)) == len(held) == dataset.num_train  # every example, once
+    minority = split.cohort_indices(1)
+    minority_counts = np.bincount(dataset.y_train[minority], minlength=10)
+    assert minority_counts[8] / eights == pytest.approx(0.9, abs=0.005)
+    # Other classes are split in proportion to the numbers of clients (10 % to the minority).
+    others = np.arange(10) != 8
+    np.testing.assert_allclose(minority_counts[others] / counts[others], 0.1, atol=0.002)
+
+    weights = cohort_test_weights(spec, dataset, split)
+    assert set(weights) == {"majority", "minority"}
+    for index, name in enumerate(("majority", "minority")):
+        w = weights[name]
+        assert np.all(w >= 0) and w.sum() == pytest.approx(1.0)
+        # The weighted test set has the class mix of the cohort's training examples.
+        train_mix = np.bincount(dataset.y_train[split.cohort_indices(index)], minlength=10)
+        train_mix = train_mix / train_mix.sum()
+        test_mix = np.bincount(dataset.y_test, weights=w, minlength=10)
+        np.testing.assert_allclose(test_mix, train_mix, atol=1e-12)
+    # The minority's ~474 eights among ~5,900 examples against the majority's ~53 among ~48,800.
+    minority_mix = np.bincount(dataset.y_test, weights=weights["minority"], minlength=10)
+    majority_mix = np.bincount(dataset.y_test, weights=weights["majority"], minlength=10)
+    assert minority_mix[8] > 0.06 and majority_mix[8] < 0.002
+
+
+@pytest.mark.parametrize("scenario", ["adult", "dutch"])
+def test_attribute_cohorts_hold_only_their_sex(scenario):
+    data_dir = data_dir_for(scenario)
+    spec = scenario_spec(scenario)
+    dataset = load(spec, data_dir, seed=0)
+    assert dataset.group_names == ("male", "female")
+    # g agrees with the one-hot sex feature, so the cohort called female really holds women.
+    sex_column = dataset.feature_names.index("sex=female")
+    np.testing.assert_array_equal(dataset.x_train[:, sex_column], dataset.g_train)
+    np.testing.assert_array_equal(dataset.x_test[:, sex_column], dataset.g_test)
+    if scenario == "adult":  # balanced 14,000 + 14,000, 80/20
+        assert (dataset.num_train, dataset.num_test) == (22_400, 5_600)
+        assert np.bincount(np.concatenate([dataset.g_train, dataset.g_test])).tolist() == [14_000, 14_000]
+
+    split = partition(spec, dataset, 500, seed=0)
+    assert np.bincount(split.client_cohorts).tolist() == [250, 250]
+    for index, name in enumerate(COHORTS[scenario]):
+        value = dataset.group_names.index(name)
+        rows = split.cohort_indices(index)
+        assert np.all(dataset.g_train[rows] == value), name
+        # ... and every training row of that sex.
+        np.testing.assert_array_equal(rows, np.flatnonzero(dataset.g_train == value))
+        for client in split.clients_of(index):
+            assert len(split.client_indices[client]) > 0
+
+    weights = cohort_test_weights(spec, dataset, split)
+    assert set(weights) == set(COHORTS[scenario])
+    for name, w in weights.items():
+        np.testing.assert_array_equal(w, (dataset.g_test == dataset.group_names.index(name)).astype(float))
+    np.testing.assert_array_equal(weights["female"] + weights["male"], np.ones(dataset.num_test))
+
+
+def test_missing_data_file_is_one_line_and_exit_status_2(cli, tmp_path):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    status, _, err = cli("run", "--scenario", "adult", "--data-dir", str(empty), "--out", str(tmp_path / "o"))
+    assert status == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert str(empty / "adult" / "adult.data") in lines[0]
+    assert "Traceback" not in err
+    assert not (tmp_path / "o").exists()
+
+
+def test_every_scenario_file_is_checksummed():
+    for scenario, dataset in DATASET_OF.items():
+        assert scenario_spec(scenario).dataset == dataset.removeprefix("skewed-")
+        assert all(relative in SHA256 for relative in DATASET_FILES[dataset])
