@@ -85,3 +85,23 @@ def contribute(
         num_reports=int(updates.shape[0]),
         diagnostics=diagnostics,
     )
+
+
+SUM_SHARDS = 8
+"""Clients are summed in this many fixed blocks of ids, in block order, on every backend, so that
+the floating-point sum -- and with it the whole run -- is the same whether the blocks are
+computed here or in Ray actors."""
+
+
+def shard_ids(client_ids: np.ndarray, num_clients: int, num_shards: int = SUM_SHARDS) -> list[np.ndarray]:
+    """Split sorted client ids into the contiguous id blocks ``[s·N/S, (s+1)·N/S)``."""
+    owners = client_ids * num_shards // num_clients
+    return [client_ids[owners == shard] for shard in range(num_shards)]
+
+
+def add_in_order(sums: list[RoundSums]) -> RoundSums:
+    """Σ of block sums, always in block order."""
+    total = sums[0]
+    for part in sums[1:]:
+        total = total + part
+    return total

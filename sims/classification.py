@@ -113,6 +113,22 @@ class ClassificationTask:
     def initial_model(self) -> np.ndarray:
         return self._initial.copy()
 
+    def use_local_examples(self, client: int, features: np.ndarray, labels: np.ndarray) -> None:
+        """Let ``client`` train on its own examples (a deployed node's data file) from now on."""
+        features = np.asarray(features, dtype=np.float32)
+        labels = np.asarray(labels)
+        expected = tuple(self.train_x.shape[1:])
+        if features.ndim < 1 or tuple(features.shape[1:]) != expected:
+            raise ValueError(f"local examples have shape {features.shape}, expected (n, {expected})")
+        if labels.shape != (features.shape[0],) or not np.issubdtype(labels.dtype, np.integer):
+            raise ValueError(f"local labels must be {features.shape[0]} integers (got {labels.shape})")
+        if features.shape[0] == 0 or labels.min() < 0 or labels.max() >= self.num_classes:
+            raise ValueError(f"local labels must lie in 0..{self.num_classes - 1} and not be empty")
+        start = self.train_x.shape[0]
+        self.train_x = torch.cat([self.train_x, torch.from_numpy(features)])
+        self.train_y = torch.cat([self.train_y, torch.from_numpy(labels.astype(np.int64))])
+        self.client_indices[client] = np.arange(start, start + features.shape[0])
+
     def local_updates(self, model: np.ndarray, client_ids: np.ndarray, round_number: int) -> np.ndarray:
         updates = np.empty((len(client_ids), model.shape[0]))
         for row, client in enumerate(client_ids):

@@ -23,7 +23,7 @@ from rich.table import Table
 from fairclip.sims.config import builtin_scenarios, load_config, read_toml
 from fairclip.sims.data import DataError
 from fairclip.sims.errors import ConfigError
-from fairclip.sims.outputs import write_csv, write_json
+from fairclip.sims.outputs import write_run
 from fairclip.strategies import NoiseMultipliers, PolicyConfigError
 from fairclip.strategies.accounting import PrivacyClaim, calibrate, check_privacy_parameters
 
@@ -115,8 +115,7 @@ def run(
     finally:
         # Finished rounds are written even when the run is interrupted.
         if result.rows or result.summary:
-            write_csv(out / "rounds.csv", result.rows)
-            write_json(out / "summary.json", result.summary)
+            write_run(out, result.rows, result.summary, result.model)
     if result.stop_reason:
         console.print(f"[yellow]{result.stop_reason}[/yellow]")
     _print_run_summary(result.summary, out)

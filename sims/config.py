@@ -230,18 +230,28 @@ def parse_override(assignment: str) -> tuple[list[str], Any]:
     return path, value
 
 
+def set_value(raw: dict[str, Any], key: str, value: Any) -> dict[str, Any]:
+    """A copy of ``raw`` with the dotted ``key`` set to ``value``."""
+    path = [part.strip() for part in key.split(".")]
+    if not all(path):
+        raise ConfigError(f"{key!r} is not a dotted configuration key")
+    result = copy.deepcopy(raw)
+    table = result
+    for part in path[:-1]:
+        child = table.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"{key}: {part!r} is a value, not a table")
+        table = child
+    table[path[-1]] = value
+    return result
+
+
 def apply_overrides(raw: dict[str, Any], assignments: list[str]) -> dict[str, Any]:
     """A copy of ``raw`` with every ``--set`` assignment applied in order."""
     result = copy.deepcopy(raw)
     for assignment in assignments:
         path, value = parse_override(assignment)
-        table = result
-        for part in path[:-1]:
-            child = table.setdefault(part, {})
-            if not isinstance(child, dict):
-                raise ConfigError(f"--set {assignment}: {part!r} is a value, not a table")
-            table = child
-        table[path[-1]] = value
+        result = set_value(result, ".".join(path), value)
     return result
 
 

@@ -21,7 +21,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from fairclip.client.contributions import RoundSums, contribute
+from fairclip.client.contributions import RoundSums, add_in_order, contribute, shard_ids
 from fairclip.server.optimizer import ServerSGD
 from fairclip.sims.config import RunConfig
 from fairclip.sims.errors import ConfigError
@@ -40,31 +40,11 @@ class ClientExecutor(Protocol):
     ) -> RoundSums: ...
 
 
-SUM_SHARDS = 8
-"""Clients are summed in this many fixed blocks of ids, in block order, on every backend, so that
-the floating-point sum -- and with it the whole run -- is the same whether the blocks are
-computed here or in Ray actors."""
-
-
-def shard_ids(client_ids: np.ndarray, num_clients: int, num_shards: int = SUM_SHARDS) -> list[np.ndarray]:
-    """Split sorted client ids into the contiguous id blocks ``[s·N/S, (s+1)·N/S)``."""
-    owners = client_ids * num_shards // num_clients
-    return [client_ids[owners == shard] for shard in range(num_shards)]
-
-
 def shard_sums(task: Task, policy: Policy, model, client_ids, round_number, params) -> RoundSums:
     """Train and clip the clients of one block; return their sums."""
     updates = task.local_updates(model, client_ids, round_number)
     cohorts = task.client_cohorts[client_ids]
     return contribute(policy, params, updates, cohorts, len(task.cohort_names))
-
-
-def add_in_order(sums: list[RoundSums]) -> RoundSums:
-    """Σ of block sums, always in block order."""
-    total = sums[0]
-    for part in sums[1:]:
-        total = total + part
-    return total
 
 
 @dataclass
@@ -88,6 +68,8 @@ class RunResult:
     rows: list[dict[str, Any]] = field(default_factory=list)
     summary: dict[str, Any] = field(default_factory=dict)
     stop_reason: str | None = None
+    model: np.ndarray | None = None
+    """θ after the last finished round."""
 
 
 def build_task(config: RunConfig, data_dir: Path | None = None) -> Task:
@@ -114,6 +96,106 @@ def build_task(config: RunConfig, data_dir: Path | None = None) -> Task:
         raise ConfigError(f"scenario {config.scenario.name!r}: {error}") from None
 
 
+class RunServer:
+    """The server of one run: model θ_t, policy state, privacy plan and the finished rounds.
+
+    Every backend drives it the same way -- ``sample``, send ``broadcast()`` and ``model`` to
+    the sampled clients, collect their :class:`RoundSums`, ``finish_round`` -- so the local and
+    Ray engines and the Flower ``ServerApp`` share one implementation of sampling, noise, bound
+    updates, the server optimizer, accounting and evaluation.
+
+    ``seeded=False`` (a deployment without a configured seed, DESIGN section 6) draws client
+    sampling and DP noise from operating-system entropy instead of the run's seed.
+    """
+
+    def __init__(
+        self, config: RunConfig, task: Task, result: RunResult | None = None, *, seeded: bool = True
+    ):
+        self.config = config
+        self.task = task
+        self.seeded = seeded
+        self.result = result if result is not None else RunResult()
+        self.policy = build_policy(
+            config.strategy.name, config.strategy.params, num_cohorts=len(task.cohort_names)
+        )
+        self.model = task.initial_model()
+        self.plan = plan_privacy(config, self.policy, self.model.shape[0])
+        self.state = self.policy.initial_state(self.model.shape[0])
+        self.optimizer = ServerSGD(config.training.server_lr, config.training.server_momentum)
+        self.rounds_completed = 0
+        self.result.summary = self._summary({}, {})
+        self.result.model = self.model
+
+    @property
+    def rounds_to_run(self) -> int:
+        """Configured rounds, cut where the next round would exceed the privacy budget."""
+        return min(self.config.training.rounds, self.plan.rounds_allowed)
+
+    def sample(self, round_number: int) -> np.ndarray:
+        """Ids of the clients of round ``round_number`` (Poisson sampling with rate q)."""
+        clients, rate = self.config.federation.num_clients, self.config.federation.sample_rate
+        if self.seeded:
+            return poisson_sample(self.config.seed, round_number, clients, rate)
+        return np.flatnonzero(np.random.default_rng().random(clients) < rate)
+
+    def broadcast(self) -> Broadcast:
+        """The policy's public parameters of the coming round (for example C_t)."""
+        return self.policy.broadcast(self.state)
+
+    def finish_round(
+        self, round_number: int, sums: RoundSums, extra: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
+        """Noise the clients' sums, step the model, move the state, evaluate; return the row."""
+        seeded_rng = rng(self.config.seed, Stream.NOISE, round_number) if self.seeded else None
+        noise_rng = seeded_rng or np.random.default_rng()
+        server = self.policy.server_side(
+            self.state,
+            sums.contribution_sum,
+            sums.report_sum,
+            expected_clients=self.config.expected_clients,
+            num_reports=sums.num_reports,
+            noise=self.plan.noise,
+            rng=noise_rng,
+        )
+        self.model = self.optimizer.step(self.model, server.estimate, server.server_lr_factor)
+        self.state = server.state
+        self.rounds_completed = round_number
+        overall, per_cohort = self.task.evaluate(self.model)
+        row = _round_row(round_number, server, sums, self.plan, overall, per_cohort, self.task.cohort_names)
+        row.update(extra or {})
+        self.result.rows.append(row)
+        self.result.summary = self._summary(overall, per_cohort)
+        self.result.model = self.model
+        return row
+
+    def finish(self) -> RunResult:
+        """The result, with the budget message when the budget cut the run short."""
+        budget_cut = self.plan.rounds_allowed < self.config.training.rounds
+        if budget_cut and self.rounds_completed >= self.plan.rounds_allowed:
+            self.result.stop_reason = self.plan.budget_message(self.rounds_completed)
+        self.result.summary["stopped_early"] = self.result.stop_reason
+        return self.result
+
+    def _summary(self, overall, per_cohort) -> dict[str, Any]:
+        config, plan = self.config, self.plan
+        claim = plan.claim(self.rounds_completed).as_dict()
+        return {
+            "scenario": config.scenario.name,
+            "strategy": config.strategy.name,
+            "seed": config.seed,
+            "rounds_completed": self.rounds_completed,
+            "epsilon": claim["epsilon"],
+            "delta": plan.delta,
+            "privacy": claim,
+            "privacy_budget": plan.budget,
+            "final_clip_bound": json_number(float(self.policy.clip_bound(self.state))),
+            "cohorts": per_cohort,
+            "overall": overall,
+            **self.task.summary(self.model),
+            "config": config.as_dict(),
+        }
+
+
 def simulate(
     config: RunConfig,
     task: Task,
@@ -123,43 +205,15 @@ def simulate(
 ) -> RunResult:
     """Run every round of ``config``. Rows are appended to ``result`` as rounds finish, so a
     caller that is interrupted still holds every finished round."""
-    result = result if result is not None else RunResult()
-    cohort_names = task.cohort_names
-    policy = build_policy(config.strategy.name, config.strategy.params, num_cohorts=len(cohort_names))
-    model = task.initial_model()
-    plan = plan_privacy(config, policy, model.shape[0])
-    state = policy.initial_state(model.shape[0])
-    optimizer = ServerSGD(config.training.server_lr, config.training.server_momentum)
-    execute = executor_factory(task, policy)
-    expected = config.expected_clients
-    num_clients = config.federation.num_clients
-
-    result.summary = _summary(config, plan, policy, state, task, model, 0, {}, {})
-    for round_number in range(1, config.training.rounds + 1):
-        if round_number > plan.rounds_allowed:
-            result.stop_reason = plan.budget_message(round_number - 1)
-            break
-        client_ids = poisson_sample(config.seed, round_number, num_clients, config.federation.sample_rate)
-        sums = execute(model, client_ids, round_number, policy.broadcast(state))
-        server = policy.server_side(
-            state,
-            sums.contribution_sum,
-            sums.report_sum,
-            expected_clients=expected,
-            num_reports=sums.num_reports,
-            noise=plan.noise,
-            rng=rng(config.seed, Stream.NOISE, round_number),
-        )
-        model = optimizer.step(model, server.estimate, server.server_lr_factor)
-        state = server.state
-        overall, per_cohort = task.evaluate(model)
-        row = _round_row(round_number, server, sums, plan, overall, per_cohort, cohort_names)
-        result.rows.append(row)
-        result.summary = _summary(config, plan, policy, state, task, model, round_number, overall, per_cohort)
+    server = RunServer(config, task, result)
+    execute = executor_factory(task, server.policy)
+    for round_number in range(1, server.rounds_to_run + 1):
+        client_ids = server.sample(round_number)
+        sums = execute(server.model, client_ids, round_number, server.broadcast())
+        row = server.finish_round(round_number, sums)
         if on_round is not None:
             on_round(row)
-    result.summary["stopped_early"] = result.stop_reason
-    return result
+    return server.finish()
 
 
 def _round_row(round_number, server, sums: RoundSums, plan: PrivacyPlan, overall, per_cohort, cohort_names):
@@ -191,24 +245,3 @@ def _round_row(round_number, server, sums: RoundSums, plan: PrivacyPlan, overall
 
 def _ratio(total: float, count: float) -> float:
     return float(total / count) if count > 0 else math.nan
-
-
-def _summary(
-    config, plan: PrivacyPlan, policy, state, task, model, completed, overall, per_cohort
-) -> dict[str, Any]:
-    claim = plan.claim(completed).as_dict()
-    return {
-        "scenario": config.scenario.name,
-        "strategy": config.strategy.name,
-        "seed": config.seed,
-        "rounds_completed": completed,
-        "epsilon": claim["epsilon"],
-        "delta": plan.delta,
-        "privacy": claim,
-        "privacy_budget": plan.budget,
-        "final_clip_bound": json_number(float(policy.clip_bound(state))),
-        "cohorts": per_cohort,
-        "overall": overall,
-        **task.summary(model),
-        "config": config.as_dict(),
-    }

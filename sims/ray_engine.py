@@ -19,9 +19,9 @@ from typing import Any
 import numpy as np
 import ray
 
-from fairclip.client.contributions import RoundSums
+from fairclip.client.contributions import SUM_SHARDS, RoundSums, add_in_order, shard_ids
 from fairclip.sims.config import RunConfig, validate
-from fairclip.sims.engine import SUM_SHARDS, add_in_order, build_task, shard_ids, shard_sums
+from fairclip.sims.engine import build_task, shard_sums
 from fairclip.sims.tasks import Task
 from fairclip.strategies import Policy, build_policy
 

@@ -6,8 +6,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from fairclip.client.contributions import SUM_SHARDS, shard_ids
 from fairclip.sims.config import load_config
-from fairclip.sims.engine import SUM_SHARDS, LocalExecutor, build_task, shard_ids, simulate
+from fairclip.sims.engine import LocalExecutor, build_task, simulate
 
 
 @pytest.fixture(scope="module")

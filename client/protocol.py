@@ -1,0 +1,103 @@
+"""The messages between fairclip's ``ServerApp`` and ``ClientApp`` (Flower 1.41 records).
+
+Three exchanges:
+
+- **identify** (``query``): the server asks every node which client it is; the reply holds the
+  node's ``partition-id`` (its client id), ``num-partitions`` (N) and cohort index.
+- **train** (``train``): the server sends θ_t (``model``), the policy's public parameters of the
+  round (``policy``, for example C_t) and the round number; the client replies with its clipped
+  contribution Δ̄_i and its report vector (the policy's bits) -- nothing else, unless it is a
+  simulated client, which may add the simulation-only diagnostics of
+  :class:`fairclip.client.contributions.CohortDiagnostics` (labelled as such).
+
+Everything is flattened float64 vectors, exactly what the engines pass to the policy code.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
+
+from fairclip.client.contributions import CohortDiagnostics, RoundSums
+
+IDENTIFY = "identity"
+MODEL = "model"
+POLICY = "policy"
+ROUND = "round"
+UPDATE = "update"
+CONTRIBUTION = "contribution"
+REPORTS = "reports"
+DIAGNOSTICS = "simulation-diagnostics"
+DIAGNOSTIC_FIELDS = ("sampled", "exceeded", "nonfinite", "norm_before", "norm_after")
+
+
+def identity_content(partition_id: int, num_partitions: int, cohort: int) -> RecordDict:
+    """A node's answer to *identify*: its client id, N and its cohort index."""
+    identity = {"partition-id": int(partition_id), "num-partitions": int(num_partitions)}
+    identity["cohort"] = int(cohort)
+    return RecordDict({IDENTIFY: ConfigRecord(identity)})
+
+
+def train_content(model: np.ndarray, params: dict[str, Any], round_number: int) -> RecordDict:
+    """The instruction of one round: θ_t, the policy's public parameters and t."""
+    policy = ConfigRecord({key: _config_value(value) for key, value in params.items()})
+    return RecordDict(
+        {
+            MODEL: ArrayRecord({MODEL: Array(np.ascontiguousarray(model, dtype=np.float64))}),
+            POLICY: policy,
+            ROUND: ConfigRecord({ROUND: int(round_number)}),
+        }
+    )
+
+
+def read_train(content: RecordDict) -> tuple[np.ndarray, dict[str, Any], int]:
+    """(θ_t, policy parameters, round) from a train instruction."""
+    model = content.array_records[MODEL][MODEL].numpy()
+    params = dict(content.config_records[POLICY])
+    return model, params, int(content.config_records[ROUND][ROUND])
+
+
+def reply_content(sums: RoundSums, with_diagnostics: bool) -> RecordDict:
+    """One client's reply: its contribution and report vector (and, simulated, diagnostics)."""
+    content = RecordDict(
+        {
+            UPDATE: ArrayRecord(
+                {
+                    CONTRIBUTION: Array(np.ascontiguousarray(sums.contribution_sum, dtype=np.float64)),
+                    REPORTS: Array(np.ascontiguousarray(sums.report_sum, dtype=np.float64)),
+                }
+            )
+        }
+    )
+    if with_diagnostics:
+        diagnostics = sums.diagnostics
+        content[DIAGNOSTICS] = MetricRecord(
+            {name: [float(v) for v in getattr(diagnostics, name)] for name in DIAGNOSTIC_FIELDS}
+        )
+    return content
+
+
+def read_diagnostics(content: RecordDict, num_cohorts: int) -> CohortDiagnostics | None:
+    """The simulation-only diagnostics of a reply, or ``None`` when it carries none."""
+    if DIAGNOSTICS not in content.metric_records:
+        return None
+    record = content.metric_records[DIAGNOSTICS]
+    values = []
+    for name in DIAGNOSTIC_FIELDS:
+        array = np.asarray(record.get(name, []), dtype=np.float64)
+        if array.shape != (num_cohorts,) or not np.isfinite(array).all():
+            raise ValueError(f"diagnostics field {name!r} is malformed")
+        values.append(array)
+    return CohortDiagnostics(*values)
+
+
+def _config_value(value: Any) -> Any:
+    if isinstance(value, np.ndarray):
+        return [float(v) for v in value]
+    if isinstance(value, list | tuple):
+        return [float(v) for v in value]
+    if isinstance(value, np.generic):
+        return value.item()
+    return value

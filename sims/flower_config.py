@@ -1,0 +1,76 @@
+"""From a Flower run configuration to a fairclip :class:`RunConfig` (``flwr run .``).
+
+Flower only lets ``--run-config`` override keys declared under ``[tool.flwr.app.config]`` in
+``pyproject.toml``. fairclip declares there:
+
+- ``scenario`` (a built-in scenario) or ``config-file`` (a TOML file; wins when not empty),
+- ``out`` (the folder of ``rounds.csv``, ``summary.json`` and ``model.npy``) and ``data-dir``,
+- ``node-wait``: seconds the server waits for ``federation.num_clients`` nodes to connect,
+- ``set``: further ``KEY=VALUE`` assignments separated by ``;`` (exactly what ``--set`` takes),
+- every configuration key of DESIGN section 5 (``strategy.name``, ``training.rounds``, ``seed``,
+  ...) with the default ``""``, which means "keep the scenario's value".
+
+So ``flwr run . --run-config "strategy.name='bounded' training.rounds=5"`` and
+``fairclip run --scenario S --set strategy.name=bounded --set training.rounds=5`` resolve to the
+same configuration.
+
+A run is *seeded* when ``seed`` is set explicitly: then sampling and DP noise follow the seed, as in
+a simulation. Otherwise (a deployment) they come from operating-system entropy (DESIGN section 6);
+the scenario's seed still fixes the data partition, which every node must agree on.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from fairclip.sims.config import RunConfig, apply_overrides, scenario_source, set_value, validate
+from fairclip.sims.errors import ConfigError
+
+UNSET = ""
+"""Value of a declared configuration key that keeps the scenario's value."""
+
+CONTROL_KEYS = ("scenario", "config-file", "out", "data-dir", "set", "node-wait")
+
+DEFAULT_NODE_WAIT_SECONDS = 300.0
+
+
+@dataclass(frozen=True)
+class FlowerRun:
+    """What the ``ServerApp`` and ``ClientApp`` read from Flower's run configuration."""
+
+    config: RunConfig
+    out: Path
+    data_dir: Path | None
+    seeded: bool
+    node_wait: float
+
+
+def flower_run(run_config: dict[str, Any]) -> FlowerRun:
+    """Resolve Flower's flat run configuration into a validated fairclip configuration."""
+    config_file = str(run_config.get("config-file", UNSET))
+    scenario = str(run_config.get("scenario", UNSET)) or None
+    if config_file:
+        raw = scenario_source(None, Path(config_file))
+    elif scenario:
+        raw = scenario_source(scenario, None)
+    else:
+        raise ConfigError("the run configuration names neither `scenario` nor `config-file`")
+    for key, value in run_config.items():
+        if key in CONTROL_KEYS or value == UNSET:
+            continue
+        raw = set_value(raw, key, value)
+    assignments = [part.strip() for part in str(run_config.get("set", UNSET)).split(";") if part.strip()]
+    raw = apply_overrides(raw, assignments)
+    data_dir = str(run_config.get("data-dir", UNSET))
+    node_wait = run_config.get("node-wait", DEFAULT_NODE_WAIT_SECONDS)
+    if isinstance(node_wait, bool) or not isinstance(node_wait, int | float) or not node_wait > 0:
+        raise ConfigError(f"node-wait must be a number of seconds > 0 (got {node_wait!r})")
+    return FlowerRun(
+        config=validate(raw),
+        out=Path(str(run_config.get("out", UNSET)) or "runs/flwr"),
+        data_dir=Path(data_dir) if data_dir else None,
+        seeded=run_config.get("seed", UNSET) != UNSET,
+        node_wait=float(node_wait),
+    )
