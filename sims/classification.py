@@ -119,7 +119,7 @@ class ClassificationTask:
         labels = np.asarray(labels)
         expected = tuple(self.train_x.shape[1:])
         if features.ndim < 1 or tuple(features.shape[1:]) != expected:
-            raise ValueError(f"local examples have shape {features.shape}, expected (n, {expected})")
+            raise ValueError(f"local examples have shape {features.shape}, expected (n, *{expected})")
         if labels.shape != (features.shape[0],) or not np.issubdtype(labels.dtype, np.integer):
             raise ValueError(f"local labels must be {features.shape[0]} integers (got {labels.shape})")
         if features.shape[0] == 0 or labels.min() < 0 or labels.max() >= self.num_classes:

@@ -295,3 +295,34 @@ def test_train_instruction_round_trip():
     model, params, round_number = read_train(content)
     np.testing.assert_array_equal(model, np.arange(4.0))
     assert params == {"bound": 0.5, "cohort_bounds": [0.1, 0.2]} and round_number == 7
+
+
+def test_client_with_its_own_data_file_trains_on_it_and_sends_no_diagnostics(server_task_identity, tmp_path):
+    from flwr.app import Context
+
+    from fairclip.client import app as client_app
+    from fairclip.client.protocol import DIAGNOSTICS as DIAGNOSTICS_RECORD
+
+    features = np.random.default_rng(0).normal(size=(5, 10)).astype(np.float32)
+    labels = np.array([0, 1, 1, 0, 1])
+    path = tmp_path / "local.npz"
+    np.savez(path, x=features, y=labels)
+    run_config = {"scenario": "demo", "federation.num_clients": 6, "strategy.name": "constant"}
+    node_config = {"partition-id": 0, "num-partitions": 6, "data-path": str(path), "cohort": "minority"}
+    context = Context(run_id=1, node_id=7, node_config=node_config, state=RecordDict(), run_config=run_config)
+    client = client_app.local_client(context)
+    assert client.cohort == client.task.cohort_names.index("minority") and not client.simulated
+    np.testing.assert_array_equal(client.task.train_x[client.task.client_indices[0]].numpy(), features)
+
+    model = client.task.initial_model()
+    instruction = Message(train_content(model, {"bound": 0.05}, 1), dst_node_id=7, message_type="train")
+    reply = client_app.train(instruction, context)
+    contribution = reply.content.array_records[UPDATE][CONTRIBUTION].numpy()
+    assert 0 < np.linalg.norm(contribution) <= 0.05 * (1 + 1e-12)
+    assert DIAGNOSTICS_RECORD not in reply.content.metric_records
+
+    bad = {**node_config, "num-partitions": 5}
+    with pytest.raises(ValueError, match="num-partitions=5"):
+        client_app.local_client(
+            Context(run_id=2, node_id=7, node_config=bad, state=RecordDict(), run_config=run_config)
+        )
