@@ -46,3 +46,49 @@ def local_update(
             loss_function(model(features[batch]), labels[batch]).backward()
             optimizer.step()
     return model_to_vector(model) - global_vector
+
+
+ONE_STEP_MICRO_BATCH = 128
+"""Examples per vectorised per-sample-gradient call of :func:`one_step_updates`; memory grows with
+it (one gradient per example of the micro-batch), not with the number of sampled clients."""
+
+
+def one_step_updates(
+    model: nn.Module,
+    global_vector: np.ndarray,
+    features: torch.Tensor,
+    labels: torch.Tensor,
+    lr: float,
+    micro_batch: int = ONE_STEP_MICRO_BATCH,
+) -> np.ndarray:
+    """Δ_i of many one-example, one-step clients at once (the sample-level special case).
+
+    A client with one example (x_i, y_i) that takes one local SGD step has
+    Δ_i = θ_i − θ_t with θ_i = θ_t − η_l ∇_θ ℓ(θ_t; x_i, y_i): a per-sample gradient. They are
+    computed with ``torch.func`` (``vmap`` of ``grad``) in micro-batches, and the step is taken in
+    the model's float32 exactly as :func:`local_update` takes it, so both paths agree to rounding.
+    Row i belongs to example i.
+    """
+    from torch.func import functional_call, grad, vmap
+
+    load_vector(model, global_vector)
+    model.train()
+    names = [name for name, _ in model.named_parameters()]
+    params = {name: parameter.detach() for name, parameter in model.named_parameters()}
+    buffers = {name: buffer.detach() for name, buffer in model.named_buffers()}
+
+    def example_loss(parameters, x, y):
+        logits = functional_call(model, (parameters, buffers), (x.unsqueeze(0),))
+        return nn.functional.cross_entropy(logits, y.unsqueeze(0))
+
+    per_example_grads = vmap(grad(example_loss), in_dims=(None, 0, 0))
+    start_point = torch.nn.utils.parameters_to_vector(model.parameters()).detach()
+    count = labels.shape[0]
+    updates = np.empty((count, global_vector.shape[0]))
+    for start in range(0, count, micro_batch):
+        stop = min(start + micro_batch, count)
+        grads = per_example_grads(params, features[start:stop], labels[start:stop])
+        flat = torch.cat([grads[name].reshape(stop - start, -1) for name in names], dim=1)
+        stepped = start_point.unsqueeze(0) - lr * flat
+        updates[start:stop] = stepped.double().numpy() - global_vector[None, :]
+    return updates

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from fairclip.client.models import build_model, model_to_vector
-from fairclip.client.training import LocalTraining, local_update
+from fairclip.client.training import LocalTraining, local_update, one_step_updates
 from fairclip.server.evaluation import evaluate
 from fairclip.sims.config import ClassificationSpec, TrainingSpec
 from fairclip.sims.data import cohort_client_counts
@@ -109,6 +109,8 @@ class ClassificationTask:
         torch.manual_seed(int(rng(seed, Stream.DATA, 1).integers(2**62)))
         self.model = build_model(spec.model, tuple(data.train_x.shape[1:]), data.num_classes)
         self._initial = model_to_vector(self.model)
+        self.one_step = training.local_epochs == 1 and all(len(ix) == 1 for ix in self.client_indices)
+        """Every client holds one example and takes one step: updates are per-sample gradients."""
 
     def initial_model(self) -> np.ndarray:
         return self._initial.copy()
@@ -128,8 +130,18 @@ class ClassificationTask:
         self.train_x = torch.cat([self.train_x, torch.from_numpy(features)])
         self.train_y = torch.cat([self.train_y, torch.from_numpy(labels.astype(np.int64))])
         self.client_indices[client] = np.arange(start, start + features.shape[0])
+        self.one_step = self.one_step and features.shape[0] == 1
 
     def local_updates(self, model: np.ndarray, client_ids: np.ndarray, round_number: int) -> np.ndarray:
+        if self.one_step:
+            # The sample-level special case (DESIGN section 2): no shuffling to draw, so no
+            # per-client generator; all sampled clients' gradients at once.
+            if len(client_ids) == 0:
+                return np.empty((0, model.shape[0]))
+            indices = torch.from_numpy(np.concatenate([self.client_indices[c] for c in client_ids]))
+            return one_step_updates(
+                self.model, model, self.train_x[indices], self.train_y[indices], self.training.lr
+            )
         updates = np.empty((len(client_ids), model.shape[0]))
         for row, client in enumerate(client_ids):
             indices = torch.from_numpy(self.client_indices[client])
