@@ -51,24 +51,41 @@ class LocalClient:
 
 
 _CLIENTS: dict[tuple[int, int], LocalClient] = {}
+_SCENARIOS: dict[int, tuple] = {}
+"""Per run: its resolved configuration and scenario task, shared by every node that a process
+serves (Flower's simulation runtime runs many nodes' ClientApps in one worker)."""
 
 
 def local_client(context: Context) -> LocalClient:
-    """This node's client, built once per run and process."""
+    """This node's client, built once per run, node and process."""
     key = (context.run_id, context.node_id)
     if key not in _CLIENTS:
-        _CLIENTS.clear()
+        if any(run_id != context.run_id for run_id, _ in _CLIENTS):
+            _CLIENTS.clear()
+            _SCENARIOS.clear()
         _CLIENTS[key] = _build_client(context)
     return _CLIENTS[key]
 
 
-def _build_client(context: Context) -> LocalClient:
+def _scenario(context: Context, private: bool):
+    """(run, task) of this run; ``private`` builds a task of the node's own (it will be changed)."""
     from fairclip.sims.engine import build_task
     from fairclip.sims.flower_config import flower_run
 
-    run = flower_run(dict(context.run_config))
-    config = run.config
+    if private or context.run_id not in _SCENARIOS:
+        run = flower_run(dict(context.run_config))
+        scenario = (run, build_task(run.config, run.data_dir))
+        if private:
+            return scenario
+        _SCENARIOS[context.run_id] = scenario
+    return _SCENARIOS[context.run_id]
+
+
+def _build_client(context: Context) -> LocalClient:
     node = dict(context.node_config)
+    data_path = str(node.get("data-path", ""))
+    run, task = _scenario(context, private=bool(data_path))
+    config = run.config
     if "partition-id" not in node or "num-partitions" not in node:
         raise ValueError("node config needs partition-id and num-partitions (flower-supernode --node-config)")
     client_id, num_partitions = int(node["partition-id"]), int(node["num-partitions"])
@@ -78,9 +95,7 @@ def _build_client(context: Context) -> LocalClient:
         )
     if not 0 <= client_id < num_partitions:
         raise ValueError(f"partition-id={client_id} outside 0..{num_partitions - 1}")
-    task = build_task(config, run.data_dir)
     cohort = int(task.client_cohorts[client_id])
-    data_path = str(node.get("data-path", ""))
     if data_path:
         cohort = _use_data_file(task, client_id, Path(data_path), str(node.get("cohort", "")))
     policy = build_policy(config.strategy.name, config.strategy.params, num_cohorts=len(task.cohort_names))
