@@ -188,6 +188,67 @@ def compare(
 
 
 @app.command()
+def reproduce(
+    name: Annotated[str | None, typer.Argument(help="A reproduction setup (see --list).")] = None,
+    seeds: Annotated[int, typer.Option("--seeds", min=1, help="Number of seeds (setup seed, +1, ...).")] = 2,
+    out: Annotated[Path | None, typer.Option("--out", help="Output folder [runs/reproduce-<name>].")] = None,
+    list_setups: Annotated[bool, typer.Option("--list", help="Name the setups and exit.")] = False,
+    full_grid: Annotated[
+        bool, typer.Option("--full-grid", help="The paper's hyper-parameter grid (default: a reduced one).")
+    ] = False,
+    overrides: SetOption = None,
+    max_rounds: Annotated[
+        int | None, typer.Option("--max-rounds", min=1, help="Cap every run's rounds (smoke tests only).")
+    ] = None,
+    grid_limit: Annotated[
+        int | None,
+        typer.Option("--grid-limit", min=1, help="First K values of each grid axis (smoke tests)."),
+    ] = None,
+    address: Annotated[
+        str | None, typer.Option("--address", help="An existing Ray cluster to run on.")
+    ] = None,
+    data_dir: DataDirOption = None,
+) -> None:
+    """Reproduce a seed paper's centralised experiment; write reproduction.csv and reproduction.md."""
+    from fairclip.sims import reproduce as repro
+    from fairclip.sims.data import resolve_data_dir
+
+    if list_setups:
+        for setup_name, title in repro.setup_titles().items():
+            typer.echo(f"{setup_name:<24} {title}")
+        return
+    if name is None:
+        raise ConfigError("give a reproduction NAME (see `fairclip reproduce --list`)")
+    repro.load_setup(name)  # an unknown name fails before the data are read
+    data_dir = resolve_data_dir(data_dir)
+    out = out or Path("runs") / f"reproduce-{name}"
+    with Progress(
+        TextColumn(f"[bold]reproduce[/bold] {name}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+    ) as progress:
+        bar = progress.add_task(name, total=None)
+        _rows, wall = repro.reproduce(
+            name,
+            seeds,
+            out,
+            data_dir=data_dir,
+            full_grid=full_grid,
+            grid_limit=grid_limit,
+            max_rounds=max_rounds,
+            overrides=overrides or [],
+            address=address,
+            on_finished=lambda _run: progress.advance(bar),
+            on_plan=lambda total: progress.update(bar, total=total),
+        )
+    typer.echo((out / "reproduction.md").read_text())
+    typer.echo(f"wall time {wall:.1f} s ({name})")
+    stdout.print(f"table:  {out / 'reproduction.csv'}")
+
+
+@app.command()
 def data(
     data_dir: DataDirOption = None,
     datasets: Annotated[

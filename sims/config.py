@@ -105,12 +105,16 @@ class ClassificationSpec(_ScenarioBase):
     task: Literal["classification"]
     dataset: Literal["synthetic", "mnist", "fashion-mnist", "adult", "dutch"]
     model: Literal["logistic", "mlp", "cnn", "tanh-cnn"] = "logistic"
-    partition: Literal["cohort", "iid", "dirichlet"] = "cohort"
+    partition: Literal["cohort", "iid", "dirichlet", "per-example"] = "cohort"
+    """``per-example``: one client per training example (federation.num_clients = that number)."""
     dirichlet_alpha: PositiveFloat = 0.5
     skew_class: Annotated[int, Field(ge=0)] | None = None
     skew_keep: Annotated[float, Field(gt=0, le=1)] = 0.09
     balance: bool = True
     test_fraction: Annotated[float, Field(gt=0, lt=1)] = 0.2
+    evaluate_on: Literal["test", "validation"] = "test"
+    """``validation``: hold out ``test_fraction`` of the training rows (seeded) and evaluate on them
+    instead of the test set, which is then not used (hyper-parameter selection, real datasets)."""
     features: Annotated[int, Field(ge=1)] = 20
     """Number of features (dataset ``synthetic``)."""
     examples_per_client: Annotated[int, Field(ge=1)] = 32
@@ -132,6 +136,12 @@ class ClassificationSpec(_ScenarioBase):
                 raise ValueError(f"cohorts.{name}.synthetic is only for the synthetic dataset")
             if cohort.attribute is not None and cohort.class_fractions is not None:
                 raise ValueError(f"cohorts.{name}: give attribute or class_fractions, not both")
+            if self.partition == "per-example" and cohort.attribute is None and not cohort.class_fractions:
+                raise ValueError(f"cohorts.{name}: partition per-example needs attribute or class_fractions")
+        if self.evaluate_on == "validation" and self.dataset == "synthetic":
+            raise ValueError("evaluate_on: validation needs a real dataset")
+        if self.partition == "per-example" and self.dataset == "synthetic":
+            raise ValueError("partition: per-example needs a real dataset")
         return self
 
 

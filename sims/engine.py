@@ -25,7 +25,7 @@ from fairclip.client.contributions import RoundSums, add_in_order, contribute, s
 from fairclip.server.optimizer import ServerSGD
 from fairclip.sims.config import RunConfig
 from fairclip.sims.errors import ConfigError
-from fairclip.sims.privacy_plan import PrivacyPlan, json_number, plan_privacy
+from fairclip.sims.privacy_plan import json_number, plan_privacy
 from fairclip.sims.randomness import Stream, poisson_sample, rng
 from fairclip.sims.tasks import Task
 from fairclip.strategies import Policy, build_policy
@@ -161,7 +161,8 @@ class RunServer:
         self.state = server.state
         self.rounds_completed = round_number
         overall, per_cohort = self.task.evaluate(self.model)
-        row = _round_row(round_number, server, sums, self.plan, overall, per_cohort, self.task.cohort_names)
+        epsilon = self.plan.round_epsilon(round_number, self.rounds_to_run)
+        row = _round_row(round_number, server, sums, epsilon, overall, per_cohort, self.task.cohort_names)
         row.update(extra or {})
         self.result.rows.append(row)
         self.result.summary = self._summary(overall, per_cohort)
@@ -216,7 +217,7 @@ def simulate(
     return server.finish()
 
 
-def _round_row(round_number, server, sums: RoundSums, plan: PrivacyPlan, overall, per_cohort, cohort_names):
+def _round_row(round_number, server, sums: RoundSums, epsilon: float, overall, per_cohort, cohort_names):
     diagnostics = sums.diagnostics
     sampled = max(sums.num_reports, 1)
     row: dict[str, Any] = {
@@ -225,7 +226,7 @@ def _round_row(round_number, server, sums: RoundSums, plan: PrivacyPlan, overall
         "noise_std": server.noise_std,
         "sensitivity": server.sensitivity,
         "clipped_fraction": float(diagnostics.exceeded.sum() / sampled),
-        "epsilon": plan.epsilon_after(round_number),
+        "epsilon": epsilon,
         "sampled_clients": sums.num_reports,
         "nonfinite_updates": int(diagnostics.nonfinite.sum()),
         "server_lr_factor": server.server_lr_factor,

@@ -10,6 +10,7 @@ the test set reweighted to the class mix of the cohort's training examples.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -27,6 +28,7 @@ from fairclip.sims.data import (
     iid,
     load_adult,
     load_dataset,
+    per_example,
     resolve_data_dir,
     skew_class,
 )
@@ -42,7 +44,28 @@ def load(spec: ClassificationSpec, data_dir: Path | None, seed: int) -> Dataset:
         dataset = load_dataset(spec.dataset, directory, seed=seed)
     if spec.skew_class is not None:
         dataset = skew_class(dataset, cls=spec.skew_class, keep=spec.skew_keep, seed=seed)
+    if spec.evaluate_on == "validation":
+        dataset = validation_split(dataset, spec.test_fraction, seed)
     return dataset
+
+
+def validation_split(dataset: Dataset, fraction: float, seed: int) -> Dataset:
+    """The training rows split into training and validation rows; the validation rows take the
+    place of the test set, which is dropped (selection never sees it)."""
+    order = rng(seed, Stream.DATA, 3).permutation(len(dataset.y_train))
+    cut = round(fraction * len(order))
+    held, kept = np.sort(order[:cut]), np.sort(order[cut:])
+    g = dataset.g_train
+    return dataclasses.replace(
+        dataset,
+        x_train=dataset.x_train[kept],
+        y_train=dataset.y_train[kept],
+        g_train=None if g is None else g[kept],
+        x_test=dataset.x_train[held],
+        y_test=dataset.y_train[held],
+        g_test=None if g is None else g[held],
+        name=f"{dataset.name}-validation",
+    )
 
 
 def partition(spec: ClassificationSpec, dataset: Dataset, num_clients: int, seed: int) -> Partition:
@@ -56,6 +79,18 @@ def partition(spec: ClassificationSpec, dataset: Dataset, num_clients: int, seed
         return by_cohort(
             dataset.y_train, dataset.g_train, rules, num_clients, generator, group_names=dataset.group_names
         )
+    if spec.partition == "per-example":
+        rules = [
+            CohortRule(share=c.share, attribute=c.attribute, class_fractions=c.class_fractions, name=name)
+            for name, c in spec.cohorts.items()
+        ]
+        split = per_example(dataset.y_train, dataset.g_train, rules, group_names=dataset.group_names)
+        if split.num_clients != num_clients:
+            raise ValueError(
+                f"the per-example partition makes one client per training example: "
+                f"federation.num_clients must be {split.num_clients} (got {num_clients})"
+            )
+        return split
     if spec.partition == "iid":
         dealt = iid(len(dataset.y_train), num_clients, generator)
     else:
@@ -81,6 +116,12 @@ def cohort_test_weights(
         per_class = np.divide(mix, test_counts, out=np.zeros_like(mix), where=test_counts > 0)
         weights[name] = per_class[dataset.y_test]
     return weights
+
+
+def training_examples(spec: ClassificationSpec, data_dir: Path | None, seed: int) -> int:
+    """Number of training examples of a scenario's dataset with ``seed`` (after balancing and skew):
+    the number of clients of the per-example partition."""
+    return len(load(spec, data_dir, seed).y_train)
 
 
 def real_federated_data(

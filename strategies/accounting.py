@@ -89,6 +89,7 @@ def epsilon(
         return float(opacus_accountant.get_epsilon(delta=delta))
 
 
+@lru_cache(maxsize=256)
 def calibrate(
     target_epsilon: float,
     sample_rate: float,

@@ -12,7 +12,16 @@ from .datasets import (
 )
 from .errors import DataError
 from .files import DATASET_FILES, ENV_VAR, SHA256, SOURCES, fetch, resolve_data_dir, verified_path
-from .partition import CohortRule, Partition, by_cohort, cohort_client_counts, dirichlet, group_index, iid
+from .partition import (
+    CohortRule,
+    Partition,
+    by_cohort,
+    cohort_client_counts,
+    dirichlet,
+    group_index,
+    iid,
+    per_example,
+)
 
 __all__ = [
     "DATASETS",
@@ -35,6 +44,7 @@ __all__ = [
     "load_dutch",
     "load_fashion_mnist",
     "load_mnist",
+    "per_example",
     "resolve_data_dir",
     "skew_class",
     "verified_path",

@@ -347,3 +347,43 @@ def _members_by_class(
         for position, (start, stop) in enumerate(zip(starts, bounds, strict=True)):
             pieces[position].append(held[start:stop])
     return [np.concatenate(parts) for parts in pieces]
+
+
+def per_example(
+    labels: Sequence[int] | np.ndarray,
+    groups: Sequence[int] | np.ndarray | None,
+    cohorts: Sequence[CohortRule],
+    *,
+    group_names: Sequence[str] = (),
+) -> Partition:
+    """One client per training example (the sample-level special case, DESIGN section 2).
+
+    Client i holds example i. Its cohort is the cohort whose rule claims the example: the one
+    naming the example's protected attribute, or the one whose ``class_fractions`` names the
+    example's class with fraction 1 (shares are ignored: the data decide the cohort sizes). Every
+    example must be claimed by exactly one cohort.
+    """
+    labels = _as_index_array(labels, "labels")
+    cohorts = list(cohorts)
+    if not cohorts:
+        raise ValueError("at least one cohort is required")
+    names = tuple(cohort.name or f"cohort{position}" for position, cohort in enumerate(cohorts))
+    owner = np.full(len(labels), -1, dtype=np.int64)
+    if all(cohort.attribute is not None for cohort in cohorts):
+        members = _members_by_attribute(labels, groups, cohorts, names, group_names)
+    elif all(cohort.attribute is None and cohort.fractions for cohort in cohorts):
+        members = []
+        for cohort, name in zip(cohorts, names, strict=True):
+            if any(fraction != 1.0 for fraction in cohort.fractions.values()):
+                raise ValueError(f"cohort {name!r}: the per-example partition needs class fractions of 1")
+            members.append(np.flatnonzero(np.isin(labels, list(cohort.fractions))))
+    else:
+        raise ValueError("the per-example partition needs every cohort to name an attribute or its classes")
+    for position, held in enumerate(members):
+        if np.any(owner[held] >= 0):
+            raise ValueError(f"cohort {names[position]!r} claims examples of another cohort")
+        owner[held] = position
+    if np.any(owner < 0):
+        example = int(np.flatnonzero(owner < 0)[0])
+        raise ValueError(f"training example {example} (class {labels[example]}) belongs to no cohort")
+    return Partition([np.array([i], dtype=np.int64) for i in range(len(labels))], owner, names)

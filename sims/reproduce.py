@@ -1,0 +1,483 @@
+"""``fairclip reproduce``: the seed papers' centralised experiments as sample-level fairclip runs.
+
+A setup file (``sims/reproductions/<name>.toml``) names a built-in scenario, the settings that
+turn it into the paper's experiment, the strategies with their own settings (learning rate,
+bounds) and the paper's numbers. DP-SGD with Poisson batches of expected size b over N training
+examples is the special case of user-level DP-FedAvg where every example is a client
+(``scenario.partition = "per-example"``) that takes one step with client learning rate 1, so
+that its update is Δ_i = −∇ℓ_i and the paper's learning rate is the server learning rate
+(DESIGN section 2). So a setup runs with
+
+    federation.num_clients = N (of that seed's data),  q = b / N (q = 1 for "full" batches),
+    training.rounds = ceil(epochs · N / b).
+
+Setups with a ``[grid]`` (Zhao et al.) choose, per strategy and target ε, the grid point with the
+best overall accuracy on a *validation split* of the training rows (``scenario.evaluate_on =
+"validation"``, one seed); the test set is never used to select. The chosen settings then run on
+the test split with every seed. Every run is one Ray task (like ``fairclip compare``), written
+atomically into ``DIR/runs/<key>/`` as it finishes; ``DIR/reproduction.csv`` and
+``DIR/reproduction.md`` are written at the end.
+
+A fairclip mean is flagged when it lies outside the paper's mean ± 2 standard errors, or ± 2
+points (0.02) where the paper gives no error.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from fairclip.sims.config import apply_overrides, read_toml, scenario_source, set_value, validate
+from fairclip.sims.errors import ConfigError
+from fairclip.sims.outputs import atomic_write_text, write_csv, write_json
+
+SETUP_DIR = Path(__file__).parent / "reproductions"
+COLUMNS = ["setup", "strategy", "epsilon", "metric", "paper", "fairclip_mean", "fairclip_stderr", "seeds"]
+POINTS = 0.02
+"""Tolerance where the paper gives no standard error: ± 2 accuracy points."""
+
+
+@dataclass(frozen=True)
+class StrategySetup:
+    name: str
+    settings: dict[str, Any]
+    paper: dict[str, dict[str, float]]
+    """{target ε as text, or "" when the setup has none: {metric: value}}."""
+    paper_stderr: dict[str, dict[str, float]]
+    grid: dict[str, list[Any]]
+    full_grid: dict[str, list[Any]]
+
+
+@dataclass(frozen=True)
+class Setup:
+    name: str
+    title: str
+    scenario: str
+    epochs: int
+    batch_size: int | None
+    """Expected batch size; None for full batches (q = 1)."""
+    metrics: dict[str, tuple[str, str]]
+    """{metric name: (cohort, cohort metric)}."""
+    settings: dict[str, Any]
+    strategies: list[StrategySetup]
+    epsilons: list[float | None]
+    grid: dict[str, list[Any]]
+    full_grid: dict[str, list[Any]]
+    paper_epsilon: float | None = None
+    notes: str = ""
+
+    @property
+    def has_grid(self) -> bool:
+        return bool(self.grid) or any(s.grid for s in self.strategies)
+
+
+@dataclass(frozen=True)
+class Run:
+    key: str
+    strategy: str
+    target_epsilon: float | None
+    seed: int
+    raw: dict[str, Any] = field(compare=False)
+    grid_point: dict[str, Any] = field(default_factory=dict, compare=False)
+
+
+# ----- setup files ----------------------------------------------------------------------------
+
+
+def builtin_setups() -> dict[str, Path]:
+    """Name -> file of every reproduction setup shipped inside the package."""
+    return {path.stem: path for path in sorted(SETUP_DIR.glob("*.toml"))}
+
+
+def load_setup(name: str) -> Setup:
+    """Read and check a built-in setup; an unknown name or a malformed file is a ConfigError."""
+    setups = builtin_setups()
+    if name not in setups:
+        raise ConfigError(f"unknown reproduction {name!r} (known: {', '.join(setups)})")
+    raw = read_toml(setups[name])
+    where = f"reproduction {name}"
+    try:
+        head = raw["setup"]
+        batch = head["batch_size"]
+        if batch != "full" and not (isinstance(batch, int) and batch >= 1):
+            raise ConfigError(f'{where}: setup.batch_size must be a positive integer or "full"')
+        metrics = {}
+        for metric, source in head["metrics"].items():
+            cohort, _, value = source.partition("/")
+            if not cohort or not value:
+                raise ConfigError(f"{where}: metric {metric} must read COHORT/METRIC (got {source!r})")
+            metrics[metric] = (cohort, value)
+        strategies = [_strategy(key, table, where) for key, table in raw["strategies"].items()]
+        setup = Setup(
+            name=name,
+            title=head["title"],
+            scenario=head["scenario"],
+            epochs=int(head["epochs"]),
+            batch_size=None if batch == "full" else batch,
+            metrics=metrics,
+            settings=dict(raw.get("settings", {})),
+            strategies=strategies,
+            epsilons=[float(e) for e in head.get("epsilons", [])] or [None],
+            grid=_axes(raw.get("grid", {})),
+            full_grid=_axes(raw.get("full_grid", {})),
+            paper_epsilon=head.get("paper_epsilon"),
+            notes=head.get("notes", ""),
+        )
+    except KeyError as error:
+        raise ConfigError(f"{where}: required key {error.args[0]!r} is missing") from None
+    return setup
+
+
+def _strategy(name: str, table: dict[str, Any], where: str) -> StrategySetup:
+    unknown = set(table) - {"settings", "paper", "paper_stderr", "grid", "full_grid"}
+    if unknown:
+        raise ConfigError(f"{where}: strategies.{name}.{sorted(unknown)[0]}: unknown key")
+    return StrategySetup(
+        name=name,
+        settings=dict(table.get("settings", {})),
+        paper=_by_epsilon(table.get("paper", {})),
+        paper_stderr=_by_epsilon(table.get("paper_stderr", {})),
+        grid=_axes(table.get("grid", {})),
+        full_grid=_axes(table.get("full_grid", {})),
+    )
+
+
+def _by_epsilon(table: dict[str, Any]) -> dict[str, dict[str, float]]:
+    """``{metric: v}`` (one setting) or ``{"0.5": {metric: v}}`` (per target ε) -> by ε text."""
+    if table and all(isinstance(v, dict) for v in table.values()):
+        return {_epsilon_text(float(k)): {m: float(v) for m, v in t.items()} for k, t in table.items()}
+    return {"": {m: float(v) for m, v in table.items()}}
+
+
+def _axes(table: dict[str, Any]) -> dict[str, list[Any]]:
+    axes = {}
+    for key, values in table.items():
+        if isinstance(values, dict):
+            low, high, count = values["logspace"]
+            values = [float(f"{v:.4g}") for v in np.geomspace(low, high, int(count))]
+        axes[key] = list(values)
+    return axes
+
+
+def _epsilon_text(epsilon: float | None) -> str:
+    return "" if epsilon is None else f"{epsilon:g}"
+
+
+# ----- planning ---------------------------------------------------------------------------------
+
+
+def sample_level_settings(setup: Setup, num_examples: int, max_rounds: int | None) -> list[str]:
+    """``--set`` assignments that make every training example a client of a DP-SGD step."""
+    if setup.batch_size is None:
+        rate, rounds = 1.0, setup.epochs
+    else:
+        rate = min(1.0, setup.batch_size / num_examples)
+        rounds = math.ceil(setup.epochs * num_examples / setup.batch_size)
+    if max_rounds is not None:
+        rounds = min(rounds, max_rounds)
+    return [
+        f"federation.num_clients={num_examples}",
+        f"federation.sample_rate={rate!r}",
+        f"training.rounds={rounds}",
+    ]
+
+
+def _apply(raw: dict[str, Any], settings: dict[str, Any]) -> dict[str, Any]:
+    for key, value in settings.items():
+        raw = set_value(raw, key, value)
+    return raw
+
+
+def _strategy_raw(base: dict[str, Any], strategy: StrategySetup, point: dict[str, Any]) -> dict[str, Any]:
+    raw = _apply(set_value(base, "strategy.name", strategy.name), {**strategy.settings, **point})
+    # Zhao et al.'s grid puts C_LB up to 50; fairclip requires C_0 >= C_LB, so the bound starts there.
+    lower = raw["strategy"].get("lower_bound")
+    if lower is not None and lower > raw["strategy"].get("initial_bound", 1.0):
+        raw = set_value(raw, "strategy.initial_bound", lower)
+    return raw
+
+
+def grid_points(setup: Setup, strategy: StrategySetup, full: bool, limit: int | None) -> list[dict[str, Any]]:
+    """Every combination of the setup's and the strategy's grid axes (first ``limit`` values each)."""
+    axes = {**(setup.full_grid if full else setup.grid), **(strategy.full_grid if full else strategy.grid)}
+    if limit is not None:
+        axes = {key: values[:limit] for key, values in axes.items()}
+    keys = list(axes)
+    return [dict(zip(keys, values, strict=True)) for values in itertools.product(*axes.values())]
+
+
+class Planner:
+    """Configurations of a setup's runs; N per seed is read from the data once."""
+
+    def __init__(
+        self,
+        setup: Setup,
+        data_dir: Path | None,
+        overrides: list[str],
+        max_rounds: int | None,
+        examples: Callable[[Any, Path | None, int], int] | None = None,
+    ):
+        from fairclip.sims.real_data import training_examples
+
+        self.setup = setup
+        self.data_dir = data_dir
+        self.max_rounds = max_rounds
+        self.examples = examples or training_examples
+        self.base = apply_overrides(_apply(scenario_source(setup.scenario, None), setup.settings), overrides)
+        self._counts: dict[tuple[int, bool], int] = {}
+
+    def raw(self, strategy: StrategySetup, point, epsilon: float | None, seed: int, validation: bool):
+        base = set_value(self.base, "seed", seed)
+        if validation:
+            base = set_value(base, "scenario.evaluate_on", "validation")
+        if epsilon is not None:
+            base = set_value(base, "privacy.target_epsilon", epsilon)
+        raw = _strategy_raw(base, strategy, point)
+        marker = (seed, validation)
+        if marker not in self._counts:
+            self._counts[marker] = self.examples(validate(raw).scenario, self.data_dir, seed)
+        raw = apply_overrides(raw, sample_level_settings(self.setup, self._counts[marker], self.max_rounds))
+        validate(raw)  # fail before any work
+        return raw
+
+    def grid_runs(self, full: bool, limit: int | None) -> list[Run]:
+        runs = []
+        seed = int(self.base.get("seed", 0))
+        for strategy in self.setup.strategies:
+            for epsilon in self.setup.epsilons:
+                for index, point in enumerate(grid_points(self.setup, strategy, full, limit)):
+                    key = f"grid__{strategy.name}__eps-{_epsilon_text(epsilon) or 'none'}__{index:03d}"
+                    raw = self.raw(strategy, point, epsilon, seed, validation=True)
+                    runs.append(Run(key, strategy.name, epsilon, seed, raw, point))
+        return runs
+
+    def final_runs(self, seeds: int, chosen: dict[tuple[str, float | None], dict[str, Any]]) -> list[Run]:
+        runs = []
+        first = int(self.base.get("seed", 0))
+        for strategy in self.setup.strategies:
+            for epsilon in self.setup.epsilons:
+                point = chosen.get((strategy.name, epsilon), {})
+                for seed in range(first, first + seeds):
+                    key = f"{strategy.name}__eps-{_epsilon_text(epsilon) or 'none'}__seed-{seed}"
+                    raw = self.raw(strategy, point, epsilon, seed, validation=False)
+                    runs.append(Run(key, strategy.name, epsilon, seed, raw, point))
+        return runs
+
+
+# ----- execution --------------------------------------------------------------------------------
+
+
+def execute(
+    runs: list[Run],
+    out: Path,
+    *,
+    data_dir: Path | None,
+    address: str | None = None,
+    on_finished: Callable[[Run], None] | None = None,
+) -> dict[str, dict[str, Any]]:
+    """Run every run as a Ray task (as ``fairclip compare``); write each as it finishes; return
+    the summaries by key."""
+    import ray
+
+    from fairclip.sims.compare import run_simulation
+    from fairclip.sims.ray_engine import ensure_ray
+
+    summaries: dict[str, dict[str, Any]] = {}
+    if not runs:
+        return summaries
+    ensure_ray(address)
+    remote = ray.remote(num_cpus=1)(run_simulation)
+    futures = {remote.remote(run.raw, str(data_dir) if data_dir else None): run for run in runs}
+    remaining = list(futures)
+    while remaining:
+        done, remaining = ray.wait(remaining, num_returns=1)
+        run = futures[done[0]]
+        result = ray.get(done[0])
+        folder = out / "runs" / run.key
+        write_csv(folder / "rounds.csv", result["rows"])
+        write_json(folder / "summary.json", result["summary"])
+        summaries[run.key] = result["summary"]
+        if on_finished is not None:
+            on_finished(run)
+    return summaries
+
+
+def overall_accuracy(summary: dict[str, Any]) -> float:
+    value = summary.get("overall", {}).get("accuracy", math.nan)
+    return float(value) if value is not None else math.nan
+
+
+def choose(grid: list[Run], summaries: dict[str, dict[str, Any]]) -> dict[tuple[str, float | None], dict]:
+    """Per (strategy, ε): the grid point of best overall validation accuracy (first on ties; a
+    diverged run, NaN, never wins unless all did)."""
+    best: dict[tuple[str, float | None], tuple[float, dict[str, Any]]] = {}
+    for run in grid:
+        score = overall_accuracy(summaries[run.key])
+        score = -math.inf if not math.isfinite(score) else score
+        cell = (run.strategy, run.target_epsilon)
+        if cell not in best or score > best[cell][0]:
+            best[cell] = (score, run.grid_point)
+    return {cell: point for cell, (_, point) in best.items()}
+
+
+# ----- the table --------------------------------------------------------------------------------
+
+
+def metric_value(summary: dict[str, Any], cohort: str, metric: str) -> float:
+    value = summary["cohorts"].get(cohort, {}).get(metric)
+    if value is None:
+        raise ConfigError(f"summary has no {cohort}/{metric}")
+    return float(value)
+
+
+def mean_stderr(values: list[float]) -> tuple[float, float]:
+    array = np.asarray(values, dtype=np.float64)
+    mean = float(array.mean())
+    stderr = float(array.std(ddof=1) / math.sqrt(len(array))) if len(array) > 1 else math.nan
+    return mean, stderr
+
+
+def outside(paper: float | None, paper_stderr: float | None, mean: float) -> bool:
+    """True when ``mean`` lies outside the paper's mean ± 2 standard errors (± 2 points without
+    an error). No paper number: never flagged."""
+    if paper is None or math.isnan(paper):
+        return False
+    tolerance = 2.0 * paper_stderr if paper_stderr is not None and paper_stderr > 0 else POINTS
+    return not (math.isfinite(mean) and abs(mean - paper) <= tolerance)
+
+
+def table_rows(setup: Setup, runs: list[Run], summaries: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per (strategy, ε, metric): the columns of ``reproduction.csv`` plus ``outside``."""
+    rows = []
+    for strategy in setup.strategies:
+        for epsilon in setup.epsilons:
+            mine = [run for run in runs if run.strategy == strategy.name and run.target_epsilon == epsilon]
+            if not mine:
+                continue
+            found = [summaries[run.key] for run in mine]
+            spent = [float(s["epsilon"]) if s["epsilon"] != "inf" else math.inf for s in found]
+            shown = epsilon if epsilon is not None else float(np.mean(spent))
+            text = _epsilon_text(epsilon)
+            for metric, (cohort, name) in setup.metrics.items():
+                mean, stderr = mean_stderr([metric_value(s, cohort, name) for s in found])
+                paper = strategy.paper.get(text, {}).get(metric)
+                paper_se = strategy.paper_stderr.get(text, {}).get(metric)
+                rows.append(
+                    {
+                        "setup": setup.name,
+                        "strategy": strategy.name,
+                        "epsilon": "inf" if math.isinf(shown) else float(f"{shown:.4g}"),
+                        "metric": metric,
+                        "paper": "" if paper is None else paper,
+                        "fairclip_mean": round(mean, 6),
+                        "fairclip_stderr": "" if math.isnan(stderr) else round(stderr, 6),
+                        "seeds": len(found),
+                        "outside": outside(paper, paper_se, mean),
+                        "grid_point": mine[0].grid_point,
+                    }
+                )
+    return rows
+
+
+def markdown(setup: Setup, rows: list[dict[str, Any]], wall_seconds: float, extra: list[str]) -> str:
+    lines = [f"# fairclip reproduce: {setup.name}", "", setup.title, ""]
+    if setup.paper_epsilon is not None:
+        lines += [f"Paper's ε: {setup.paper_epsilon:g}.", ""]
+    lines += [
+        "| strategy | ε | metric | paper | fairclip (mean ± s.e.) | seeds | chosen | |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for row in rows:
+        se = "" if row["fairclip_stderr"] == "" else f" ± {row['fairclip_stderr']:.4f}"
+        paper = "—" if row["paper"] == "" else f"{row['paper']:.4f}"
+        chosen = ", ".join(f"{k.split('.')[-1]}={v:g}" for k, v in row["grid_point"].items())
+        flag = "**outside**" if row["outside"] else ""
+        lines.append(
+            f"| `{row['strategy']}` | {row['epsilon']} | {row['metric']} | {paper} | "
+            f"{row['fairclip_mean']:.4f}{se} | {row['seeds']} | {chosen} | {flag} |"
+        )
+    flagged = [row for row in rows if row["outside"]]
+    lines += [""]
+    if flagged:
+        lines.append(
+            f"{len(flagged)} of {sum(row['paper'] != '' for row in rows)} numbers with a paper value lie "
+            "outside the paper's mean ± 2 standard errors (± 2 points where no error is given): "
+            + ", ".join(f"`{r['strategy']}` {r['metric']} (ε {r['epsilon']})" for r in flagged)
+            + ". Likely causes are in the notes below; nothing was tuned to hit a number."
+        )
+    else:
+        lines.append("Every number with a paper value lies within the paper's mean ± 2 s.e. (or ± 2 points).")
+    lines += [
+        "",
+        "Notes: " + " ".join(setup.notes.split()),
+        *extra,
+        "",
+        f"Wall time: {wall_seconds:.1f} s.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def write_outputs(out: Path, setup: Setup, rows: list[dict[str, Any]], wall: float, extra: list[str]) -> None:
+    write_csv(out / "reproduction.csv", [{column: row[column] for column in COLUMNS} for row in rows])
+    atomic_write_text(out / "reproduction.md", markdown(setup, rows, wall, extra))
+
+
+def reproduce(
+    name: str,
+    seeds: int,
+    out: Path,
+    *,
+    data_dir: Path | None,
+    full_grid: bool = False,
+    grid_limit: int | None = None,
+    max_rounds: int | None = None,
+    overrides: list[str] | None = None,
+    address: str | None = None,
+    on_finished: Callable[[Run], None] | None = None,
+    on_plan: Callable[[int], None] | None = None,
+) -> tuple[list[dict[str, Any]], float]:
+    """Plan, run and tabulate one setup; returns the rows and the wall time in seconds."""
+    started = time.perf_counter()
+    setup = load_setup(name)
+    if seeds < 1:
+        raise ConfigError(f"--seeds must be >= 1 (got {seeds})")
+    planner = Planner(setup, data_dir, overrides or [], max_rounds)
+    extra = []
+    chosen: dict[tuple[str, float | None], dict[str, Any]] = {}
+    if setup.has_grid:
+        grid = planner.grid_runs(full_grid, grid_limit)
+        final_count = len(setup.strategies) * len(setup.epsilons) * seeds
+        if on_plan is not None:
+            on_plan(len(grid) + final_count)
+        summaries = execute(grid, out, data_dir=data_dir, address=address, on_finished=on_finished)
+        chosen = choose(grid, summaries)
+        extra.append(
+            f"Grid search: {'the paper grid' if full_grid else 'the reduced default grid'}, "
+            f"{len(grid)} runs on the validation split (seed {grid[0].seed if grid else '-'})."
+        )
+    final = planner.final_runs(seeds, chosen)
+    if on_plan is not None and not setup.has_grid:
+        on_plan(len(final))
+    summaries = execute(final, out, data_dir=data_dir, address=address, on_finished=on_finished)
+    rows = table_rows(setup, final, summaries)
+    wall = time.perf_counter() - started
+    if max_rounds is not None:
+        extra.append(f"Smoke run: at most {max_rounds} rounds per run (not a reproduction).")
+    write_outputs(out, setup, rows, wall, extra)
+    write_json(out / "chosen.json", {f"{s}@{_epsilon_text(e) or 'none'}": p for (s, e), p in chosen.items()})
+    return rows, wall
+
+
+def setup_titles() -> dict[str, str]:
+    return {name: read_toml(path)["setup"]["title"] for name, path in builtin_setups().items()}
+
+
+__all__ = ["COLUMNS", "builtin_setups", "load_setup", "outside", "reproduce", "table_rows"]

@@ -1,0 +1,123 @@
+"""`fairclip reproduce`: the setup list, a few rounds of every setup, the flagging rule, bad names.
+
+The setups read the benchmark files from ``$FAIRCLIP_DATA`` (default ``../shared/data`` beside the
+repository); a setup whose files are absent is skipped with the reason. Each smoke run caps
+every run at one round and the grid at one value per axis: it checks the plumbing, not numbers.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from fairclip.sims import reproduce as repro
+from fairclip.sims.data import DATASET_FILES
+
+DATA_DIR = Path(os.environ.get("FAIRCLIP_DATA") or Path(__file__).resolve().parents[2] / "shared" / "data")
+DATASET_OF = {"adult": "adult", "dutch": "dutch", "skewed-mnist": "mnist"}
+
+
+@pytest.fixture(scope="module")
+def ray_session():
+    import ray
+
+    from fairclip.sims.ray_engine import ensure_ray
+
+    ensure_ray(num_cpus=2)
+    yield
+    ray.shutdown()
+
+
+def test_list_names_every_setup(cli):
+    status, out, _ = cli("reproduce", "--list")
+    assert status == 0
+    for name in ("esipova-adult", "esipova-dutch", "esipova-skewed-mnist", "zhao-adult", "zhao-dutch"):
+        assert name in out
+
+
+def test_unknown_setup_is_one_line_and_exit_2(cli):
+    status, _out, err = cli("reproduce", "no-such-setup")
+    assert status == 2
+    assert err.strip().count("\n") == 0
+    assert "unknown reproduction 'no-such-setup'" in err and "esipova-adult" in err
+
+
+@pytest.mark.parametrize("name", sorted(repro.builtin_setups()))
+def test_every_setup_runs_a_few_steps(ray_session, cli, tmp_path, name):
+    setup = repro.load_setup(name)
+    for relative in DATASET_FILES[DATASET_OF[setup.scenario]]:
+        if not (DATA_DIR / relative).is_file():
+            pytest.skip(f"{DATA_DIR / relative} is absent: set FAIRCLIP_DATA to the benchmark data folder")
+    out = tmp_path / name
+    args = ["reproduce", name, "--seeds", "1", "--max-rounds", "1", "--grid-limit", "1", "--out", str(out)]
+    args += ["--data-dir", str(DATA_DIR)]
+    if setup.scenario == "skewed-mnist":
+        args += ["--set", "scenario.model=cnn"]  # the tanh CNN evaluates 10,000 images 3x slower
+    status, stdout, err = cli(*args)
+    assert status == 0, err
+    assert "wall time" in stdout
+    table = pd.read_csv(out / "reproduction.csv", keep_default_na=False)
+    assert list(table.columns) == repro.COLUMNS
+    strategies = [s.name for s in setup.strategies]
+    assert sorted(set(table["strategy"])) == sorted(strategies)
+    assert len(table) == len(strategies) * len(setup.epsilons) * len(setup.metrics)
+    assert set(table["metric"]) == set(setup.metrics)
+    assert (table["seeds"] == 1).all()
+    means = table["fairclip_mean"].astype(float)
+    assert ((means >= 0) & (means <= 1)).all()
+    report = (out / "reproduction.md").read_text()
+    assert setup.title in report and "Wall time" in report
+    if setup.has_grid:
+        assert any(key.startswith("grid__") for key in os.listdir(out / "runs"))
+
+
+def test_sample_level_mapping():
+    setup = repro.load_setup("esipova-adult")
+    assert repro.sample_level_settings(setup, 22400, None) == [
+        "federation.num_clients=22400",
+        f"federation.sample_rate={256 / 22400!r}",
+        "training.rounds=1750",
+    ]
+    full = repro.load_setup("zhao-adult")
+    assert repro.sample_level_settings(full, 22400, None)[1:] == [
+        "federation.sample_rate=1.0",
+        "training.rounds=40",
+    ]
+    assert len(repro.grid_points(full, full.strategies[1], full=True, limit=None)) == 200
+    assert len(repro.grid_points(full, full.strategies[1], full=False, limit=None)) == 20
+
+
+def test_flagging_on_constructed_numbers():
+    # ± 2 points without a paper error
+    assert not repro.outside(0.80, None, 0.815)
+    assert repro.outside(0.80, None, 0.825)
+    assert repro.outside(0.80, None, 0.775)
+    # ± 2 standard errors when the paper gives one
+    assert not repro.outside(0.80, 0.01, 0.819)
+    assert repro.outside(0.80, 0.001, 0.803)
+    # no paper number: never flagged; a diverged run (NaN) is flagged
+    assert not repro.outside(None, None, 0.1)
+    assert repro.outside(0.80, None, math.nan)
+
+
+def test_table_rows_flag_constructed_summaries():
+    setup = repro.load_setup("esipova-dutch")
+    runs, summaries = [], {}
+    for strategy, male in (("none", 0.799), ("constant", 0.70)):
+        for seed in (0, 1):
+            key = f"{strategy}-{seed}"
+            runs.append(repro.Run(key, strategy, None, seed, {}))
+            cohorts = {"male": {"accuracy": male + 0.001 * seed}, "female": {"accuracy": 0.866}}
+            summaries[key] = {"epsilon": "inf" if strategy == "none" else 2.0, "cohorts": cohorts}
+    rows = {(r["strategy"], r["metric"]): r for r in repro.table_rows(setup, runs, summaries)}
+    assert not rows[("none", "accuracy_male")]["outside"]
+    assert rows[("constant", "accuracy_male")]["outside"]  # 0.70 vs the paper's 0.760
+    assert not rows[("constant", "accuracy_female")]["outside"]
+    assert rows[("none", "accuracy_male")]["epsilon"] == "inf"
+    assert rows[("constant", "accuracy_male")]["epsilon"] == 2.0
+    assert rows[("constant", "accuracy_male")]["fairclip_stderr"] == pytest.approx(0.0005)
+    assert rows[("constant", "accuracy_male")]["seeds"] == 2
