@@ -71,7 +71,7 @@ def contribute(
     def per_cohort(values: np.ndarray) -> np.ndarray:
         return np.bincount(cohorts, weights=values.astype(np.float64), minlength=num_cohorts)
 
-    finite = np.where(reports.nonfinite[:, None], 0.0, updates)
+    finite = np.where(reports.nonfinite[:, None], 0.0, updates) if reports.nonfinite.any() else updates
     diagnostics = CohortDiagnostics(
         sampled=per_cohort(np.ones(len(cohorts))),
         exceeded=per_cohort(reports.exceeded),

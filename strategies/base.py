@@ -189,7 +189,7 @@ class Policy(ABC):
         if self.needs_cohorts and cohorts.size and (cohorts.min() < 0 or cohorts.max() >= self.num_cohorts):
             raise ValueError(f"cohort index outside 0..{self.num_cohorts - 1}")
         nonfinite = ~np.isfinite(updates).all(axis=1)
-        safe = np.where(nonfinite[:, None], 0.0, updates)
+        safe = np.where(nonfinite[:, None], 0.0, updates) if nonfinite.any() else updates
         norms = row_norms(safe)
         contributions, reports, exceeded = self.transform(safe, norms, cohorts, params)
         contributions = clip_rows(contributions, self.contribution_bounds(params, cohorts))
