@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from fairclip.client.models import build_model, model_to_vector
-from fairclip.client.training import LocalTraining, local_update, one_step_updates
+from fairclip.client.training import ONE_STEP_MICRO_BATCH, LocalTraining, local_update, one_step_updates
 from fairclip.server.evaluation import evaluate
 from fairclip.sims.config import ClassificationSpec, TrainingSpec
 from fairclip.sims.data import cohort_client_counts
@@ -111,6 +111,10 @@ class ClassificationTask:
         self._initial = model_to_vector(self.model)
         self.one_step = training.local_epochs == 1 and all(len(ix) == 1 for ix in self.client_indices)
         """Every client holds one example and takes one step: updates are per-sample gradients."""
+
+    @property
+    def rows_per_call(self) -> int:
+        return ONE_STEP_MICRO_BATCH if self.one_step else 1
 
     def initial_model(self) -> np.ndarray:
         return self._initial.copy()

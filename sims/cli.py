@@ -249,6 +249,28 @@ def reproduce(
 
 
 @app.command()
+def bench(
+    workloads: Annotated[
+        list[str] | None, typer.Argument(help="Workloads among w1 w2 w3 w4 [all].", show_default=False)
+    ] = None,
+    quick: Annotated[
+        bool, typer.Option("--quick", help="Tiny sizes: a smoke test, no timing claims.")
+    ] = False,
+    json_path: Annotated[Path | None, typer.Option("--json", help="Write the JSON report here.")] = None,
+) -> None:
+    """Benchmark fairclip against Flower, Opacus, pfl-research and the compute floor (W1-W4)."""
+    from fairclip.benchmarks import failed_contenders, run_bench
+
+    report = run_bench(workloads or [], quick, json_path)
+    if json_path is not None:
+        stdout.print(f"report: {json_path}")
+    failed = failed_contenders(report)
+    if failed:
+        console.print(f"failed: {', '.join(failed)}")
+        raise typer.Exit(1)
+
+
+@app.command()
 def data(
     data_dir: DataDirOption = None,
     datasets: Annotated[

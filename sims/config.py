@@ -157,6 +157,8 @@ class TrainingSpec(_Section):
     client_lr: PositiveFloat = 0.1
     server_lr: PositiveFloat = 1.0
     server_momentum: Annotated[float, Field(ge=0, lt=1)] = 0.0
+    eval_every: Annotated[int, Field(ge=1)] = 1
+    """Evaluate the model (and report ε in ``rounds.csv``) after every k-th round and the last."""
 
 
 class PrivacySpec(_Section):

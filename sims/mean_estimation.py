@@ -21,6 +21,8 @@ from fairclip.sims.randomness import Stream, rng
 class MeanEstimationTask:
     """Each client holds one point; the model is their mean."""
 
+    rows_per_call = 1
+
     def __init__(self, scenario: ScenarioSpec, num_clients: int, seed: int):
         generator = rng(seed, Stream.DATA)
         self.dimension = scenario.dimension

@@ -1,8 +1,8 @@
 """The Ray backend: long-lived actors, each owning some blocks of clients and their data.
 
 Per round the driver puts θ_t into the object store once; every actor trains and clips the
-sampled clients of its blocks with the same functions as the in-process engine
-(:func:`fairclip.sims.engine.shard_sums`) and returns one :class:`RoundSums` per block. Traffic
+sampled clients of its groups of blocks with the same functions as the in-process engine
+(:func:`fairclip.sims.engine.groups_sums`) and returns one :class:`RoundSums` per block. Traffic
 per round therefore grows with the number of blocks (a fixed small number), not of clients, and
 the driver adds the block sums in block order, so a seed gives the same result on ``local`` and
 ``ray``. Works on one machine (``ray.init(num_cpus=...)``) or on an existing cluster
@@ -21,7 +21,7 @@ import ray
 
 from fairclip.client.contributions import SUM_SHARDS, RoundSums, add_in_order, shard_ids
 from fairclip.sims.config import RunConfig, validate
-from fairclip.sims.engine import build_task, shard_sums
+from fairclip.sims.engine import build_task, group_blocks, groups_sums
 from fairclip.sims.tasks import Task
 from fairclip.strategies import Policy, build_policy
 
@@ -55,21 +55,27 @@ class ClientBlocksActor:
             self.config.strategy.name, self.config.strategy.params, num_cohorts=cohorts
         )
 
-    def run_blocks(
-        self, model: np.ndarray, blocks: dict[int, np.ndarray], round_number: int, params: dict[str, Any]
+    def rows_per_call(self) -> int:
+        return self.task.rows_per_call
+
+    def run_groups(
+        self,
+        model: np.ndarray,
+        groups: list[dict[int, np.ndarray]],
+        round_number: int,
+        params: dict[str, Any],
     ) -> dict[int, RoundSums]:
-        return {
-            block: shard_sums(self.task, self.policy, model, ids, round_number, params)
-            for block, ids in blocks.items()
-        }
+        return groups_sums(self.task, self.policy, model, groups, round_number, params)
 
 
 @dataclass
 class RayExecutor:
-    """Client side of a round on Ray actors; blocks are dealt round-robin to the actors."""
+    """Client side of a round on Ray actors: the round's groups of blocks
+    (:func:`~fairclip.sims.engine.group_blocks`) are dealt round-robin to the actors."""
 
     actors: list[Any]
     num_clients: int
+    rows_per_call: int
 
     @classmethod
     def start(cls, config: RunConfig, data_dir: Path | None, num_actors: int) -> RayExecutor:
@@ -80,15 +86,21 @@ class RayExecutor:
         actors = [
             ClientBlocksActor.remote(raw, str(data_dir) if data_dir else None) for _ in range(num_actors)
         ]
-        return cls(actors, config.federation.num_clients)
+        return cls.over(actors, config.federation.num_clients)
+
+    @classmethod
+    def over(cls, actors: list[Any], num_clients: int) -> RayExecutor:
+        """An executor over started actors (each with ``rows_per_call`` and ``run_groups``)."""
+        return cls(actors, num_clients, ray.get(actors[0].rows_per_call.remote()))
 
     def __call__(self, model, client_ids, round_number, params) -> RoundSums:
         blocks = shard_ids(client_ids, self.num_clients)
+        groups = group_blocks(blocks, self.rows_per_call, model.shape[0])
         model_ref = ray.put(model)
-        futures = []
-        for index, actor in enumerate(self.actors):
-            mine = {b: blocks[b] for b in range(index, SUM_SHARDS, len(self.actors))}
-            futures.append(actor.run_blocks.remote(model_ref, mine, round_number, params))
+        futures = [
+            actor.run_groups.remote(model_ref, groups[index :: len(self.actors)], round_number, params)
+            for index, actor in enumerate(self.actors[: len(groups)])
+        ]
         by_block: dict[int, RoundSums] = {}
         for result in ray.get(futures):
             by_block.update(result)

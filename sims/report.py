@@ -171,7 +171,8 @@ def plot_over_rounds(
                 series = [frame.set_index("round")[column] for frame in selected if column in frame]
                 if not series:
                     continue
-                mean = pd.concat(series, axis=1).mean(axis=1)
+                # Rounds that were not evaluated (training.eval_every) hold NaN.
+                mean = pd.concat(series, axis=1).mean(axis=1).dropna()
                 if np.isfinite(mean).any():
                     axis.plot(
                         mean.index, mean.values, label=strategy, linestyle="--" if strategy == "none" else "-"

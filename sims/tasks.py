@@ -13,6 +13,9 @@ class Task(Protocol):
     cohort_names: list[str]
     client_cohorts: np.ndarray
     """Cohort index of each of the N clients."""
+    rows_per_call: int
+    """How many clients' updates ``local_updates`` computes best in one call: the one-step path's
+    vectorised batch; 1 where clients train one after the other."""
 
     def initial_model(self) -> np.ndarray:
         """θ_0 as a flat float64 vector."""

@@ -1,0 +1,85 @@
+"""``training.eval_every``: evaluation and the ε column after every k-th round and the last, with
+training, noise and the final summary unchanged."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from fairclip.sims.config import load_config
+from fairclip.sims.engine import LocalExecutor, RunServer, build_task, simulate
+from fairclip.sims.privacy_plan import EPSILON_ROWS, PrivacyPlan
+
+
+def _demo(*overrides: str):
+    return load_config(
+        "demo",
+        None,
+        ["strategy.name=bounded", "training.rounds=7", "privacy.noise_multiplier=0.8", "seed=3", *overrides],
+    )
+
+
+def test_sparse_evaluation_changes_no_training_result():
+    every_round = simulate(_demo(), build_task(_demo()), LocalExecutor)
+    config = _demo("training.eval_every=3")
+    sparse = simulate(config, build_task(config), LocalExecutor)
+    dense, thin = pd.DataFrame(every_round.rows), pd.DataFrame(sparse.rows)
+    for column in ("clip_bound", "noise_std", "sampled_clients", "minority/clipped_fraction"):
+        np.testing.assert_array_equal(dense[column], thin[column], err_msg=column)
+    evaluated = thin["accuracy"].notna()
+    assert thin.loc[evaluated, "round"].tolist() == [3, 6, 7]
+    assert thin.loc[thin["epsilon"].notna(), "round"].tolist() == [3, 6, 7]
+    for column in ("accuracy", "epsilon", "minority/accuracy", "majority/loss"):
+        np.testing.assert_allclose(thin.loc[evaluated, column], dense.loc[evaluated, column], err_msg=column)
+    np.testing.assert_array_equal(sparse.model, every_round.model)
+    drop = ("config",)
+    assert {k: v for k, v in sparse.summary.items() if k not in drop} == {
+        k: v for k, v in every_round.summary.items() if k not in drop
+    }
+
+
+def test_a_run_stopped_between_reports_is_evaluated_at_its_last_round():
+    config = _demo("training.eval_every=5")
+    task = build_task(config)
+    server = RunServer(config, task)
+    execute = LocalExecutor(task, server.policy)
+    for round_number in (1, 2):
+        server.finish_round(
+            round_number, execute(server.model, server.sample(round_number), round_number, server.broadcast())
+        )
+    assert all(math.isnan(row["epsilon"]) for row in server.result.rows)
+    assert server.result.summary["rounds_completed"] == 0
+    summary = server.finish().summary
+    assert summary["rounds_completed"] == 2
+    assert summary["epsilon"] == pytest.approx(server.plan.epsilon_after(2))
+    assert summary["overall"]["accuracy"] == task.evaluate(server.model)[0]["accuracy"]
+
+
+@pytest.mark.parametrize(
+    ("rounds", "eval_every", "expected"),
+    [
+        (50, 1, 1),
+        (50, 4, 4),
+        (EPSILON_ROWS, 1, 1),
+        (EPSILON_ROWS + 1, 1, 2),
+        (250, 1, 3),
+        (250, 2, 4),
+        (1000, 3, 12),
+    ],
+)
+def test_reporting_rounds_are_few_and_a_multiple_of_eval_every(rounds, eval_every, expected):
+    every = PrivacyPlan.report_every(rounds, eval_every)
+    assert every == expected
+    assert every % eval_every == 0
+    assert math.ceil(rounds / every) <= EPSILON_ROWS
+
+
+def test_eval_every_must_be_positive(cli, tmp_path):
+    status, _, err = cli(
+        "run", "--scenario", "demo", "--set", "training.eval_every=0", "--out", str(tmp_path)
+    )
+    assert status == 2
+    assert "eval_every" in err and "Traceback" not in err
