@@ -1,0 +1,17 @@
+"""fairclip's benchmark suite (issue #6): fairclip against Flower, Opacus, pfl-research and the
+compute floor.
+
+``fairclip bench [w1 w2 w3 w4] [--quick] [--json FILE]`` (or ``python -m fairclip.benchmarks``)
+runs the workloads, prints one table and writes the JSON report. Every contender runs in a fresh
+subprocess of its own, so its wall time, peak memory, torch thread settings and Ray cluster do not
+leak into the next one.
+
+The entry point is :func:`fairclip.benchmarks.run.run_bench`; the command line lives with the
+others in :mod:`fairclip.sims.cli`.
+"""
+
+from __future__ import annotations
+
+from .run import WORKLOADS, failed_contenders, run_bench, targets
+
+__all__ = ["WORKLOADS", "failed_contenders", "run_bench", "targets"]

@@ -1,0 +1,7 @@
+"""``python -m fairclip.benchmarks ...``: the same as ``fairclip bench ...``."""
+
+import sys
+
+from fairclip.sims.cli import main
+
+main(["bench", *sys.argv[1:]])

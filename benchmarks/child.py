@@ -1,0 +1,55 @@
+"""One contender in a fresh process: ``python -m benchmarks.child WORKLOAD CONTENDER [--quick]``.
+
+Prints one ``BENCH-RESULT {json}`` line (see :mod:`benchmarks.common`), or
+``BENCH-UNAVAILABLE reason`` for a contender that cannot run on this machine.
+"""
+
+from __future__ import annotations
+
+import sys
+
+UNAVAILABLE_MARKER = "BENCH-UNAVAILABLE "
+
+
+def contenders(workload: str) -> dict:
+    if workload == "w1":
+        from . import w1
+
+        return w1.CONTENDERS
+    if workload == "w2":
+        from . import w2
+
+        return w2.CONTENDERS
+    if workload == "w3":
+        from . import w3
+
+        return w3.CONTENDERS
+    if workload == "w4":
+        from . import w4
+
+        return w4.CONTENDERS
+    raise SystemExit(f"unknown workload {workload!r}")
+
+
+def main(argv: list[str]) -> int:
+    import json
+
+    from .common import RESULT_MARKER, emit
+    from .w1 import UnavailableError
+
+    quick = "--quick" in argv
+    workload, contender = [a for a in argv if not a.startswith("--")][:2]
+    try:
+        measurement = contenders(workload)[contender](quick)
+    except UnavailableError as reason:
+        print(UNAVAILABLE_MARKER + str(reason).replace("\n", " "), flush=True)
+        return 0
+    if isinstance(measurement, dict):  # several contenders from one process (W4)
+        print(RESULT_MARKER + json.dumps({k: m.as_dict() for k, m in measurement.items()}), flush=True)
+    else:
+        emit(measurement)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

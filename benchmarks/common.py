@@ -1,0 +1,204 @@
+"""Shared helpers: timing, peak memory of a process tree, machine information, child results."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+import resource
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+"""The folder that holds ``benchmarks/`` (the repository root)."""
+
+RESULT_MARKER = "BENCH-RESULT "
+"""Prefix of the one stdout line in which a contender subprocess reports its result."""
+
+
+def env_importing_fairclip(folder: Path) -> dict[str, str]:
+    """The environment in which another interpreter (pfl-research's venv, which does not have
+    fairclip installed) imports this fairclip: ``folder/fairclip`` links to the package root and
+    ``folder`` leads ``PYTHONPATH``."""
+    link = folder / "fairclip"
+    if not link.exists():
+        link.symlink_to(REPO_ROOT, target_is_directory=True)
+    parts = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(folder), *parts])}
+
+
+# ----- memory ---------------------------------------------------------------------------------
+
+
+def _rss_bytes(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/statm") as handle:
+            return int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return found
+    for task in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{task}/children") as handle:
+                found.extend(int(c) for c in handle.read().split())
+        except OSError:
+            continue
+    return found
+
+
+def tree_rss_bytes(root: int) -> int:
+    """Resident memory of ``root`` and all its descendants (Linux /proc; 0 elsewhere)."""
+    total, stack, seen = 0, [root], set()
+    while stack:
+        pid = stack.pop()
+        if pid in seen:
+            continue
+        seen.add(pid)
+        total += _rss_bytes(pid)
+        stack.extend(_children(pid))
+    return total
+
+
+class TreeMemorySampler:
+    """Samples the resident memory of this process and its descendants every ``interval`` s."""
+
+    def __init__(self, interval: float = 0.2, root: int | None = None):
+        self.interval = interval
+        self.root = root or os.getpid()
+        self.peak = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            self.peak = max(self.peak, tree_rss_bytes(self.root))
+            self._stop.wait(self.interval)
+
+    def __enter__(self) -> TreeMemorySampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, tree_rss_bytes(self.root))
+
+
+def self_peak_rss_bytes() -> int:
+    """Peak resident memory of this process (ru_maxrss is in KiB on Linux)."""
+    scale = 1 if sys.platform == "darwin" else 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale
+
+
+# ----- results --------------------------------------------------------------------------------
+
+
+@dataclass
+class Measurement:
+    """One contender's figures, as a subprocess reports them."""
+
+    throughput: float
+    unit: str
+    wall_s: float
+    """Wall time of the measured phase (the rounds / training steps)."""
+    total_s: float
+    """Wall time including start-up (data, model, actors, framework)."""
+    work: float
+    """Amount of work done in the measured phase (client updates, examples, rounds)."""
+    peak_rss_bytes: int
+    details: dict[str, Any] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "throughput": self.throughput,
+            "unit": self.unit,
+            "wall_s": self.wall_s,
+            "total_s": self.total_s,
+            "work": self.work,
+            "peak_rss_bytes": self.peak_rss_bytes,
+            "peak_rss_mib": self.peak_rss_bytes / 2**20,
+            **self.details,
+        }
+
+
+def emit(measurement: Measurement) -> None:
+    """Print the result line the runner parses (the last line of the child's stdout)."""
+    sys.stdout.flush()
+    print(RESULT_MARKER + json.dumps(measurement.as_dict()), flush=True)
+
+
+def measured(
+    unit: str, body: Callable[[], tuple[float, float, dict[str, Any]]], sample_tree: bool = True
+) -> Measurement:
+    """Run ``body`` (returns measured-phase seconds, work, details) and wrap it with wall time and
+    peak memory (of the whole process tree while it runs)."""
+    started = time.perf_counter()
+    with TreeMemorySampler() as sampler:
+        seconds, work, details = body()
+    total = time.perf_counter() - started
+    peak = max(sampler.peak if sample_tree else 0, self_peak_rss_bytes())
+    throughput = work / seconds if seconds > 0 else math.nan
+    return Measurement(throughput, unit, seconds, total, work, peak, details)
+
+
+# ----- machine --------------------------------------------------------------------------------
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.lower().startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _version(name: str) -> str | None:
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def machine_info() -> dict[str, Any]:
+    """Cores, CPU model, memory, load and the versions of the libraries that matter here."""
+    try:
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        memory = None
+    try:
+        load = list(os.getloadavg())
+    except OSError:
+        load = None
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return {
+        "cores": os.cpu_count(),
+        "usable_cores": usable,
+        "cpu_model": _cpu_model(),
+        "memory_bytes": memory,
+        "load_average": load,
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "libraries": {
+            name: _version(name) for name in ("fairclip", "torch", "flwr", "ray", "opacus", "numpy", "pfl")
+        },
+    }
+
+
+def usable_cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)

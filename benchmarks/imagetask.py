@@ -1,0 +1,210 @@
+"""Image-shaped synthetic data and the W1 model, for the workloads that fairclip's scenarios
+cannot express yet.
+
+fairclip's ``synthetic`` dataset is flat (``features`` values, 2 classes) and
+``fairclip.client.models`` has no CNN of the W1 shape, so the benchmarks bring their own:
+
+* :func:`w1_cnn`: two 3×3 convolutions of 16 and 32 channels (ReLU, 2×2 max-pooling each), a
+  hidden layer of 64 and 10 logits (105,866 parameters on 1×28×28 inputs).
+* :class:`ImageTask`: a :class:`fairclip.sims.classification.ClassificationTask` whose clients
+  hold 28×28 single-channel images of 10 classes (class prototype + Gaussian noise; a 10 %
+  minority cohort is shifted by ``MINORITY_SHIFT``). Training, clipping and evaluation are
+  fairclip's own code; only the data and the model differ.
+
+The task is selected by the scenario's name: a classification config whose ``scenario.name``
+starts with ``bench-image`` becomes an :class:`ImageTask` (see :func:`build_task`), with
+``scenario.examples_per_client`` images per client and the model named in
+:data:`BENCH_MODELS` by ``scenario.description``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from .images import IMAGE_SHAPE, NUM_CLASSES, synthetic_images, w1_cnn
+
+PREFIX = "bench-image"
+BENCH_MODELS = ("w1-cnn", "tanh-cnn", "cnn", "logistic", "mlp")
+
+
+def build_bench_model(name: str) -> torch.nn.Module:
+    if name == "w1-cnn":
+        return w1_cnn()
+    from fairclip.client.models import build_model
+
+    return build_model(name, IMAGE_SHAPE, NUM_CLASSES)
+
+
+def _classification_task_class():
+    from fairclip.sims.classification import ClassificationTask
+
+    return ClassificationTask
+
+
+class ImageTask(_classification_task_class()):
+    """fairclip's classification task on synthetic 28×28 images with a benchmark model."""
+
+    def __init__(self, config, model_name: str):
+        from fairclip.client.models import model_to_vector
+        from fairclip.client.training import LocalTraining
+        from fairclip.sims.randomness import Stream, rng
+
+        torch.set_num_threads(1)  # as ClassificationTask: parallelism comes from processes
+        spec, training = config.scenario, config.training
+        num_clients, per_client = config.federation.num_clients, spec.examples_per_client
+        data = synthetic_images(num_clients, per_client, spec.test_examples_per_cohort, config.seed)
+        self.seed = config.seed
+        self.cohort_names = ["majority", "minority"]
+        self.client_cohorts = data["client_cohorts"]
+        self.client_indices = [np.arange(i * per_client, (i + 1) * per_client) for i in range(num_clients)]
+        self.num_classes = NUM_CLASSES
+        self.train_x = torch.from_numpy(data["train_x"])
+        self.train_y = torch.from_numpy(data["train_y"])
+        self.test_x = torch.from_numpy(data["test_x"])
+        self.test_y = torch.from_numpy(data["test_y"])
+        self.cohort_weights = {
+            name: (data["test_cohort"] == k).astype(np.float64) for k, name in enumerate(self.cohort_names)
+        }
+        self.training = LocalTraining(training.local_epochs, training.batch_size, training.client_lr)
+        torch.manual_seed(int(rng(config.seed, Stream.DATA, 1).integers(2**62)))
+        self.model = build_bench_model(model_name)
+        self._initial = model_to_vector(self.model)
+        self.one_step = training.local_epochs == 1 and per_client == 1
+
+
+def is_image_config(config) -> bool:
+    return getattr(config.scenario, "task", "") == "classification" and config.scenario.name.startswith(
+        PREFIX
+    )
+
+
+def image_model_name(config) -> str:
+    name = config.scenario.description or "w1-cnn"
+    if name not in BENCH_MODELS:
+        raise ValueError(f"benchmark model {name!r} unknown (known: {', '.join(BENCH_MODELS)})")
+    return name
+
+
+def build_task(config, data_dir: Path | None = None):
+    """:func:`fairclip.sims.engine.build_task`, plus the benchmark image scenarios."""
+    if is_image_config(config):
+        return ImageTask(config, image_model_name(config))
+    from fairclip.sims import engine
+
+    return _ORIGINAL_BUILD_TASK.get("f", engine.build_task)(config, data_dir)
+
+
+_ORIGINAL_BUILD_TASK: dict[str, Any] = {}
+
+
+def patch_fairclip_build_task() -> None:
+    """Make ``fairclip.sims.engine.build_task`` understand the image scenarios (for the Flower
+    apps, which import it from there at call time)."""
+    from fairclip.sims import engine
+
+    if "f" not in _ORIGINAL_BUILD_TASK:
+        _ORIGINAL_BUILD_TASK["f"] = engine.build_task
+        engine.build_task = build_task
+
+
+def image_settings(
+    *,
+    num_clients: int,
+    sample_rate: float,
+    rounds: int,
+    per_client: int,
+    model: str,
+    strategy: str,
+    batch_size: int = 32,
+    client_lr: float = 0.05,
+    test_per_cohort: int = 250,
+    extra: list[str] | None = None,
+) -> list[str]:
+    """``--set`` assignments that turn the ``demo`` scenario into an image benchmark scenario."""
+    return [
+        f'scenario.name="{PREFIX}-{model}"',
+        f'scenario.description="{model}"',
+        f"scenario.examples_per_client={per_client}",
+        f"scenario.test_examples_per_cohort={test_per_cohort}",
+        f"federation.num_clients={num_clients}",
+        f"federation.sample_rate={sample_rate}",
+        f"training.rounds={rounds}",
+        "training.local_epochs=1",
+        f"training.batch_size={batch_size}",
+        f"training.client_lr={client_lr}",
+        f'strategy.name="{strategy}"',
+        *(extra or []),
+    ]
+
+
+def image_config(settings: list[str]):
+    from fairclip.sims.config import load_config
+
+    return load_config("demo", None, settings)
+
+
+# ----- Ray ------------------------------------------------------------------------------------
+
+
+def ray_executor(config, num_actors: int):
+    """fairclip's :class:`RayExecutor` over actors that hold an :class:`ImageTask` each."""
+    import ray
+
+    from fairclip.client.contributions import SUM_SHARDS
+    from fairclip.sims.ray_engine import RayExecutor
+
+    available = int(ray.cluster_resources().get("CPU", 1))
+    num_actors = max(1, min(num_actors, available, SUM_SHARDS))
+    raw = config.as_dict()
+    actor_class = ray.remote(num_cpus=1)(ImageBlocksActor)
+    actors = [actor_class.remote(raw) for _ in range(num_actors)]
+    ray.get([actor.ready.remote() for actor in actors])
+    return RayExecutor.over(actors, config.federation.num_clients)
+
+
+def switch_strategy(executor, config) -> None:
+    """Give every actor of ``executor`` the policy of ``config`` (W4: one set of actors)."""
+    import ray
+
+    raw = config.as_dict()
+    ray.get([actor.set_strategy.remote(raw) for actor in executor.actors])
+
+
+class ImageBlocksActor:
+    """:class:`fairclip.sims.ray_engine.ClientBlocksActor` with the image task."""
+
+    def __init__(self, config: dict[str, Any]):
+        from fairclip.sims.config import validate
+        from fairclip.strategies import build_policy
+
+        self.config = validate(config)
+        self.task = build_task(self.config)
+        self.policy = build_policy(
+            self.config.strategy.name, self.config.strategy.params, num_cohorts=len(self.task.cohort_names)
+        )
+
+    def ready(self) -> bool:
+        return True
+
+    def set_strategy(self, config: dict[str, Any]) -> bool:
+        """Switch to the policy of ``config`` (same scenario, so the same task and data)."""
+        from fairclip.sims.config import validate
+        from fairclip.strategies import build_policy
+
+        self.config = validate(config)
+        self.policy = build_policy(
+            self.config.strategy.name, self.config.strategy.params, num_cohorts=len(self.task.cohort_names)
+        )
+        return True
+
+    def rows_per_call(self) -> int:
+        return self.task.rows_per_call
+
+    def run_groups(self, model, groups, round_number, params):
+        from fairclip.sims.engine import groups_sums
+
+        return groups_sums(self.task, self.policy, model, groups, round_number, params)

@@ -1,0 +1,266 @@
+"""The runner: every contender of the chosen workloads in a subprocess of its own, one table,
+one JSON report.
+
+``fairclip bench [w1 w2 w3 w4] [--quick] [--json FILE]`` (:mod:`fairclip.sims.cli`).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from fairclip.sims.errors import ConfigError
+
+from .common import REPO_ROOT, RESULT_MARKER, machine_info, usable_cores
+
+WORKLOADS = ("w1", "w2", "w3", "w4")
+PACKAGE = __package__ or "benchmarks"
+
+DESCRIPTIONS = {
+    "w1": "cross-device: 1,000 clients × 64 images 28×28, ~100/round, 5 rounds, W1 CNN, bounded",
+    "w2": "sample-level DP-SGD: tanh CNN, Poisson batches of 256, clip 1, σ 0.8",
+    "w3": "scale: 100,000 clients, ~1,000/round, bounded, in-process engine",
+    "w4": "DP overhead: W1 with bounded vs none, fairclip's Ray engine",
+}
+QUICK_DESCRIPTIONS = {
+    "w1": "quick: 40 clients × 16 images, q 0.25, 2 rounds",
+    "w2": "quick: 2,048 examples, 3 steps",
+    "w3": "quick: 10,000 clients, q 0.01, 5 / 2 rounds",
+    "w4": "quick: as W1 quick, 1 repeat",
+}
+CONTENDERS = {
+    "w1": ("fairclip", "flower", "floor", "pfl"),
+    "w2": ("fairclip", "fairclip-local", "opacus"),
+    "w3": ("bimodal-mean", "logistic"),
+    "w4": ("pair",),
+}
+QUICK_SKIPS = {
+    ("w1", "flower"): "skipped in --quick (Flower's runtime start alone takes ~30 s)",
+    ("w2", "fairclip-local"): "skipped in --quick (same one-step path as w2.fairclip)",
+}
+TIMEOUT_S = {"w1": 1800, "w2": 1200, "w3": 1200, "w4": 1800}
+W3_MEMORY_LIMIT = 4 * 2**30
+W4_OVERHEAD_LIMIT = 0.05
+
+
+# ----- running ----------------------------------------------------------------------------------
+
+
+def run_contender(workload: str, contender: str, quick: bool) -> dict[str, dict[str, Any]]:
+    """{contender name: result} of one child process (W4's child reports two contenders)."""
+    command = [sys.executable, "-m", f"{PACKAGE}.child", workload, contender, *(["--quick"] if quick else [])]
+    started = time.perf_counter()
+    # A session of its own, so that a child that times out goes with everything it started
+    # (Ray's processes, Flower's SuperLink, torchrun's workers).
+    process = subprocess.Popen(
+        command,
+        cwd=REPO_ROOT,
+        env=os.environ.copy(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        stdout, stderr = process.communicate(timeout=TIMEOUT_S[workload])
+    except subprocess.TimeoutExpired:
+        _kill_group(process.pid)
+        process.communicate()
+        return {contender: {"status": f"failed: no result within {TIMEOUT_S[workload]} s"}}
+    finally:
+        _kill_group(process.pid)
+    completed = subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
+    elapsed = time.perf_counter() - started
+    for line in reversed(completed.stdout.splitlines()):
+        if line.startswith(RESULT_MARKER):
+            data = json.loads(line[len(RESULT_MARKER) :])
+            if "throughput" in data:
+                return {contender: {"status": "ok", "process_s": elapsed, **data}}
+            return {name: {"status": "ok", "process_s": elapsed, **value} for name, value in data.items()}
+        if line.startswith("BENCH-UNAVAILABLE "):
+            return {contender: {"status": "unavailable: " + line.split(" ", 1)[1]}}
+    tail = (completed.stdout + completed.stderr).strip().splitlines()[-12:]
+    return {contender: {"status": f"failed (exit {completed.returncode})", "log_tail": tail}}
+
+
+def _kill_group(pid: int) -> None:
+    """End what a finished or timed-out child left behind (its own process group only)."""
+    import contextlib
+    import signal
+
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGKILL)
+
+
+def _value(results: dict[str, dict[str, Any]], name: str, key: str = "throughput") -> float | None:
+    result = results.get(name, {})
+    value = result.get(key) if result.get("status") == "ok" else None
+    return float(value) if isinstance(value, int | float) and math.isfinite(value) else None
+
+
+def targets(workload: str, results: dict[str, dict[str, Any]], cores: int) -> list[dict[str, Any]]:
+    """The workload's targets with their measured values (``met`` is None when unmeasured)."""
+    rows: list[dict[str, Any]] = []
+
+    def ratio(name: str, top: str, bottom: str, at_least: float, text: str) -> None:
+        a, b = _value(results, top), _value(results, bottom)
+        value = a / b if a is not None and b else None
+        met = None if value is None else value >= at_least
+        rows.append({"name": name, "value": value, "target": text, "threshold": at_least, "met": met})
+
+    if workload == "w1":
+        ratio("fairclip/flower", "fairclip", "flower", 4.0, "≥ 4")
+        ratio("fairclip/floor", "fairclip", "floor", cores / 1.3, f"≥ cores/1.3 = {cores / 1.3:.2f}")
+        ratio("fairclip/pfl", "fairclip", "pfl", 1.0, "≥ 1")
+    elif workload == "w2":
+        ratio("fairclip/opacus", "fairclip", "opacus", 1.0, "≥ 1")
+        ratio("fairclip-local/opacus", "fairclip-local", "opacus", 1.0, "≥ 1 (reference)")
+    elif workload == "w3":
+        for name in CONTENDERS["w3"]:
+            peak = _value(results, name, "peak_rss_bytes")
+            rows.append(
+                {
+                    "name": f"{name} peak RSS (GiB)",
+                    "value": None if peak is None else peak / 2**30,
+                    "target": "< 4 GiB",
+                    "threshold": W3_MEMORY_LIMIT / 2**30,
+                    "met": None if peak is None else peak < W3_MEMORY_LIMIT,
+                }
+            )
+    elif workload == "w4":
+        bounded, none = _value(results, "bounded", "wall_s"), _value(results, "none", "wall_s")
+        overhead = bounded / none - 1 if bounded is not None and none else None
+        rows.append(
+            {
+                "name": "bounded wall / none wall − 1",
+                "value": overhead,
+                "target": "≤ 5 %",
+                "threshold": W4_OVERHEAD_LIMIT,
+                "met": None if overhead is None else overhead <= W4_OVERHEAD_LIMIT,
+            }
+        )
+    return rows
+
+
+def run_bench(workloads: list[str], quick: bool, json_path: Path | None) -> dict[str, Any]:
+    """Run ``workloads`` (empty: all four), print the table, write ``json_path``; return the report.
+
+    The report holds ``machine``, ``throughput`` (``"w1.fairclip"`` and so on: the measured
+    throughput of every contender, None where it did not run), ``workloads`` (per workload its
+    contenders' figures -- throughput, wall times, peak memory -- and its targets) and ``targets``
+    (all targets, flat).
+    """
+    chosen = [w.lower() for w in workloads] or list(WORKLOADS)
+    unknown = [w for w in chosen if w not in WORKLOADS]
+    if unknown:
+        raise ConfigError(f"unknown workload(s) {', '.join(unknown)} (known: {', '.join(WORKLOADS)})")
+    cores = usable_cores()
+    report: dict[str, Any] = {
+        "command": "fairclip bench " + " ".join([*chosen, *(["--quick"] if quick else [])]),
+        "started": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "quick": quick,
+        "machine": machine_info(),
+        "throughput": {},
+        "workloads": {},
+        "targets": [],
+    }
+    for workload in chosen:
+        started = time.perf_counter()
+        results: dict[str, dict[str, Any]] = {}
+        for contender in CONTENDERS[workload]:
+            skip = QUICK_SKIPS.get((workload, contender)) if quick else None
+            if skip:
+                results[contender] = {"status": skip}
+                continue
+            _progress(f"{workload} {contender} ...")
+            results.update(run_contender(workload, contender, quick))
+        rows = targets(workload, results, cores)
+        report["workloads"][workload] = {
+            "description": (QUICK_DESCRIPTIONS if quick else DESCRIPTIONS)[workload],
+            "contenders": results,
+            "targets": rows,
+            "wall_s": time.perf_counter() - started,
+        }
+        for name in results:
+            report["throughput"][f"{workload}.{name}"] = _value(results, name)
+        report["targets"] += [{"workload": workload, **row} for row in rows]
+    report["machine"]["load_average_after"] = machine_info()["load_average"]
+    print_table(report)
+    if json_path is not None:
+        json_path = Path(json_path)
+        json_path.parent.mkdir(parents=True, exist_ok=True)
+        json_path.write_text(json.dumps(report, indent=2, default=str) + "\n")
+    return report
+
+
+def _progress(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+# ----- output ---------------------------------------------------------------------------------
+
+
+def _number(value: float | None, digits: int = 3) -> str:
+    if value is None:
+        return "–"
+    if abs(value) >= 100:
+        return f"{value:,.0f}"
+    return f"{value:.{digits}g}"
+
+
+def print_table(report: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    machine = report["machine"]
+    title = (
+        f"fairclip bench{' --quick' if report['quick'] else ''} — {machine['cpu_model']}, "
+        f"{machine['usable_cores']} cores, load {machine['load_average']}"
+    )
+    table = Table(title=title, show_lines=False)
+    for column in ("workload", "contender", "throughput", "unit", "wall s", "peak MiB", "status"):
+        table.add_column(
+            column, justify="right" if column in ("throughput", "wall s", "peak MiB") else "left"
+        )
+    for workload, data in report["workloads"].items():
+        for name, result in data["contenders"].items():
+            ok = result.get("status") == "ok"
+            table.add_row(
+                workload,
+                name,
+                _number(result.get("throughput")) if ok else "–",
+                result.get("unit", "") if ok else "",
+                _number(result.get("wall_s")) if ok else "–",
+                _number(result.get("peak_rss_mib")) if ok else "–",
+                result.get("status", ""),
+            )
+    targets_table = Table(title="targets")
+    for column in ("workload", "measure", "value", "target", "met?"):
+        targets_table.add_column(column)
+    for row in report["targets"]:
+        met = {True: "[green]yes[/green]", False: "[red]no[/red]", None: "–"}[row["met"]]
+        value = row["value"]
+        shown = f"{value:+.1%}" if row["workload"] == "w4" and value is not None else _number(value)
+        targets_table.add_row(row["workload"], row["name"], shown, row["target"], met)
+    console = Console(width=max(120, Console().width))
+    console.print(table)
+    console.print(targets_table)
+    libraries = ", ".join(f"{k} {v}" for k, v in machine["libraries"].items() if v)
+    console.print(f"machine: {machine['platform']}, Python {machine['python']}; {libraries}")
+
+
+def failed_contenders(report: dict[str, Any]) -> list[str]:
+    """``workload.contender`` of every contender whose child process failed."""
+    return [
+        f"{w}.{name}"
+        for w, data in report["workloads"].items()
+        for name, result in data["contenders"].items()
+        if str(result.get("status", "")).startswith("failed")
+    ]

@@ -1,0 +1,342 @@
+"""W1, cross-device: 1,000 clients × 64 images (1×28×28), ~100 clients per round (Poisson,
+q = 0.1), 5 rounds, one local epoch with batch 32, the W1 CNN, policy ``bounded``.
+
+Every fairclip contender evaluates the model (and computes ε) once, after the last round
+(``training.eval_every`` = rounds); pfl-research runs without evaluation.
+
+Contenders (client updates per second):
+
+* ``fairclip``: fairclip's Ray engine, one actor per core.
+* ``flower``: fairclip's own ServerApp/ClientApp on Flower's simulation runtime (``flwr run``,
+  default resources), one SuperNode per client.
+* ``floor``: the same local training in a plain single-process, single-thread PyTorch loop
+  (FedAvg without clipping, noise or framework).
+* ``pfl``: Apple's pfl-research 0.6.0 with one process per core through ``torchrun``
+  (:mod:`benchmarks.pfl_w1`); "unavailable: <reason>" where it is not installed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from .common import REPO_ROOT, Measurement, env_importing_fairclip, measured, usable_cores
+
+UNIT = "client updates/s"
+
+
+def sizes(quick: bool) -> dict[str, Any]:
+    if quick:
+        return {"num_clients": 40, "per_client": 16, "sample_rate": 0.25, "rounds": 2}
+    return {"num_clients": 1000, "per_client": 64, "sample_rate": 0.1, "rounds": 5}
+
+
+def settings(quick: bool, strategy: str = "bounded") -> list[str]:
+    from .imagetask import image_settings
+
+    size = sizes(quick)
+    return image_settings(
+        num_clients=size["num_clients"],
+        sample_rate=size["sample_rate"],
+        rounds=size["rounds"],
+        per_client=size["per_client"],
+        model="w1-cnn",
+        strategy=strategy,
+        test_per_cohort=50 if quick else 250,
+        # Evaluate and account once, after the last round: pfl-research's W1 evaluates never,
+        # and per-round evaluation would time the test set, not the federation.
+        extra=[f"training.eval_every={size['rounds']}"],
+    )
+
+
+# ----- (a) fairclip's Ray engine -------------------------------------------------------------
+
+
+def run_fairclip(quick: bool, strategy: str = "bounded") -> Measurement:
+    from .engine import start_ray, timed_rounds
+    from .imagetask import build_task, image_config, ray_executor
+
+    def body():
+        cores = start_ray()
+        config = image_config(settings(quick, strategy))
+        task = build_task(config)
+        executor = ray_executor(config, cores)
+        seconds, details = timed_rounds(config, task, executor)
+        details.update(engine="ray", actors=len(executor.actors), strategy=strategy)
+        return seconds, details["client_updates"], details
+
+    return measured(UNIT, body)
+
+
+# ----- (c) the compute floor -----------------------------------------------------------------
+
+
+def run_floor(quick: bool) -> Measurement:
+    """Plain PyTorch, one process, one thread: train the sampled clients, average, repeat."""
+    import torch
+    from torch import nn
+
+    from fairclip.sims.randomness import poisson_sample
+
+    from .images import synthetic_images, w1_cnn
+
+    size = sizes(quick)
+
+    def body():
+        torch.set_num_threads(1)
+        data = synthetic_images(size["num_clients"], size["per_client"], 1, seed=0)
+        train_x, train_y = torch.from_numpy(data["train_x"]), torch.from_numpy(data["train_y"])
+        torch.manual_seed(0)
+        model = w1_cnn()
+        global_vector = nn.utils.parameters_to_vector(model.parameters()).detach().clone()
+        loss_function = nn.CrossEntropyLoss()
+        per_client = size["per_client"]
+        generator = torch.Generator().manual_seed(0)
+        updates = 0
+        started = time.perf_counter()
+        for round_number in range(1, size["rounds"] + 1):
+            clients = poisson_sample(0, round_number, size["num_clients"], size["sample_rate"])
+            total = torch.zeros_like(global_vector)
+            for client in clients:
+                nn.utils.vector_to_parameters(global_vector, model.parameters())
+                optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+                x = train_x[client * per_client : (client + 1) * per_client]
+                y = train_y[client * per_client : (client + 1) * per_client]
+                order = torch.randperm(per_client, generator=generator)
+                for start in range(0, per_client, 32):
+                    batch = order[start : start + 32]
+                    optimizer.zero_grad(set_to_none=True)
+                    loss_function(model(x[batch]), y[batch]).backward()
+                    optimizer.step()
+                total += nn.utils.parameters_to_vector(model.parameters()).detach() - global_vector
+                updates += 1
+            global_vector = global_vector + total / max(len(clients), 1)
+        seconds = time.perf_counter() - started
+        return seconds, updates, {"rounds": size["rounds"], "client_updates": updates, "threads": 1}
+
+    return measured(UNIT, body)
+
+
+# ----- (b) Flower's simulation runtime ---------------------------------------------------------
+
+PACKAGE = __package__ or "benchmarks"
+FLOWER_APP = f'''"""fairclip's ServerApp and ClientApp with the benchmark image scenarios."""
+
+from {PACKAGE} import flower_w1
+
+serverapp = flower_w1.serverapp
+clientapp = flower_w1.clientapp
+'''
+
+
+def _flower_project(folder: Path) -> Path:
+    """A throw-away Flower project whose apps are fairclip's (with the benchmark image task)."""
+    import tomllib
+
+    project = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())
+    config = project["tool"]["flwr"]["app"]["config"]
+    lines = [
+        "[build-system]",
+        'requires = ["hatchling"]',
+        'build-backend = "hatchling.build"',
+        "",
+        "[project]",
+        'name = "fairclipbench"',
+        'version = "0.1.0"',
+        "dependencies = []",
+        "",
+        "[tool.hatch.build.targets.wheel]",
+        'packages = ["."]',
+        "",
+        "[tool.flwr.app]",
+        'publisher = "fairclip"',
+        "",
+        "[tool.flwr.app.components]",
+        'serverapp = "fairclipbench_app:serverapp"',
+        'clientapp = "fairclipbench_app:clientapp"',
+        "",
+        "[tool.flwr.app.config]",
+    ]
+
+    def flat(table: dict, prefix: str = ""):
+        for key, value in table.items():
+            if isinstance(value, dict):
+                yield from flat(value, f"{prefix}{key}.")
+            else:
+                yield f"{prefix}{key}", value
+
+    lines += [f"{key} = {json.dumps(value)}" for key, value in flat(config)]
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "pyproject.toml").write_text("\n".join(lines) + "\n")
+    (folder / "fairclipbench_app.py").write_text(FLOWER_APP)
+    return folder
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _kill_session_of(text: str) -> None:
+    """Kill every process group whose command line mentions ``text`` (the detached SuperLink)."""
+    import contextlib
+    import signal
+
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if text in cmdline:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(os.getpgid(int(entry.name)), signal.SIGKILL)
+
+
+def run_flower(quick: bool) -> Measurement:
+    size = sizes(quick)
+
+    def body():
+        binaries = Path(sys.executable).parent
+        with tempfile.TemporaryDirectory(prefix="fairclip-bench-flwr-") as tmp:
+            tmp_path = Path(tmp)
+            home = tmp_path / "flwr-home"
+            home.mkdir()
+            (home / "config.toml").write_text(
+                '[superlink]\ndefault = "local-simulation"\n\n[superlink.local-simulation]\n'
+                f'address = ":local:"\noptions.num-supernodes = {size["num_clients"]}\n'
+            )
+            project = _flower_project(tmp_path / "project")
+            out = tmp_path / "out"
+            assignments = "; ".join(a.replace('"', "'") for a in settings(quick))
+            run_config = " ".join(
+                [
+                    "scenario='demo'",
+                    f"set={json.dumps(assignments)}",
+                    f"out={json.dumps(str(out))}",
+                    "seed=0",
+                    "node-wait=600.0",
+                ]
+            )
+            env = {
+                **os.environ,
+                "PATH": f"{binaries}{os.pathsep}{os.environ.get('PATH', '')}",
+                "FLWR_HOME": str(home),
+                "FLWR_TELEMETRY_ENABLED": "0",
+                "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
+                "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(_free_port()),
+                "FLWR_LOCAL_CONTROL_API_PORT": str(_free_port()),
+            }
+            command = [
+                str(binaries / "flwr"), "run", str(project), "local-simulation", "--stream",
+                "--run-config", run_config,
+            ]  # fmt: skip
+            started = time.perf_counter()
+            try:
+                completed = subprocess.run(command, env=env, capture_output=True, text=True, timeout=1800)
+            finally:
+                _kill_session_of(str(home))
+            total = time.perf_counter() - started
+            log = completed.stdout + completed.stderr
+            if os.environ.get("FAIRCLIP_BENCH_FLOWER_LOG"):
+                Path(os.environ["FAIRCLIP_BENCH_FLOWER_LOG"]).write_text(log)
+            timing_file = out / "bench_timing.json"
+            if completed.returncode != 0 or not timing_file.exists():
+                raise RuntimeError(f"flwr run failed (status {completed.returncode}): {log[-2000:]}")
+            timing = json.loads(timing_file.read_text())
+        if sum(timing["dropped"]) or not sum(timing["updates"]):
+            reasons = [line for line in log.splitlines() if "dropped the reply" in line][:3]
+            raise RuntimeError(f"Flower dropped client replies {timing}: {reasons or log[-3000:]}")
+        seconds = timing["rounds_end"] - timing["rounds_start"]
+        details = {
+            "rounds": len(timing["updates"]),
+            "client_updates": int(sum(timing["updates"])),
+            "flwr_run_s": total,
+            "supernodes": size["num_clients"],
+            "dropped_replies": int(sum(timing["dropped"])),
+            "resources": "Flower defaults",
+        }
+        return seconds, details["client_updates"], details
+
+    return measured(UNIT, body)
+
+
+# ----- (d) pfl-research ------------------------------------------------------------------------
+
+
+def pfl_python() -> tuple[str | None, str]:
+    """(python with pfl 0.6.0 importable, reason when there is none)."""
+    candidates = [os.environ.get("FAIRCLIP_PFL_PYTHON"), sys.executable, "/tmp/pflvenv/bin/python"]
+    tried = []
+    for python in candidates:
+        if not python or not Path(python).exists() or python in tried:
+            continue
+        tried.append(python)
+        probe = subprocess.run(
+            [python, "-c", "import pfl, pfl.model.pytorch, torch; print(pfl.__version__)"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        if probe.returncode == 0:
+            return python, probe.stdout.strip()
+    return None, (
+        "pfl-research (pfl[pytorch]==0.6.0) is not installed; run benchmarks/setup_pfl.sh "
+        "or point FAIRCLIP_PFL_PYTHON at a python that has it"
+    )
+
+
+def run_pfl(quick: bool) -> Measurement:
+    python, info = pfl_python()
+    if python is None:
+        raise UnavailableError(info)
+    size = sizes(quick)
+    cores = usable_cores()
+
+    def body():
+        with tempfile.TemporaryDirectory(prefix="fairclip-bench-pfl-") as tmp:
+            result_file = Path(tmp) / "pfl.json"
+            command = [
+                python, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={cores}",
+                "-m", f"{PACKAGE}.pfl_w1", "--out", str(result_file),
+                "--clients", str(size["num_clients"]), "--per-client", str(size["per_client"]),
+                "--sample-rate", str(size["sample_rate"]), "--rounds", str(size["rounds"]),
+            ]  # fmt: skip
+            env = {**env_importing_fairclip(Path(tmp)), "OMP_NUM_THREADS": "1"}
+            completed = subprocess.run(
+                command, env=env, cwd=REPO_ROOT, capture_output=True, text=True, timeout=1800
+            )
+            if completed.returncode != 0 or not result_file.exists():
+                log = completed.stdout + completed.stderr
+                raise RuntimeError(f"pfl run failed (status {completed.returncode}): {log[-3000:]}")
+            result = json.loads(result_file.read_text())
+        result.update(processes=cores, pfl_version=info)
+        return result["seconds"], result["client_updates"], result
+
+    return measured(UNIT, body)
+
+
+class UnavailableError(RuntimeError):
+    """A contender that cannot run here; the table shows its reason."""
+
+
+CONTENDERS = {"fairclip": run_fairclip, "flower": run_flower, "floor": run_floor, "pfl": run_pfl}
+
+
+def ratio_targets(cores: int) -> list[tuple[str, str, str, float]]:
+    """(name, numerator, denominator, target: numerator/denominator at least this)."""
+    return [
+        ("fairclip/flower", "fairclip", "flower", 4.0),
+        ("fairclip/floor", "fairclip", "floor", cores / 1.3),
+        ("fairclip/pfl", "fairclip", "pfl", 1.0),
+    ]

@@ -1,0 +1,109 @@
+"""The benchmark suite's smoke test: ``fairclip bench --quick`` runs, and its JSON report
+has the documented structure with positive, finite throughputs. No timing assertions."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fairclip.benchmarks import WORKLOADS, run_bench, targets
+from fairclip.sims.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _positive(value) -> bool:
+    return isinstance(value, int | float) and math.isfinite(value) and value > 0
+
+
+@pytest.mark.slow
+def test_quick_suite_writes_the_report(tmp_path):
+    """W2 (fairclip one-step vs Opacus), W3 and W4 in their quick sizes, through the CLI."""
+    report_path = tmp_path / "bench.json"
+    completed = subprocess.run(
+        [sys.executable, "-m", "fairclip", "bench", "w2", "w3", "w4", "--quick", "--json", str(report_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
+    assert "targets" in completed.stdout and "w3" in completed.stdout
+    report = json.loads(report_path.read_text())
+    machine = report["machine"]
+    assert machine["cores"] >= 1 and machine["cpu_model"]
+    assert machine["libraries"]["torch"] and machine["libraries"]["flwr"]
+    assert report["quick"] is True
+    expected = {"w2.fairclip", "w2.fairclip-local", "w2.opacus", "w3.bimodal-mean", "w3.logistic"}
+    expected |= {"w4.bounded", "w4.none"}
+    assert set(report["throughput"]) == expected
+    assert report["throughput"]["w2.fairclip-local"] is None  # skipped in --quick
+    for key in expected - {"w2.fairclip-local"}:
+        assert _positive(report["throughput"][key]), (key, report["throughput"][key])
+    for name, data in report["workloads"].items():
+        for contender, result in data["contenders"].items():
+            if result["status"].startswith("skipped"):
+                continue
+            assert result["status"] == "ok", (name, contender, result)
+            assert _positive(result["wall_s"]) and _positive(result["total_s"])
+            assert result["peak_rss_bytes"] > 2**20
+            assert result["total_s"] >= result["wall_s"]
+    measures = {(row["workload"], row["name"]) for row in report["targets"]}
+    assert ("w2", "fairclip/opacus") in measures
+    assert ("w4", "bounded wall / none wall − 1") in measures
+    for row in report["targets"]:
+        if row["name"].startswith("fairclip-local"):
+            assert row["met"] is None
+            continue
+        assert row["met"] in (True, False), row
+        assert math.isfinite(row["value"])
+    w4 = report["workloads"]["w4"]["contenders"]
+    assert w4["bounded"]["client_updates"] == w4["none"]["client_updates"] > 0
+
+
+@pytest.mark.slow
+def test_quick_w1_engine_and_floor(tmp_path):
+    """W1's fairclip engine and compute floor (Flower is skipped in --quick; pfl is optional)."""
+    report = run_bench(["w1"], True, tmp_path / "w1.json")
+    assert json.loads((tmp_path / "w1.json").read_text())["throughput"] == report["throughput"]
+    contenders = report["workloads"]["w1"]["contenders"]
+    assert contenders["flower"]["status"].startswith("skipped")
+    assert contenders["pfl"]["status"] == "ok" or contenders["pfl"]["status"].startswith("unavailable")
+    for name in ("fairclip", "floor"):
+        assert contenders[name]["status"] == "ok", contenders[name]
+        assert _positive(report["throughput"][f"w1.{name}"])
+        assert contenders[name]["client_updates"] > 0
+    assert report["throughput"]["w1.flower"] is None
+    ratios = {row["name"]: row for row in report["targets"]}
+    assert math.isfinite(ratios["fairclip/floor"]["value"])
+    assert ratios["fairclip/flower"]["met"] is None  # not measured in --quick
+
+
+def test_targets_from_figures():
+    results = {
+        "fairclip": {"status": "ok", "throughput": 80.0},
+        "flower": {"status": "ok", "throughput": 10.0},
+        "floor": {"status": "ok", "throughput": 40.0},
+        "pfl": {"status": "unavailable: not installed"},
+    }
+    rows = {row["name"]: row for row in targets("w1", results, cores=2)}
+    assert rows["fairclip/flower"]["value"] == 8.0 and rows["fairclip/flower"]["met"] is True
+    assert rows["fairclip/floor"]["value"] == 2.0 and rows["fairclip/floor"]["met"] is True
+    assert rows["fairclip/pfl"]["value"] is None and rows["fairclip/pfl"]["met"] is None
+    w4 = targets(
+        "w4", {"bounded": {"status": "ok", "wall_s": 1.1}, "none": {"status": "ok", "wall_s": 1.0}}, 2
+    )
+    assert w4[0]["met"] is False and w4[0]["value"] == pytest.approx(0.1)
+
+
+def test_unknown_workload_is_an_error(capsys):
+    with pytest.raises(SystemExit) as exited:
+        main(["bench", "w9", "--quick"])
+    assert exited.value.code == 2
+    assert "unknown workload" in capsys.readouterr().err
+    assert WORKLOADS == ("w1", "w2", "w3", "w4")
