@@ -49,31 +49,28 @@ class ImageTask(_classification_task_class()):
     """fairclip's classification task on synthetic 28×28 images with a benchmark model."""
 
     def __init__(self, config, model_name: str):
-        from fairclip.client.models import model_to_vector
-        from fairclip.client.training import LocalTraining
-        from fairclip.sims.randomness import Stream, rng
+        from fairclip.sims.classification import FederatedData
 
-        torch.set_num_threads(1)  # as ClassificationTask: parallelism comes from processes
-        spec, training = config.scenario, config.training
-        num_clients, per_client = config.federation.num_clients, spec.examples_per_client
-        data = synthetic_images(num_clients, per_client, spec.test_examples_per_cohort, config.seed)
-        self.seed = config.seed
-        self.cohort_names = ["majority", "minority"]
-        self.client_cohorts = data["client_cohorts"]
-        self.client_indices = [np.arange(i * per_client, (i + 1) * per_client) for i in range(num_clients)]
-        self.num_classes = NUM_CLASSES
-        self.train_x = torch.from_numpy(data["train_x"])
-        self.train_y = torch.from_numpy(data["train_y"])
-        self.test_x = torch.from_numpy(data["test_x"])
-        self.test_y = torch.from_numpy(data["test_y"])
-        self.cohort_weights = {
-            name: (data["test_cohort"] == k).astype(np.float64) for k, name in enumerate(self.cohort_names)
-        }
-        self.training = LocalTraining(training.local_epochs, training.batch_size, training.client_lr)
-        torch.manual_seed(int(rng(config.seed, Stream.DATA, 1).integers(2**62)))
-        self.model = build_bench_model(model_name)
-        self._initial = model_to_vector(self.model)
-        self.one_step = training.local_epochs == 1 and per_client == 1
+        num_clients, per_client = config.federation.num_clients, config.scenario.examples_per_client
+        data = synthetic_images(
+            num_clients, per_client, config.scenario.test_examples_per_cohort, config.seed
+        )
+        cohort_names = ["majority", "minority"]
+        federated = FederatedData(
+            train_x=data["train_x"],
+            train_y=data["train_y"],
+            client_indices=[np.arange(i * per_client, (i + 1) * per_client) for i in range(num_clients)],
+            client_cohorts=data["client_cohorts"],
+            test_x=data["test_x"],
+            test_y=data["test_y"],
+            cohort_weights={
+                name: (data["test_cohort"] == k).astype(np.float64) for k, name in enumerate(cohort_names)
+            },
+            num_classes=NUM_CLASSES,
+        )
+        self._hold(
+            federated, cohort_names, config.training, config.seed, lambda: build_bench_model(model_name)
+        )
 
 
 def is_image_config(config) -> bool:

@@ -25,7 +25,7 @@ PACKAGE = __package__ or "benchmarks"
 
 DESCRIPTIONS = {
     "w1": "cross-device: 1,000 clients × 64 images 28×28, ~100/round, 5 rounds, W1 CNN, bounded",
-    "w2": "sample-level DP-SGD: tanh CNN, Poisson batches of 256, clip 1, σ 0.8",
+    "w2": "sample-level DP-SGD: tanh CNN, 60,000 examples, 100 Poisson batches of 256, clip 1, σ 0.8",
     "w3": "scale: 100,000 clients, ~1,000/round, bounded, in-process engine",
     "w4": "DP overhead: W1 with bounded vs none, fairclip's Ray engine",
 }

@@ -89,7 +89,10 @@ def run_floor(quick: bool) -> Measurement:
     size = sizes(quick)
 
     def body():
+        from fairclip.client.training import prepare_training
+
         torch.set_num_threads(1)
+        prepare_training()  # the one-time import fairclip's tasks also do before their rounds
         data = synthetic_images(size["num_clients"], size["per_client"], 1, seed=0)
         train_x, train_y = torch.from_numpy(data["train_x"]), torch.from_numpy(data["train_y"])
         torch.manual_seed(0)

@@ -49,8 +49,8 @@ def group_blocks(blocks: list[np.ndarray], rows_per_call: int, dimension: int) -
 
     A group takes the next block while it stays within ``rows_per_call`` clients (the task's
     best batch, :attr:`Task.rows_per_call`) and :data:`GROUP_BYTES` of updates; a block is never
-    split. The one-step path then computes per-sample gradients in larger vectorised batches
-    (tanh CNN, one thread: 0.12 s per 128 examples in four calls of 32, 0.083 s in one).
+    split. The one-step path so computes per-sample gradients in vectorised batches of about
+    ``rows_per_call`` examples even when the sampled batch falls into many small blocks.
     Kernels may round differently for other batch sizes, so the groups depend only on the
     sampled clients and the task -- never on the backend or its number of workers -- and every
     backend trains the same groups: the run stays identical on all of them.

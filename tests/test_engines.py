@@ -125,3 +125,17 @@ def test_blocks_trained_together_or_apart_give_the_same_sums():
         scale = float(np.max(np.abs(expected)))
         np.testing.assert_allclose(together[block].contribution_sum, expected, rtol=1e-6, atol=1e-6 * scale)
         np.testing.assert_array_equal(together[block].report_sum, apart[block].report_sum)
+
+
+def test_balance_gives_every_group_once_and_evens_the_load():
+    from fairclip.sims.ray_engine import balance
+
+    blocks = [np.arange(n) for n in (13, 9, 15, 12, 11, 14, 10, 16)]
+    groups = [{b: ids} for b, ids in enumerate(blocks)]
+    shares = balance(groups, 2)
+    given = sorted(block for share in shares for group in share for block in group)
+    assert given == list(range(8))
+    loads = [sum(len(ids) for group in share for ids in group.values()) for share in shares]
+    assert sum(loads) == 100 and max(loads) - min(loads) <= 2
+    # More workers than groups: the extra workers get nothing.
+    assert [len(share) for share in balance(groups[:3], 5)].count(0) == 2
