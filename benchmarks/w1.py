@@ -181,32 +181,13 @@ def _flower_project(folder: Path) -> Path:
     return folder
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-def _kill_session_of(text: str) -> None:
-    """Kill every process group whose command line mentions ``text`` (the detached SuperLink)."""
-    import contextlib
-    import signal
-
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if text in cmdline:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(os.getpgid(int(entry.name)), signal.SIGKILL)
-
-
 def run_flower(quick: bool) -> Measurement:
+    from fairclip.sims.flower_local import (
+        kill_sessions_mentioning,
+        local_simulation_env,
+        write_local_simulation,
+    )
+
     size = sizes(quick)
 
     def body():
@@ -215,10 +196,7 @@ def run_flower(quick: bool) -> Measurement:
             tmp_path = Path(tmp)
             home = tmp_path / "flwr-home"
             home.mkdir()
-            (home / "config.toml").write_text(
-                '[superlink]\ndefault = "local-simulation"\n\n[superlink.local-simulation]\n'
-                f'address = ":local:"\noptions.num-supernodes = {size["num_clients"]}\n'
-            )
+            write_local_simulation(home, size["num_clients"])
             project = _flower_project(tmp_path / "project")
             out = tmp_path / "out"
             assignments = "; ".join(a.replace('"', "'") for a in settings(quick))
@@ -231,15 +209,7 @@ def run_flower(quick: bool) -> Measurement:
                     "node-wait=600.0",
                 ]
             )
-            env = {
-                **os.environ,
-                "PATH": f"{binaries}{os.pathsep}{os.environ.get('PATH', '')}",
-                "FLWR_HOME": str(home),
-                "FLWR_TELEMETRY_ENABLED": "0",
-                "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
-                "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(_free_port()),
-                "FLWR_LOCAL_CONTROL_API_PORT": str(_free_port()),
-            }
+            env = local_simulation_env(home, binaries)
             command = [
                 str(binaries / "flwr"), "run", str(project), "local-simulation", "--stream",
                 "--run-config", run_config,
@@ -248,7 +218,7 @@ def run_flower(quick: bool) -> Measurement:
             try:
                 completed = subprocess.run(command, env=env, capture_output=True, text=True, timeout=1800)
             finally:
-                _kill_session_of(str(home))
+                kill_sessions_mentioning(str(home))
             total = time.perf_counter() - started
             log = completed.stdout + completed.stderr
             if os.environ.get("FAIRCLIP_BENCH_FLOWER_LOG"):

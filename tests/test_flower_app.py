@@ -2,11 +2,7 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import signal
-import socket
 import subprocess
 import sys
 import time
@@ -33,16 +29,11 @@ from fairclip.server.strategy import PolicyStrategy
 from fairclip.sims.config import ConfigError, load_config
 from fairclip.sims.engine import RunServer, build_task
 from fairclip.sims.flower_config import flower_run
+from fairclip.sims.flower_local import kill_sessions_mentioning, local_simulation_env, write_local_simulation
 from fairclip.strategies import build_policy
 
 PROJECT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 @pytest.fixture
@@ -54,40 +45,15 @@ def flower_home(tmp_path):
     """
     home = tmp_path / "flwr-home"
     home.mkdir()
-    env = {
-        **os.environ,
-        "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
-        "FLWR_HOME": str(home),
-        "FLWR_TELEMETRY_ENABLED": "0",
-        "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
-        "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(_free_port()),
-        "FLWR_LOCAL_CONTROL_API_PORT": str(_free_port()),
-    }
+    env = local_simulation_env(home, BIN)
     yield home, env
-    for pid in _pids_mentioning(str(home)):
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(os.getpgid(pid), signal.SIGKILL)
-
-
-def _pids_mentioning(text: str) -> list[int]:
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if text in (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"):
-                    pids.append(int(entry.name))
-            except OSError:
-                continue
-    return pids
+    kill_sessions_mentioning(str(home))
 
 
 def _flwr_run(
     home: Path, env: dict[str, str], num_nodes: int, run_config: str
 ) -> subprocess.CompletedProcess:
-    (home / "config.toml").write_text(
-        '[superlink]\ndefault = "local-simulation"\n\n'
-        f'[superlink.local-simulation]\naddress = ":local:"\noptions.num-supernodes = {num_nodes}\n'
-    )
+    write_local_simulation(home, num_nodes)
     command = [
         str(BIN / "flwr"),
         "run",
