@@ -192,6 +192,9 @@ def run_bench(workloads: list[str], quick: bool, json_path: Path | None) -> dict
             report["throughput"][f"{workload}.{name}"] = _value(results, name)
         report["targets"] += [{"workload": workload, **row} for row in rows]
     report["machine"]["load_average_after"] = machine_info()["load_average"]
+    pfl = report["workloads"].get("w1", {}).get("contenders", {}).get("pfl", {})
+    if pfl.get("pfl_version"):  # pfl lives in a venv of its own (benchmarks/setup_pfl.sh)
+        report["machine"]["libraries"]["pfl"] = pfl["pfl_version"]
     print_table(report)
     if json_path is not None:
         json_path = Path(json_path)

@@ -74,6 +74,8 @@ def test_quick_w1_engine_and_floor(tmp_path):
     contenders = report["workloads"]["w1"]["contenders"]
     assert contenders["flower"]["status"].startswith("skipped")
     assert contenders["pfl"]["status"] == "ok" or contenders["pfl"]["status"].startswith("unavailable")
+    if contenders["pfl"]["status"] == "ok":  # pfl's version comes from its own venv
+        assert report["machine"]["libraries"]["pfl"] == contenders["pfl"]["pfl_version"]
     for name in ("fairclip", "floor"):
         assert contenders[name]["status"] == "ok", contenders[name]
         assert _positive(report["throughput"][f"w1.{name}"])
