@@ -30,6 +30,10 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(1)
+    # What torch.optim imports on its first step (1.0-1.6 s), outside the clock, as fairclip's
+    # tasks and the floor do (fairclip.client.training.prepare_training).
+    import torch._dynamo
+
     np.random.seed(0)
     torch.manual_seed(0)
     # pfl's model module first, before its other components (pfl's own advice).
