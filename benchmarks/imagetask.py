@@ -148,60 +148,7 @@ def image_config(settings: list[str]):
 
 
 def ray_executor(config, num_actors: int):
-    """fairclip's :class:`RayExecutor` over actors that hold an :class:`ImageTask` each."""
-    import ray
-
-    from fairclip.client.contributions import SUM_SHARDS
+    """fairclip's :class:`RayExecutor`, its actors holding an :class:`ImageTask` each."""
     from fairclip.sims.ray_engine import RayExecutor
 
-    available = int(ray.cluster_resources().get("CPU", 1))
-    num_actors = max(1, min(num_actors, available, SUM_SHARDS))
-    raw = config.as_dict()
-    actor_class = ray.remote(num_cpus=1)(ImageBlocksActor)
-    actors = [actor_class.remote(raw) for _ in range(num_actors)]
-    ray.get([actor.ready.remote() for actor in actors])
-    return RayExecutor.over(actors, config.federation.num_clients)
-
-
-def switch_strategy(executor, config) -> None:
-    """Give every actor of ``executor`` the policy of ``config`` (W4: one set of actors)."""
-    import ray
-
-    raw = config.as_dict()
-    ray.get([actor.set_strategy.remote(raw) for actor in executor.actors])
-
-
-class ImageBlocksActor:
-    """:class:`fairclip.sims.ray_engine.ClientBlocksActor` with the image task."""
-
-    def __init__(self, config: dict[str, Any]):
-        from fairclip.sims.config import validate
-        from fairclip.strategies import build_policy
-
-        self.config = validate(config)
-        self.task = build_task(self.config)
-        self.policy = build_policy(
-            self.config.strategy.name, self.config.strategy.params, num_cohorts=len(self.task.cohort_names)
-        )
-
-    def ready(self) -> bool:
-        return True
-
-    def set_strategy(self, config: dict[str, Any]) -> bool:
-        """Switch to the policy of ``config`` (same scenario, so the same task and data)."""
-        from fairclip.sims.config import validate
-        from fairclip.strategies import build_policy
-
-        self.config = validate(config)
-        self.policy = build_policy(
-            self.config.strategy.name, self.config.strategy.params, num_cohorts=len(self.task.cohort_names)
-        )
-        return True
-
-    def rows_per_call(self) -> int:
-        return self.task.rows_per_call
-
-    def run_groups(self, model, groups, round_number, params):
-        from fairclip.sims.engine import groups_sums
-
-        return groups_sums(self.task, self.policy, model, groups, round_number, params)
+    return RayExecutor.start(config, None, num_actors, task_builder=build_task)

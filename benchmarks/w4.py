@@ -19,7 +19,7 @@ def run_pair(quick: bool) -> dict[str, Measurement]:
 
     from .common import Measurement, TreeMemorySampler, self_peak_rss_bytes
     from .engine import start_ray, timed_rounds
-    from .imagetask import build_task, image_config, ray_executor, switch_strategy
+    from .imagetask import build_task, image_config, ray_executor
 
     started = time.perf_counter()
     sampler = TreeMemorySampler().__enter__()
@@ -31,7 +31,7 @@ def run_pair(quick: bool) -> dict[str, Measurement]:
     runs: dict[str, list[tuple[float, dict]]] = {strategy: [] for strategy in STRATEGIES}
     for _ in range(repeats):
         for strategy in STRATEGIES:
-            switch_strategy(executor, configs[strategy])
+            executor.set_policy(configs[strategy])
             runs[strategy].append(timed_rounds(configs[strategy], task, executor))
     sampler.__exit__(None, None, None)
     total = time.perf_counter() - started

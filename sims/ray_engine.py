@@ -12,6 +12,7 @@ the driver adds the block sums in block order, so a seed gives the same result o
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -43,16 +44,25 @@ def ensure_ray(address: str | None = None, num_cpus: int | None = None) -> None:
         )
 
 
+TaskBuilder = Callable[[RunConfig, Path | None], Task]
+"""Builds a run's task from its config and data folder (:func:`fairclip.sims.engine.build_task`;
+the benchmarks pass their own, a module-level function so that Ray pickles it by reference)."""
+
+
 @ray.remote(num_cpus=1)
 class ClientBlocksActor:
     """Holds the task (clients and data) and trains the sampled clients of its blocks."""
 
-    def __init__(self, config: dict[str, Any], data_dir: str | None):
+    def __init__(self, config: dict[str, Any], data_dir: str | None, task_builder: TaskBuilder | None = None):
+        self.task: Task = (task_builder or build_task)(validate(config), Path(data_dir) if data_dir else None)
+        self.set_policy(config)
+
+    def set_policy(self, config: dict[str, Any]) -> None:
+        """Use the policy of ``config`` from now on (the same scenario, so the same task: the
+        DP-overhead benchmark switches strategies on one set of actors)."""
         self.config: RunConfig = validate(config)
-        self.task: Task = build_task(self.config, Path(data_dir) if data_dir else None)
-        cohorts = len(self.task.cohort_names)
         self.policy: Policy = build_policy(
-            self.config.strategy.name, self.config.strategy.params, num_cohorts=cohorts
+            self.config.strategy.name, self.config.strategy.params, num_cohorts=len(self.task.cohort_names)
         )
 
     def rows_per_call(self) -> int:
@@ -94,20 +104,27 @@ class RayExecutor:
     rows_per_call: int
 
     @classmethod
-    def start(cls, config: RunConfig, data_dir: Path | None, num_actors: int) -> RayExecutor:
-        """Start ``num_actors`` actors (one CPU each; at most the cluster's CPUs and the blocks)."""
+    def start(
+        cls,
+        config: RunConfig,
+        data_dir: Path | None,
+        num_actors: int,
+        task_builder: TaskBuilder | None = None,
+    ) -> RayExecutor:
+        """Start ``num_actors`` actors (one CPU each; at most the cluster's CPUs and the blocks)
+        and wait until every one holds its task."""
         available = int(ray.cluster_resources().get("CPU", 1))
         num_actors = max(1, min(num_actors, available, SUM_SHARDS))
         raw = config.as_dict()
-        actors = [
-            ClientBlocksActor.remote(raw, str(data_dir) if data_dir else None) for _ in range(num_actors)
-        ]
-        return cls.over(actors, config.federation.num_clients)
+        folder = str(data_dir) if data_dir else None
+        actors = [ClientBlocksActor.remote(raw, folder, task_builder) for _ in range(num_actors)]
+        rows_per_call = ray.get([actor.rows_per_call.remote() for actor in actors])[0]
+        return cls(actors, config.federation.num_clients, rows_per_call)
 
-    @classmethod
-    def over(cls, actors: list[Any], num_clients: int) -> RayExecutor:
-        """An executor over started actors (each with ``rows_per_call`` and ``run_groups``)."""
-        return cls(actors, num_clients, ray.get(actors[0].rows_per_call.remote()))
+    def set_policy(self, config: RunConfig) -> None:
+        """Give every actor the policy of ``config`` (same scenario and task)."""
+        raw = config.as_dict()
+        ray.get([actor.set_policy.remote(raw) for actor in self.actors])
 
     def __call__(self, model, client_ids, round_number, params) -> RoundSums:
         blocks = shard_ids(client_ids, self.num_clients)
