@@ -207,6 +207,9 @@ def reproduce(
     address: Annotated[
         str | None, typer.Option("--address", help="An existing Ray cluster to run on.")
     ] = None,
+    resume: Annotated[
+        bool, typer.Option("--resume", help="Keep finished runs in --out; compute the rest.")
+    ] = False,
     data_dir: DataDirOption = None,
 ) -> None:
     """Reproduce a seed paper's centralised experiment; write reproduction.csv and reproduction.md."""
@@ -228,6 +231,7 @@ def reproduce(
         MofNCompleteColumn(),
         TimeElapsedColumn(),
         console=console,
+        transient=True,  # an error (a --resume conflict, say) stays the only line on stderr
     ) as progress:
         bar = progress.add_task(name, total=None)
         _rows, wall = repro.reproduce(
@@ -240,6 +244,7 @@ def reproduce(
             max_rounds=max_rounds,
             overrides=overrides or [],
             address=address,
+            resume=resume,
             on_finished=lambda _run: progress.advance(bar),
             on_plan=lambda total: progress.update(bar, total=total),
         )

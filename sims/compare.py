@@ -68,31 +68,35 @@ def plan_runs(
     return runs
 
 
-def is_finished(out: Path, run: RunSpec) -> bool:
-    """A run is finished when its ``summary.json`` exists (written last, atomically)."""
-    return (out / "runs" / run.key / "summary.json").is_file()
-
-
-def pending_runs(raw: dict[str, Any], runs: list[RunSpec], out: Path, resume: bool) -> list[RunSpec]:
-    """The runs still to compute: all of them, or with ``resume`` those not finished in ``out``.
+def finished_summary(folder: Path, config: RunConfig) -> dict[str, Any] | None:
+    """The summary of the run finished in ``folder`` (its ``summary.json`` is written last,
+    atomically), or None when it is not finished.
 
     A finished run made with another configuration (other ``--set`` values, say) is an error:
     reusing it would mix two experiments in one table.
     """
+    path = folder / "summary.json"
+    if not path.is_file():
+        return None
+    try:
+        summary = json.loads(path.read_text())
+        stored = summary["config"]
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise ConfigError(f"--resume: {path} is unreadable ({error!r}); delete that run folder") from None
+    if stored != json_normalised(config.as_dict()):
+        raise ConfigError(
+            f"--resume: {folder} was computed with another configuration; "
+            "use a new --out folder or run without --resume"
+        )
+    return summary
+
+
+def pending_runs(raw: dict[str, Any], runs: list[RunSpec], out: Path, resume: bool) -> list[RunSpec]:
+    """The runs still to compute: all of them, or with ``resume`` those not finished in ``out``
+    (:func:`finished_summary`)."""
     if not resume:
         return list(runs)
-    pending = []
-    for run in runs:
-        if not is_finished(out, run):
-            pending.append(run)
-            continue
-        stored = json.loads((out / "runs" / run.key / "summary.json").read_text())["config"]
-        if stored != json_normalised(run.config(raw).as_dict()):
-            raise ConfigError(
-                f"--resume: {out / 'runs' / run.key} was computed with another configuration; "
-                "use a new --out folder or run without --resume"
-            )
-    return pending
+    return [run for run in runs if finished_summary(out / "runs" / run.key, run.config(raw)) is None]
 
 
 def run_simulation(raw_config: dict[str, Any], data_dir: str | None) -> dict[str, Any]:

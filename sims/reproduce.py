@@ -274,6 +274,19 @@ class Planner:
 # ----- execution --------------------------------------------------------------------------------
 
 
+def finished(runs: list[Run], out: Path) -> dict[str, dict[str, Any]]:
+    """Summaries of the ``runs`` already finished in ``out`` with the same configuration, by key
+    (``--resume``; :func:`fairclip.sims.compare.finished_summary`)."""
+    from fairclip.sims.compare import finished_summary
+
+    summaries = {}
+    for run in runs:
+        summary = finished_summary(out / "runs" / run.key, validate(run.raw))
+        if summary is not None:
+            summaries[run.key] = summary
+    return summaries
+
+
 def execute(
     runs: list[Run],
     out: Path,
@@ -281,15 +294,22 @@ def execute(
     data_dir: Path | None,
     address: str | None = None,
     on_finished: Callable[[Run], None] | None = None,
+    reuse: dict[str, dict[str, Any]] | None = None,
 ) -> dict[str, dict[str, Any]]:
     """Run every run as a Ray task (as ``fairclip compare``); write each as it finishes; return
-    the summaries by key."""
+    the summaries by key. Runs whose key is in ``reuse`` (finished earlier) are not run again."""
     import ray
 
     from fairclip.sims.compare import run_simulation
     from fairclip.sims.ray_engine import ensure_ray
 
     summaries: dict[str, dict[str, Any]] = {}
+    for run in runs:
+        if reuse and run.key in reuse:
+            summaries[run.key] = reuse[run.key]
+            if on_finished is not None:
+                on_finished(run)
+    runs = [run for run in runs if run.key not in summaries]
     if not runs:
         return summaries
     ensure_ray(address)
@@ -441,23 +461,30 @@ def reproduce(
     max_rounds: int | None = None,
     overrides: list[str] | None = None,
     address: str | None = None,
+    resume: bool = False,
     on_finished: Callable[[Run], None] | None = None,
     on_plan: Callable[[int], None] | None = None,
 ) -> tuple[list[dict[str, Any]], float]:
-    """Plan, run and tabulate one setup; returns the rows and the wall time in seconds."""
+    """Plan, run and tabulate one setup; returns the rows and the wall time in seconds. With
+    ``resume``, runs already finished in ``out`` with the same configuration are reused."""
     started = time.perf_counter()
     setup = load_setup(name)
     if seeds < 1:
         raise ConfigError(f"--seeds must be >= 1 (got {seeds})")
     planner = Planner(setup, data_dir, overrides or [], max_rounds)
     extra = []
+    reused = 0
     chosen: dict[tuple[str, float | None], dict[str, Any]] = {}
     if setup.has_grid:
         grid = planner.grid_runs(full_grid, grid_limit)
         final_count = len(setup.strategies) * len(setup.epsilons) * seeds
         if on_plan is not None:
             on_plan(len(grid) + final_count)
-        summaries = execute(grid, out, data_dir=data_dir, address=address, on_finished=on_finished)
+        reuse = finished(grid, out) if resume else {}
+        reused += len(reuse)
+        summaries = execute(
+            grid, out, data_dir=data_dir, address=address, on_finished=on_finished, reuse=reuse
+        )
         chosen = choose(grid, summaries)
         extra.append(
             f"Grid search: {'the paper grid' if full_grid else 'the reduced default grid'}, "
@@ -466,9 +493,16 @@ def reproduce(
     final = planner.final_runs(seeds, chosen)
     if on_plan is not None and not setup.has_grid:
         on_plan(len(final))
-    summaries = execute(final, out, data_dir=data_dir, address=address, on_finished=on_finished)
+    reuse = finished(final, out) if resume else {}
+    reused += len(reuse)
+    summaries = execute(final, out, data_dir=data_dir, address=address, on_finished=on_finished, reuse=reuse)
     rows = table_rows(setup, final, summaries)
     wall = time.perf_counter() - started
+    if reused:
+        extra.append(
+            f"Resumed: {reused} finished runs were reused from {out} (`--resume`); "
+            "the wall time counts this invocation only."
+        )
     if max_rounds is not None:
         extra.append(f"Smoke run: at most {max_rounds} rounds per run (not a reproduction).")
     write_outputs(out, setup, rows, wall, extra)

@@ -86,14 +86,18 @@ def test_resume_recomputes_nothing_finished(ray_session, tmp_path):
 
     with pytest.raises(KeyboardInterrupt):
         sweep.execute(raw, runs, tmp_path, data_dir=None, address=None, on_finished=interrupt_after_two)
-    assert [run for run in runs if sweep.is_finished(tmp_path, run)] == sorted(finished, key=runs.index)
+
+    def is_finished(run):
+        return sweep.finished_summary(tmp_path / "runs" / run.key, run.config(raw)) is not None
+
+    assert [run for run in runs if is_finished(run)] == sorted(finished, key=runs.index)
     stamps = {run.key: os.stat(tmp_path / "runs" / run.key / "summary.json").st_mtime_ns for run in finished}
     computed = sweep.pending_runs(raw, runs, tmp_path, resume=True)
     assert set(computed) == set(runs) - set(finished)
     sweep.execute(raw, computed, tmp_path, data_dir=None, address=None)
     for run in finished:
         assert os.stat(tmp_path / "runs" / run.key / "summary.json").st_mtime_ns == stamps[run.key]
-    assert all(sweep.is_finished(tmp_path, run) for run in runs)
+    assert all(is_finished(run) for run in runs)
     assert not list(tmp_path.glob("runs/*/.*.tmp"))
     summary = json.loads((tmp_path / "runs" / runs[-1].key / "summary.json").read_text())
     assert summary["rounds_completed"] == 2

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import os
+import shutil
 from pathlib import Path
 
 import pandas as pd
@@ -121,3 +122,34 @@ def test_table_rows_flag_constructed_summaries():
     assert rows[("constant", "accuracy_male")]["epsilon"] == 2.0
     assert rows[("constant", "accuracy_male")]["fairclip_stderr"] == pytest.approx(0.0005)
     assert rows[("constant", "accuracy_male")]["seeds"] == 2
+
+
+def test_resume_reuses_finished_runs_and_refuses_other_settings(ray_session, cli, tmp_path):
+    setup = repro.load_setup("esipova-dutch")
+    for relative in DATASET_FILES[DATASET_OF[setup.scenario]]:
+        if not (DATA_DIR / relative).is_file():
+            pytest.skip(f"{DATA_DIR / relative} is absent: set FAIRCLIP_DATA to the benchmark data folder")
+    out = tmp_path / "dutch"
+    args = ["reproduce", "esipova-dutch", "--seeds", "1", "--max-rounds", "1", "--out", str(out)]
+    args += ["--data-dir", str(DATA_DIR)]
+    status, _stdout, err = cli(*args)
+    assert status == 0, err
+    stamps = {path.parent.name: path.stat().st_mtime_ns for path in out.glob("runs/*/summary.json")}
+    assert len(stamps) == len(setup.strategies)
+    table = (out / "reproduction.csv").read_text()
+    interrupted = sorted(stamps)[0]
+    shutil.rmtree(out / "runs" / interrupted)  # as if the invocation had stopped during that run
+
+    status, stdout, err = cli(*args, "--resume")
+    assert status == 0, err
+    assert f"Resumed: {len(stamps) - 1} finished runs were reused" in stdout
+    after = {path.parent.name: path.stat().st_mtime_ns for path in out.glob("runs/*/summary.json")}
+    assert set(after) == set(stamps)
+    assert all(after[key] == stamps[key] for key in stamps if key != interrupted)
+    assert (out / "reproduction.csv").read_text() == table  # the recomputed run is the same run
+
+    rounds_at = args.index("--max-rounds") + 1
+    other_rounds = [*args[:rounds_at], "2", *args[rounds_at + 1 :]]
+    status, _stdout, err = cli(*other_rounds, "--resume")
+    assert status == 2
+    assert err.strip().count("\n") == 0 and "another configuration" in err
