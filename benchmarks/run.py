@@ -37,7 +37,7 @@ QUICK_DESCRIPTIONS = {
 }
 CONTENDERS = {
     "w1": ("fairclip", "flower", "floor", "pfl"),
-    "w2": ("fairclip", "fairclip-local", "opacus"),
+    "w2": ("fairclip", "fairclip-ray", "fairclip-local", "opacus"),
     "w3": ("bimodal-mean", "logistic"),
     "w4": ("pair",),
 }
@@ -121,6 +121,7 @@ def targets(workload: str, results: dict[str, dict[str, Any]], cores: int) -> li
         ratio("fairclip/pfl", "fairclip", "pfl", 1.0, "≥ 1")
     elif workload == "w2":
         ratio("fairclip/opacus", "fairclip", "opacus", 1.0, "≥ 1")
+        ratio("fairclip-ray/opacus", "fairclip-ray", "opacus", 1.0, "≥ 1 (reference)")
         ratio("fairclip-local/opacus", "fairclip-local", "opacus", 1.0, "≥ 1 (reference)")
     elif workload == "w3":
         for name in CONTENDERS["w3"]:

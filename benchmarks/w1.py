@@ -304,12 +304,3 @@ class UnavailableError(RuntimeError):
 
 
 CONTENDERS = {"fairclip": run_fairclip, "flower": run_flower, "floor": run_floor, "pfl": run_pfl}
-
-
-def ratio_targets(cores: int) -> list[tuple[str, str, str, float]]:
-    """(name, numerator, denominator, target: numerator/denominator at least this)."""
-    return [
-        ("fairclip/flower", "fairclip", "flower", 4.0),
-        ("fairclip/floor", "fairclip", "floor", cores / 1.3),
-        ("fairclip/pfl", "fairclip", "pfl", 1.0),
-    ]

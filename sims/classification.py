@@ -9,6 +9,7 @@ distribution; real datasets are loaded, optionally skewed, and partitioned
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -180,6 +181,12 @@ class ClassificationTask:
                 self.model, model, self.train_x[indices], self.train_y[indices], self.training, generator
             )
         return updates
+
+    def worker(self) -> ClassificationTask:
+        """This task with its own copy of the model (local training writes θ into the model)."""
+        view = copy.copy(self)
+        view.model = copy.deepcopy(self.model)
+        return view
 
     def evaluate(self, model: np.ndarray) -> tuple[dict[str, float], dict[str, dict[str, float]]]:
         return evaluate(self.model, model, self.test_x, self.test_y, self.cohort_weights, self.num_classes)

@@ -79,14 +79,19 @@ def run(
     actors: Annotated[
         int | None, typer.Option("--actors", min=1, help="Ray actors (ray backend) [cores].")
     ] = None,
+    workers: Annotated[
+        int, typer.Option("--workers", min=1, help="Threads of the local backend (same result).")
+    ] = 1,
 ) -> None:
     """Run one simulation; write rounds.csv and summary.json."""
     from fairclip.sims.engine import LocalExecutor, RunResult, build_task, simulate
 
+    if workers > 1 and backend is not Backend.local:
+        raise ConfigError("--workers applies to the local backend; the ray backend takes --actors")
     run_config = load_config(scenario, config, overrides or [])
     out = out or Path("runs") / f"{run_config.scenario.name}-{run_config.strategy.name}"
     task = build_task(run_config, data_dir)
-    executor_factory = LocalExecutor
+    executor_factory = lambda task, policy: LocalExecutor(task, policy, workers)  # noqa: E731
     if backend is Backend.ray:
         from fairclip.sims.ray_engine import RayExecutor, ensure_ray
 

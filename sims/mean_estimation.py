@@ -45,6 +45,10 @@ class MeanEstimationTask:
     def local_updates(self, model: np.ndarray, client_ids: np.ndarray, round_number: int) -> np.ndarray:
         return local_updates(self.points[client_ids], model)
 
+    def worker(self) -> MeanEstimationTask:
+        """Local updates only read the points: threads can share this task."""
+        return self
+
     def evaluate(self, model: np.ndarray) -> tuple[dict[str, float], dict[str, dict[str, float]]]:
         squared = np.sum((self.points - model[None, :]) ** 2, axis=1)
         per_cohort = {}

@@ -28,3 +28,7 @@ class Task(Protocol):
 
     def summary(self, model: np.ndarray) -> dict[str, Any]:
         """Task-specific entries of ``summary.json`` for the final model."""
+
+    def worker(self) -> Task:
+        """A view of this task that another thread can call ``local_updates`` on at the same time:
+        it shares the clients and their data, not mutable state such as the model."""

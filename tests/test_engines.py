@@ -51,7 +51,7 @@ def test_local_and_ray_give_identical_runs(ray_session, strategy):
     assert local.summary["cohorts"] == remote.summary["cohorts"]
 
 
-def test_ray_backend_through_the_cli(ray_session, cli, tmp_path):
+def test_ray_backend_and_local_workers_through_the_cli(ray_session, cli, tmp_path):
     common = [
         "--scenario",
         "bimodal-mean",
@@ -63,12 +63,18 @@ def test_ray_backend_through_the_cli(ray_session, cli, tmp_path):
     assert cli("run", *common, "--out", str(tmp_path / "local"))[0] == 0
     status, _, err = cli("run", *common, "--backend", "ray", "--actors", "2", "--out", str(tmp_path / "ray"))
     assert status == 0, err
-    assert (tmp_path / "local" / "rounds.csv").read_text() == (tmp_path / "ray" / "rounds.csv").read_text()
+    local_rounds = (tmp_path / "local" / "rounds.csv").read_text()
+    assert local_rounds == (tmp_path / "ray" / "rounds.csv").read_text()
+    status, _, err = cli("run", *common, "--workers", "3", "--out", str(tmp_path / "threads"))
+    assert status == 0, err
+    assert local_rounds == (tmp_path / "threads" / "rounds.csv").read_text()
+    status, _, err = cli("run", *common, "--backend", "ray", "--workers", "2", "--out", str(tmp_path / "bad"))
+    assert status == 2 and err.strip().count("\n") == 0 and "--workers" in err
 
 
-def test_one_step_clients_give_identical_runs_on_local_and_ray(ray_session):
-    """Per-sample gradients are computed for several blocks at once, and in other groupings on
-    each backend; the run must not depend on it."""
+def test_one_step_clients_give_identical_runs_on_local_threads_and_ray(ray_session):
+    """Per-sample gradients are computed for several blocks at once, by one thread, by several
+    threads or by Ray actors; the run must not depend on it."""
     from fairclip.sims.ray_engine import RayExecutor
 
     config = load_config(
@@ -92,8 +98,23 @@ def test_one_step_clients_give_identical_runs_on_local_and_ray(ray_session):
         remote = simulate(config, build_task(config), lambda _task, _policy: executor)
     finally:
         executor.stop()
-    pd.testing.assert_frame_equal(pd.DataFrame(local.rows), pd.DataFrame(remote.rows), check_exact=True)
-    np.testing.assert_array_equal(local.model, remote.model)
+    threads = simulate(config, build_task(config), lambda task, pol: LocalExecutor(task, pol, workers=3))
+    for other in (remote, threads):
+        pd.testing.assert_frame_equal(pd.DataFrame(local.rows), pd.DataFrame(other.rows), check_exact=True)
+        np.testing.assert_array_equal(local.model, other.model)
+
+
+def test_worker_threads_give_the_same_run_as_one_thread():
+    """Clients with several examples train with their own generators in any thread; the model
+    of each worker thread is its own (ClassificationTask.worker)."""
+    config = load_config("demo", None, ["federation.num_clients=300", "training.rounds=3", "seed=5"])
+    task = build_task(config)
+    assert not task.one_step
+    one = simulate(config, task, LocalExecutor)
+    two = simulate(config, build_task(config), lambda task, policy: LocalExecutor(task, policy, workers=2))
+    pd.testing.assert_frame_equal(pd.DataFrame(one.rows), pd.DataFrame(two.rows), check_exact=True)
+    np.testing.assert_array_equal(one.model, two.model)
+    assert task.worker().model is not task.model and task.worker().train_x is task.train_x
 
 
 def test_groups_of_blocks_depend_only_on_the_sampled_clients():
@@ -128,7 +149,7 @@ def test_blocks_trained_together_or_apart_give_the_same_sums():
 
 
 def test_balance_gives_every_group_once_and_evens_the_load():
-    from fairclip.sims.ray_engine import balance
+    from fairclip.sims.engine import balance
 
     blocks = [np.arange(n) for n in (13, 9, 15, 12, 11, 14, 10, 16)]
     groups = [{b: ids} for b, ids in enumerate(blocks)]
