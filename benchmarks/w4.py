@@ -19,14 +19,14 @@ STRATEGIES = ("bounded", "none")
 def run_pair(quick: bool) -> dict[str, Measurement]:
     import time
 
+    from fairclip.strategies.accounting import epsilon
+
     from .common import Measurement, TreeMemorySampler, self_peak_rss_bytes
     from .engine import start_ray, timed_rounds
     from .imagetask import build_task, image_config, ray_executor
 
     started = time.perf_counter()
     sampler = TreeMemorySampler().__enter__()
-    from fairclip.strategies.accounting import epsilon
-
     repeats = 1 if quick else 3
     cores = start_ray()
     configs = {strategy: image_config(settings(quick, strategy)) for strategy in STRATEGIES}

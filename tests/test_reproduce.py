@@ -33,6 +33,13 @@ def ray_session():
     ray.shutdown()
 
 
+def skip_without_data(setup: repro.Setup) -> None:
+    """Skip, with the reason, when a dataset file of ``setup`` is absent."""
+    for relative in DATASET_FILES[DATASET_OF[setup.scenario]]:
+        if not (DATA_DIR / relative).is_file():
+            pytest.skip(f"{DATA_DIR / relative} is absent: set FAIRCLIP_DATA to the benchmark data folder")
+
+
 def test_list_names_every_setup(cli):
     status, out, _ = cli("reproduce", "--list")
     assert status == 0
@@ -50,9 +57,7 @@ def test_unknown_setup_is_one_line_and_exit_2(cli):
 @pytest.mark.parametrize("name", sorted(repro.builtin_setups()))
 def test_every_setup_runs_a_few_steps(ray_session, cli, tmp_path, name):
     setup = repro.load_setup(name)
-    for relative in DATASET_FILES[DATASET_OF[setup.scenario]]:
-        if not (DATA_DIR / relative).is_file():
-            pytest.skip(f"{DATA_DIR / relative} is absent: set FAIRCLIP_DATA to the benchmark data folder")
+    skip_without_data(setup)
     out = tmp_path / name
     args = ["reproduce", name, "--seeds", "1", "--max-rounds", "1", "--grid-limit", "1", "--out", str(out)]
     args += ["--data-dir", str(DATA_DIR)]
@@ -126,9 +131,7 @@ def test_table_rows_flag_constructed_summaries():
 
 def test_resume_reuses_finished_runs_and_refuses_other_settings(ray_session, cli, tmp_path):
     setup = repro.load_setup("esipova-dutch")
-    for relative in DATASET_FILES[DATASET_OF[setup.scenario]]:
-        if not (DATA_DIR / relative).is_file():
-            pytest.skip(f"{DATA_DIR / relative} is absent: set FAIRCLIP_DATA to the benchmark data folder")
+    skip_without_data(setup)
     out = tmp_path / "dutch"
     args = ["reproduce", "esipova-dutch", "--seeds", "1", "--max-rounds", "1", "--out", str(out)]
     args += ["--data-dir", str(DATA_DIR)]
