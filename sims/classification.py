@@ -134,6 +134,8 @@ class ClassificationTask:
         else:
             self.model = model()
         self._initial = model_to_vector(self.model)
+        self.evaluation_model = copy.deepcopy(self.model)
+        """Evaluation's own copy: :func:`predict` may change its memory format."""
         self.one_step = training.local_epochs == 1 and all(len(ix) == 1 for ix in self.client_indices)
         """Every client holds one example and takes one step: updates are per-sample gradients."""
 
@@ -189,7 +191,9 @@ class ClassificationTask:
         return view
 
     def evaluate(self, model: np.ndarray) -> tuple[dict[str, float], dict[str, dict[str, float]]]:
-        return evaluate(self.model, model, self.test_x, self.test_y, self.cohort_weights, self.num_classes)
+        return evaluate(
+            self.evaluation_model, model, self.test_x, self.test_y, self.cohort_weights, self.num_classes
+        )
 
     def summary(self, model: np.ndarray) -> dict[str, Any]:
         return {}

@@ -63,6 +63,16 @@ DataDirOption = Annotated[
 ]
 
 
+RunWorkersOption = Annotated[
+    int,
+    typer.Option(
+        "--workers",
+        min=1,
+        help="CPUs (local-engine threads) per run; runs at once = cores / this. Same results.",
+    ),
+]
+
+
 @app.command()
 def run(
     scenario: ScenarioOption = None,
@@ -150,6 +160,7 @@ def compare(
     address: Annotated[
         str | None, typer.Option("--address", help="An existing Ray cluster to run on.")
     ] = None,
+    workers: RunWorkersOption = 1,
     data_dir: DataDirOption = None,
 ) -> None:
     """Compare strategies across target ε and seeds on Ray; write summary.csv, report.md and plots."""
@@ -180,7 +191,13 @@ def compare(
     ) as progress:
         bar = progress.add_task(base.scenario.name, total=len(todo))
         sweep.execute(
-            raw, todo, out, data_dir=data_dir, address=address, on_finished=lambda _run: progress.advance(bar)
+            raw,
+            todo,
+            out,
+            data_dir=data_dir,
+            address=address,
+            workers=workers,
+            on_finished=lambda _run: progress.advance(bar),
         )
     table, rounds, keys = sweep.load_results(out, runs)
     sweep.write_summary(out, table)
@@ -215,6 +232,7 @@ def reproduce(
     resume: Annotated[
         bool, typer.Option("--resume", help="Keep finished runs in --out; compute the rest.")
     ] = False,
+    workers: RunWorkersOption = 1,
     data_dir: DataDirOption = None,
 ) -> None:
     """Reproduce a seed paper's centralised experiment; write reproduction.csv and reproduction.md."""
@@ -249,6 +267,7 @@ def reproduce(
             max_rounds=max_rounds,
             overrides=overrides or [],
             address=address,
+            workers=workers,
             resume=resume,
             on_finished=lambda _run: progress.advance(bar),
             on_plan=lambda total: progress.update(bar, total=total),

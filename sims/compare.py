@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pandas as pd
 
@@ -24,6 +24,7 @@ from fairclip.sims.errors import ConfigError
 from fairclip.sims.outputs import json_normalised, write_csv, write_json
 
 REFERENCE = "none"
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -99,14 +100,46 @@ def pending_runs(raw: dict[str, Any], runs: list[RunSpec], out: Path, resume: bo
     return [run for run in runs if finished_summary(out / "runs" / run.key, run.config(raw)) is None]
 
 
-def run_simulation(raw_config: dict[str, Any], data_dir: str | None) -> dict[str, Any]:
-    """Simulate one run in this process; returns its rows and summary."""
-    from fairclip.sims.engine import build_task, simulate
+def run_simulation(raw_config: dict[str, Any], data_dir: str | None, workers: int = 1) -> dict[str, Any]:
+    """Simulate one run in this process (the local engine with ``workers`` threads); returns its
+    rows and summary."""
+    from fairclip.sims.engine import LocalExecutor, build_task, simulate
 
     config = validate(raw_config)
     task = build_task(config, Path(data_dir) if data_dir else None)
-    result = simulate(config, task)
+    result = simulate(config, task, lambda task, policy: LocalExecutor(task, policy, workers))
     return {"rows": result.rows, "summary": result.summary}
+
+
+def simulate_on_ray(
+    jobs: list[tuple[T, dict[str, Any]]], *, data_dir: Path | None, address: str | None, workers: int = 1
+) -> Iterator[tuple[T, dict[str, Any]]]:
+    """Simulate each (item, raw configuration) as one Ray task of ``workers`` CPUs, each a local
+    engine with as many threads (the same result for any ``workers``); yield (item, result) as
+    they finish. Many one-CPU tasks use the cores best when there are many runs; give the
+    threads to the few runs of a long reproduction."""
+    import ray
+
+    from fairclip.sims.ray_engine import ensure_ray
+
+    if not jobs:
+        return
+    ensure_ray(address)
+    cpus = ray.cluster_resources().get("CPU", 0)
+    if workers > cpus:  # such a task would wait forever
+        raise ConfigError(f"--workers {workers} is more than the Ray cluster's {cpus:g} CPUs")
+    remote = ray.remote(num_cpus=workers)(run_simulation)
+    futures = {remote.remote(raw, str(data_dir) if data_dir else None, workers): item for item, raw in jobs}
+    remaining = list(futures)
+    while remaining:
+        done, remaining = ray.wait(remaining, num_returns=1)
+        yield futures[done[0]], ray.get(done[0])
+
+
+def save_run(folder: Path, result: dict[str, Any]) -> None:
+    """Write a finished run: ``rounds.csv``, then ``summary.json`` (which marks it finished)."""
+    write_csv(folder / "rounds.csv", result["rows"])
+    write_json(folder / "summary.json", result["summary"])
 
 
 def execute(
@@ -116,28 +149,13 @@ def execute(
     *,
     data_dir: Path | None,
     address: str | None,
+    workers: int = 1,
     on_finished: Callable[[RunSpec], None] | None = None,
 ) -> None:
     """Run ``pending`` on Ray, writing each run into ``out/runs/<key>/`` as it finishes."""
-    import ray
-
-    from fairclip.sims.ray_engine import ensure_ray
-
-    if not pending:
-        return
-    ensure_ray(address)
-    remote = ray.remote(num_cpus=1)(run_simulation)
-    futures = {
-        remote.remote(run.config(raw).as_dict(), str(data_dir) if data_dir else None): run for run in pending
-    }
-    remaining = list(futures)
-    while remaining:
-        done, remaining = ray.wait(remaining, num_returns=1)
-        run = futures[done[0]]
-        result = ray.get(done[0])
-        folder = out / "runs" / run.key
-        write_csv(folder / "rounds.csv", result["rows"])
-        write_json(folder / "summary.json", result["summary"])
+    jobs = [(run, run.config(raw).as_dict()) for run in pending]
+    for run, result in simulate_on_ray(jobs, data_dir=data_dir, address=address, workers=workers):
+        save_run(out / "runs" / run.key, result)
         if on_finished is not None:
             on_finished(run)
 

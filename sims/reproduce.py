@@ -293,15 +293,14 @@ def execute(
     *,
     data_dir: Path | None,
     address: str | None = None,
+    workers: int = 1,
     on_finished: Callable[[Run], None] | None = None,
     reuse: dict[str, dict[str, Any]] | None = None,
 ) -> dict[str, dict[str, Any]]:
-    """Run every run as a Ray task (as ``fairclip compare``); write each as it finishes; return
-    the summaries by key. Runs whose key is in ``reuse`` (finished earlier) are not run again."""
-    import ray
-
-    from fairclip.sims.compare import run_simulation
-    from fairclip.sims.ray_engine import ensure_ray
+    """Run every run as a Ray task of ``workers`` threads (as ``fairclip compare``); write each as
+    it finishes; return the summaries by key. Runs whose key is in ``reuse`` (finished earlier)
+    are not run again."""
+    from fairclip.sims.compare import save_run, simulate_on_ray
 
     summaries: dict[str, dict[str, Any]] = {}
     for run in runs:
@@ -309,20 +308,9 @@ def execute(
             summaries[run.key] = reuse[run.key]
             if on_finished is not None:
                 on_finished(run)
-    runs = [run for run in runs if run.key not in summaries]
-    if not runs:
-        return summaries
-    ensure_ray(address)
-    remote = ray.remote(num_cpus=1)(run_simulation)
-    futures = {remote.remote(run.raw, str(data_dir) if data_dir else None): run for run in runs}
-    remaining = list(futures)
-    while remaining:
-        done, remaining = ray.wait(remaining, num_returns=1)
-        run = futures[done[0]]
-        result = ray.get(done[0])
-        folder = out / "runs" / run.key
-        write_csv(folder / "rounds.csv", result["rows"])
-        write_json(folder / "summary.json", result["summary"])
+    jobs = [(run, run.raw) for run in runs if run.key not in summaries]
+    for run, result in simulate_on_ray(jobs, data_dir=data_dir, address=address, workers=workers):
+        save_run(out / "runs" / run.key, result)
         summaries[run.key] = result["summary"]
         if on_finished is not None:
             on_finished(run)
@@ -461,6 +449,7 @@ def reproduce(
     max_rounds: int | None = None,
     overrides: list[str] | None = None,
     address: str | None = None,
+    workers: int = 1,
     resume: bool = False,
     on_finished: Callable[[Run], None] | None = None,
     on_plan: Callable[[int], None] | None = None,
@@ -483,7 +472,13 @@ def reproduce(
         reuse = finished(grid, out) if resume else {}
         reused += len(reuse)
         summaries = execute(
-            grid, out, data_dir=data_dir, address=address, on_finished=on_finished, reuse=reuse
+            grid,
+            out,
+            data_dir=data_dir,
+            address=address,
+            workers=workers,
+            on_finished=on_finished,
+            reuse=reuse,
         )
         chosen = choose(grid, summaries)
         extra.append(
@@ -495,7 +490,9 @@ def reproduce(
         on_plan(len(final))
     reuse = finished(final, out) if resume else {}
     reused += len(reuse)
-    summaries = execute(final, out, data_dir=data_dir, address=address, on_finished=on_finished, reuse=reuse)
+    summaries = execute(
+        final, out, data_dir=data_dir, address=address, workers=workers, on_finished=on_finished, reuse=reuse
+    )
     rows = table_rows(setup, final, summaries)
     wall = time.perf_counter() - started
     if reused:

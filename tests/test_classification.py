@@ -10,7 +10,7 @@ import torch
 
 from fairclip.client.models import MODELS, build_model, load_vector, model_to_vector
 from fairclip.client.training import LocalTraining, local_update
-from fairclip.server.evaluation import evaluate
+from fairclip.server.evaluation import PREDICT_BATCH, evaluate, predict
 from fairclip.sims.classification import synthetic_data
 from fairclip.sims.config import load_config
 from fairclip.sims.engine import build_task, simulate
@@ -201,6 +201,28 @@ def test_evaluate_leaves_absent_classes_out_of_macro_and_worst_class():
     assert overall["accuracy"] == pytest.approx(3 / 5)
     assert overall["macro_accuracy"] == pytest.approx((1 / 2 + 2 / 3) / 2)
     assert overall["worst_class_accuracy"] == pytest.approx(1 / 2)
+
+
+@pytest.mark.parametrize("name", ["cnn", "tanh-cnn"])
+def test_predict_gives_the_plain_forward_pass_of_image_models(name):
+    """Batches of PREDICT_BATCH and the channels-last format change nothing but rounding."""
+    torch.manual_seed(1)
+    model = build_model(name, (1, 28, 28), 10)
+    vector = _float32_vector(model_to_vector(model).size, seed=2)
+    features = torch.randn(2 * PREDICT_BATCH + 7, 1, 28, 28, generator=_generator(3))
+    reference = build_model(name, (1, 28, 28), 10)
+    load_vector(reference, vector)
+    with torch.no_grad():
+        expected = reference(features)
+    logits = predict(model, vector, features)
+    assert logits.shape == expected.shape
+    torch.testing.assert_close(logits, expected, rtol=1e-5, atol=1e-5)
+    assert model[0].weight.is_contiguous(memory_format=torch.channels_last)
+    # Loading the next vector works on the converted model.
+    logits = predict(model, 2 * vector, features[:5])
+    load_vector(reference, 2 * vector)
+    with torch.no_grad():
+        torch.testing.assert_close(logits, reference(features[:5]), rtol=1e-5, atol=1e-5)
 
 
 # ----- synthetic data ----------------------------------------------------------------------

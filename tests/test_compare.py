@@ -107,6 +107,24 @@ def test_resume_recomputes_nothing_finished(ray_session, tmp_path):
         sweep.pending_runs(changed, runs, tmp_path, resume=True)
 
 
+def test_worker_threads_per_run_give_the_same_runs(ray_session, cli, tmp_path):
+    """``--workers 2``: one Ray task of 2 CPUs per run, a local engine of 2 threads in each; the
+    runs are bit for bit those of one-CPU tasks. More workers than the cluster's CPUs is exit 2."""
+    args = ("compare", "--scenario", "demo", *SHORT, "--strategies", "bounded", "--epsilons", "4")
+    for workers in (1, 2):
+        status, _, err = cli(*args, "--workers", str(workers), "--out", str(tmp_path / f"w{workers}"))
+        assert status == 0, err
+    keys = sorted(path.name for path in (tmp_path / "w1" / "runs").iterdir())
+    assert len(keys) == 2  # none and bounded
+    for key in keys:
+        one, two = (tmp_path / f"w{w}" / "runs" / key / "rounds.csv" for w in (1, 2))
+        assert one.read_bytes() == two.read_bytes()
+    status, _, err = cli(*args, "--workers", "3", "--out", str(tmp_path / "w3"))
+    assert status == 2
+    refusal = "fairclip: error: --workers 3 is more than the Ray cluster's 2 CPUs"
+    assert err.strip().splitlines()[-1] == refusal
+
+
 def test_bad_compare_arguments_are_one_line(cli, tmp_path):
     for args in (
         ["--strategies", "constant,nonsense"],
