@@ -58,11 +58,12 @@ def main() -> None:
     class Model(torch.nn.Module):
         def __init__(self):
             super().__init__()
-            self.net = w1_cnn()
+            # The channels-last memory format, as fairclip's local training uses for images.
+            self.net = w1_cnn().to(memory_format=torch.channels_last)
             self.cross_entropy = torch.nn.CrossEntropyLoss()
 
         def forward(self, x):
-            return self.net(x)
+            return self.net(x.contiguous(memory_format=torch.channels_last))
 
         def loss(self, x, y, eval=False):
             self.eval() if eval else self.train()

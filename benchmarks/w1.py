@@ -78,7 +78,8 @@ def run_fairclip(quick: bool, strategy: str = "bounded") -> Measurement:
 
 
 def run_floor(quick: bool) -> Measurement:
-    """Plain PyTorch, one process, one thread: train the sampled clients, average, repeat."""
+    """Plain PyTorch, one process, one thread: train the sampled clients, average, repeat. Images
+    and model in the channels-last memory format, as fairclip's local training has them."""
     import torch
     from torch import nn
 
@@ -89,6 +90,7 @@ def run_floor(quick: bool) -> Measurement:
     size = sizes(quick)
 
     def body():
+        from fairclip.client.models import image_layout
         from fairclip.client.training import prepare_training
 
         torch.set_num_threads(1)
@@ -108,8 +110,8 @@ def run_floor(quick: bool) -> Measurement:
             total = torch.zeros_like(global_vector)
             for client in clients:
                 nn.utils.vector_to_parameters(global_vector, model.parameters())
+                x = image_layout(model, train_x[client * per_client : (client + 1) * per_client])
                 optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
-                x = train_x[client * per_client : (client + 1) * per_client]
                 y = train_y[client * per_client : (client + 1) * per_client]
                 order = torch.randperm(per_client, generator=generator)
                 for start in range(0, per_client, 32):
@@ -117,7 +119,8 @@ def run_floor(quick: bool) -> Measurement:
                     optimizer.zero_grad(set_to_none=True)
                     loss_function(model(x[batch]), y[batch]).backward()
                     optimizer.step()
-                total += nn.utils.parameters_to_vector(model.parameters()).detach() - global_vector
+                trained = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+                total += trained - global_vector
                 updates += 1
             global_vector = global_vector + total / max(len(clients), 1)
         seconds = time.perf_counter() - started

@@ -71,8 +71,20 @@ def build_model(name: str, input_shape: tuple[int, ...], num_classes: int) -> nn
 
 
 def model_to_vector(model: nn.Module) -> np.ndarray:
-    """The model's parameters as one float64 vector."""
-    return torch.nn.utils.parameters_to_vector(model.parameters()).detach().double().numpy().copy()
+    """The model's parameters as one float64 vector (in logical order, whatever their memory format)."""
+    return torch.cat([parameter.detach().reshape(-1) for parameter in model.parameters()]).double().numpy()
+
+
+def image_layout(model: nn.Module, features: torch.Tensor) -> torch.Tensor:
+    """For image batches (N, C, H, W): move ``model`` to the channels-last memory format and return
+    ``features`` in it; other inputs pass through. CPU convolutions and max-pooling run faster
+    there (one thread: W1's CNN, 64 images in batches of 32, 31.5 -> 19.6 ms per client; the
+    10,000 MNIST test images through the tanh CNN, 3.2 -> 1.6 s); values agree to float rounding.
+    :func:`load_vector` puts the parameters back in the default format."""
+    if features.dim() != 4:
+        return features
+    model.to(memory_format=torch.channels_last)
+    return features.contiguous(memory_format=torch.channels_last)
 
 
 def load_vector(model: nn.Module, vector: np.ndarray) -> None:

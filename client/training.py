@@ -12,7 +12,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from fairclip.client.models import load_vector, model_to_vector
+from fairclip.client.models import image_layout, load_vector, model_to_vector
 
 
 @dataclass(frozen=True)
@@ -32,8 +32,10 @@ def local_update(
     training: LocalTraining,
     generator: torch.Generator,
 ) -> np.ndarray:
-    """Train ``model`` from ``global_vector`` on one client's data; return Δ as float64."""
+    """Train ``model`` from ``global_vector`` on one client's data; return Δ as float64. Images
+    train in the channels-last memory format (:func:`image_layout`)."""
     load_vector(model, global_vector)
+    features = image_layout(model, features)
     model.train()
     optimizer = torch.optim.SGD(model.parameters(), lr=training.lr)
     loss_function = nn.CrossEntropyLoss()
