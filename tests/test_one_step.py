@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from fairclip.client.models import build_model, model_to_vector
+from fairclip.client.models import build_model, load_vector, model_to_vector
 from fairclip.client.training import LocalTraining, local_update, one_step_updates
 from fairclip.sims.config import load_config
 from fairclip.sims.engine import build_task, simulate
@@ -28,6 +28,41 @@ def test_per_sample_updates_equal_one_local_step_each(name, shape, classes):
         slow = local_update(model, theta, features[i : i + 1], labels[i : i + 1], training, torch.Generator())
         np.testing.assert_allclose(fast[i], slow, rtol=1e-5, atol=1e-7)
     assert np.abs(fast).sum() > 0
+
+
+def _plain_sgd_update(name, theta, features, labels, lr, steps):
+    """Full-batch SGD on a model in the default (contiguous) memory format: the reference."""
+    model = build_model(name, (1, 28, 28), 10)
+    load_vector(model, theta)
+    for _ in range(steps):
+        model.zero_grad()
+        torch.nn.functional.cross_entropy(model(features), labels).backward()
+        with torch.no_grad():
+            for parameter in model.parameters():
+                parameter -= lr * parameter.grad
+    assert all(parameter.is_contiguous() for parameter in model.parameters())
+    return model_to_vector(model) - theta
+
+
+@pytest.mark.parametrize("name", ["cnn", "tanh-cnn"])
+def test_channels_last_training_equals_the_default_layout(name):
+    """Both client paths train images in the channels-last format (``image_layout``): their
+    updates equal plain SGD in the default layout (the format Opacus' hooks get wrong)."""
+    torch.manual_seed(0)
+    model = build_model(name, (1, 28, 28), 10)
+    theta = model_to_vector(model) + np.random.default_rng(2).normal(0, 0.05, model_to_vector(model).shape)
+    features = torch.randn(12, 1, 28, 28, generator=torch.Generator().manual_seed(3))
+    labels = torch.arange(12) % 10
+    full_batch = LocalTraining(epochs=2, batch_size=12, lr=0.4)
+    trained = local_update(model, theta, features, labels, full_batch, torch.Generator())
+    assert model[0].weight.is_contiguous(memory_format=torch.channels_last)
+    reference = _plain_sgd_update(name, theta, features, labels, lr=0.4, steps=2)
+    np.testing.assert_allclose(trained, reference, rtol=1e-4, atol=1e-6)
+    per_sample = one_step_updates(model, theta, features, labels, lr=0.4, micro_batch=5)
+    for i in range(12):
+        reference = _plain_sgd_update(name, theta, features[i : i + 1], labels[i : i + 1], lr=0.4, steps=1)
+        np.testing.assert_allclose(per_sample[i], reference, rtol=1e-4, atol=1e-6)
+    assert np.abs(per_sample).sum() > 0
 
 
 def test_one_step_path_gives_the_generic_result_with_noise():
