@@ -28,9 +28,9 @@ def predict(model: nn.Module, vector: np.ndarray, features: torch.Tensor, batch_
     """
     load_vector(model, vector)
     model.eval()
-    features = image_layout(model, features)
+    batches = (features[i : i + batch_size] for i in range(0, len(features), batch_size))
     with torch.no_grad():
-        return torch.cat([model(features[i : i + batch_size]) for i in range(0, len(features), batch_size)])
+        return torch.cat([model(image_layout(model, batch)) for batch in batches])
 
 
 def evaluate(
