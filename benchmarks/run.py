@@ -136,11 +136,14 @@ def targets(workload: str, results: dict[str, dict[str, Any]], cores: int) -> li
                 }
             )
     elif workload == "w4":
+        # The median of the repeats' paired overheads (benchmarks/w4.py); else the walls' ratio.
+        overhead = _value(results, "bounded", "overhead")
         bounded, none = _value(results, "bounded", "wall_s"), _value(results, "none", "wall_s")
-        overhead = bounded / none - 1 if bounded is not None and none else None
+        if overhead is None and bounded is not None and none:
+            overhead = bounded / none - 1
         rows.append(
             {
-                "name": "bounded wall / none wall − 1",
+                "name": "bounded wall / none wall − 1 (median of pairs)",
                 "value": overhead,
                 "target": "≤ 5 %",
                 "threshold": W4_OVERHEAD_LIMIT,

@@ -56,7 +56,7 @@ def test_quick_suite_writes_the_report(tmp_path):
             assert result["total_s"] >= result["wall_s"]
     measures = {(row["workload"], row["name"]) for row in report["targets"]}
     assert ("w2", "fairclip/opacus") in measures
-    assert ("w4", "bounded wall / none wall − 1") in measures
+    assert ("w4", "bounded wall / none wall − 1 (median of pairs)") in measures
     for row in report["targets"]:
         if row["name"].startswith("fairclip-local"):
             assert row["met"] is None
@@ -65,6 +65,9 @@ def test_quick_suite_writes_the_report(tmp_path):
         assert math.isfinite(row["value"])
     w4 = report["workloads"]["w4"]["contenders"]
     assert w4["bounded"]["client_updates"] == w4["none"]["client_updates"] > 0
+    assert len(w4["bounded"]["paired_overheads"]) == w4["bounded"]["repeats"] == 1
+    # One repeat in --quick: its pair is the fastest of each strategy.
+    assert w4["bounded"]["overhead"] == pytest.approx(w4["bounded"]["wall_s"] / w4["none"]["wall_s"] - 1)
 
 
 @pytest.mark.slow
@@ -102,6 +105,15 @@ def test_targets_from_figures():
         "w4", {"bounded": {"status": "ok", "wall_s": 1.1}, "none": {"status": "ok", "wall_s": 1.0}}, 2
     )
     assert w4[0]["met"] is False and w4[0]["value"] == pytest.approx(0.1)
+    paired = targets(
+        "w4",
+        {
+            "bounded": {"status": "ok", "wall_s": 1.1, "overhead": 0.03},
+            "none": {"status": "ok", "wall_s": 1.0},
+        },
+        2,
+    )
+    assert paired[0]["met"] is True and paired[0]["value"] == pytest.approx(0.03)
 
 
 def test_unknown_workload_is_an_error(capsys):
