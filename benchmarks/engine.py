@@ -23,14 +23,16 @@ def start_ray(cores: int | None = None) -> int:
 
 
 def timed_rounds(config, task, executor) -> tuple[float, dict[str, Any]]:
-    """Run every round; return (seconds of the round loop, details)."""
+    """Run every round; return (seconds from the server's start to the last round's end, details).
+    The clock starts before the :class:`RunServer` exists, so it covers the privacy accounting
+    that the server starts in the background."""
     from fairclip.sims.engine import RunServer
 
+    started = time.perf_counter()
     server = RunServer(config, task)
     rounds = server.rounds_to_run
     updates = 0
     round_seconds = []
-    started = time.perf_counter()
     for round_number in range(1, rounds + 1):
         round_start = time.perf_counter()
         client_ids = server.sample(round_number)

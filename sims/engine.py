@@ -168,6 +168,10 @@ def build_task(config: RunConfig, data_dir: Path | None = None) -> Task:
         raise ConfigError(f"scenario {config.scenario.name!r}: {error}") from None
 
 
+_ACCOUNTANT = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fairclip-accountant")
+"""One thread per process for :class:`RunServer`'s final privacy claims."""
+
+
 class RunServer:
     """The server of one run: model θ_t, policy state, privacy plan and the finished rounds.
 
@@ -195,6 +199,9 @@ class RunServer:
         self.state = self.policy.initial_state(self.model.shape[0])
         self.optimizer = ServerSGD(config.training.server_lr, config.training.server_momentum)
         self.rounds_completed = 0
+        self._final_claim = _ACCOUNTANT.submit(self.plan.claim, self.rounds_to_run)
+        """ε after the last round, computed while the rounds run (PRV: 0.2-0.9 s a call here,
+        15 % of a 5-round W1 run when the summary waited for it)."""
         self.result.summary = self._summary({}, {})
         self.result.model = self.model
 
@@ -273,7 +280,8 @@ class RunServer:
 
     def _summary(self, overall, per_cohort) -> dict[str, Any]:
         config, plan = self.config, self.plan
-        claim = plan.claim(self.rounds_completed).as_dict()
+        finished = self.rounds_completed == self.rounds_to_run
+        claim = (self._final_claim.result() if finished else plan.claim(self.rounds_completed)).as_dict()
         return {
             "scenario": config.scenario.name,
             "strategy": config.strategy.name,

@@ -21,8 +21,6 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -38,12 +36,10 @@ CALIBRATION_TOLERANCE = 0.002
 """Relative tolerance of the search for σ_eff: the calibrated ε is within 0.2 % below target."""
 
 
-@contextmanager
-def _quiet_opacus() -> Iterator[None]:
-    """Silence RDP's hint that a larger order might be tighter; the ε it reports stays valid."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="Optimal order is the largest alpha")
-        yield
+# RDP's hint that a larger order might be tighter: the ε it reports stays valid. A filter for the
+# whole process rather than ``warnings.catch_warnings``, which is not thread-safe (the engines
+# compute a run's final ε in a background thread).
+warnings.filterwarnings("ignore", message="Optimal order is the largest alpha")
 
 
 def effective_noise_multiplier(noise: NoiseMultipliers, releases_reports: bool) -> float:
@@ -85,8 +81,7 @@ def epsilon(
         return math.inf
     opacus_accountant = create_accountant(mechanism=accountant)
     opacus_accountant.history = [(float(effective_multiplier), float(sample_rate), int(rounds))]
-    with _quiet_opacus():
-        return float(opacus_accountant.get_epsilon(delta=delta))
+    return float(opacus_accountant.get_epsilon(delta=delta))
 
 
 @lru_cache(maxsize=256)
@@ -113,15 +108,14 @@ def calibrate(
     if rounds == 0:
         raise PolicyConfigError("cannot calibrate noise for 0 rounds")
     try:
-        with _quiet_opacus():
-            sigma_eff = get_noise_multiplier(
-                target_epsilon=target_epsilon,
-                target_delta=delta,
-                sample_rate=sample_rate,
-                steps=rounds,
-                accountant=accountant,
-                epsilon_tolerance=CALIBRATION_TOLERANCE * target_epsilon,
-            )
+        sigma_eff = get_noise_multiplier(
+            target_epsilon=target_epsilon,
+            target_delta=delta,
+            sample_rate=sample_rate,
+            steps=rounds,
+            accountant=accountant,
+            epsilon_tolerance=CALIBRATION_TOLERANCE * target_epsilon,
+        )
     except ValueError as error:
         raise PolicyConfigError(
             f"target epsilon {target_epsilon:g} cannot be reached at delta {delta:g} with q={sample_rate:g}, "

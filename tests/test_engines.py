@@ -160,3 +160,27 @@ def test_balance_gives_every_group_once_and_evens_the_load():
     assert sum(loads) == 100 and max(loads) - min(loads) <= 2
     # More workers than groups: the extra workers get nothing.
     assert [len(share) for share in balance(groups[:3], 5)].count(0) == 2
+
+
+@pytest.mark.parametrize("budget_rounds", [None, 3])
+def test_final_claim_from_the_background_equals_the_accountant_now(budget_rounds):
+    """The server computes ε after its last round in a background thread while the rounds run;
+    the summary's claim is the one the accountant gives when asked directly, also when a privacy
+    budget ends the run early (then after the last round the budget allows)."""
+    from fairclip.strategies.accounting import epsilon
+
+    overrides = ["federation.num_clients=120", "training.rounds=6", "strategy.name=bounded"]
+    if budget_rounds is not None:
+        plan = RunServer(
+            load_config("demo", None, overrides), build_task(load_config("demo", None, overrides))
+        ).plan
+        overrides.append(f"privacy.epsilon_budget={plan.epsilon_after(budget_rounds) * 1.0001!r}")
+    config = load_config("demo", None, overrides)
+    result = simulate(config, build_task(config))
+    epsilon.cache_clear()
+    server = RunServer(config, build_task(config))
+    completed = result.summary["rounds_completed"]
+    assert completed == server.rounds_to_run == (budget_rounds or 6)
+    expected = server.plan.claim(completed).as_dict()
+    assert result.summary["privacy"] == expected
+    assert result.summary["epsilon"] == expected["epsilon"] > 0
