@@ -184,3 +184,11 @@ def test_final_claim_from_the_background_equals_the_accountant_now(budget_rounds
     expected = server.plan.claim(completed).as_dict()
     assert result.summary["privacy"] == expected
     assert result.summary["epsilon"] == expected["epsilon"] > 0
+
+
+def test_background_work_hands_over_its_result_or_its_error():
+    from fairclip.sims.engine import in_background
+
+    assert in_background(pow, 2, 10).result(timeout=10) == 1024
+    with pytest.raises(ZeroDivisionError):
+        in_background(divmod, 1, 0).result(timeout=10)
