@@ -15,7 +15,6 @@ import numpy as np
 
 from fairclip.strategies import Policy
 from fairclip.strategies.base import Broadcast
-from fairclip.strategies.clipping import row_norms
 
 
 @dataclass
@@ -71,13 +70,12 @@ def contribute(
     def per_cohort(values: np.ndarray) -> np.ndarray:
         return np.bincount(cohorts, weights=values.astype(np.float64), minlength=num_cohorts)
 
-    finite = np.where(reports.nonfinite[:, None], 0.0, updates) if reports.nonfinite.any() else updates
     diagnostics = CohortDiagnostics(
         sampled=per_cohort(np.ones(len(cohorts))),
         exceeded=per_cohort(reports.exceeded),
         nonfinite=per_cohort(reports.nonfinite),
-        norm_before=per_cohort(row_norms(finite)),
-        norm_after=per_cohort(row_norms(reports.contributions)),
+        norm_before=per_cohort(reports.norms),
+        norm_after=per_cohort(reports.contribution_norms),
     )
     return RoundSums(
         contribution_sum=reports.contributions.sum(axis=0),

@@ -99,10 +99,12 @@ def one_step_updates(
     per_example_grads = vmap(grad(example_loss), in_dims=(None, 0, 0))
     count = labels.shape[0]
     updates = np.empty((count, global_vector.shape[0]))
+    global_tensor = torch.from_numpy(np.asarray(global_vector, dtype=np.float64))
     for start in range(0, count, micro_batch):
         stop = min(start + micro_batch, count)
         grads = per_example_grads(params, features[start:stop], labels[start:stop])
         flat = torch.cat([grads[name].reshape(stop - start, -1) for name in names], dim=1)
         stepped = start_point.unsqueeze(0) - lr * flat
-        updates[start:stop] = stepped.double().numpy() - global_vector[None, :]
+        # θ_i (float32, exact in float64) − θ_t in float64, written in place: one pass
+        torch.sub(stepped, global_tensor, out=torch.from_numpy(updates[start:stop]))
     return updates

@@ -29,7 +29,7 @@ vectors; no engine re-implements any part of a policy.
 
 Two invariants are guaranteed here, not in each policy: every contribution leaves
 :meth:`Policy.client_side` with norm at most its sensitivity (a final guarded projection,
-:func:`fairclip.strategies.clipping.clip_rows`), and non-finite updates are replaced by zero
+:func:`fairclip.strategies.clipping.clip_rows_with_norms`), and non-finite updates are replaced by zero
 contributions, so a diverged client can never break the bound.
 """
 
@@ -42,7 +42,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from fairclip.strategies.clipping import clip_rows, row_norms
+from fairclip.strategies.clipping import clip_rows_with_norms, row_norms
 from fairclip.strategies.errors import PolicyConfigError
 
 State = Any
@@ -91,6 +91,10 @@ class ClientReports:
     reports: np.ndarray
     exceeded: np.ndarray
     nonfinite: np.ndarray
+    norms: np.ndarray
+    """||Δ_i|| of each update (0 for a non-finite one): a diagnostic, computed for clipping anyway."""
+    contribution_norms: np.ndarray
+    """||Δ̄_i|| of each contribution: a diagnostic, computed by the final projection anyway."""
 
 
 @dataclass(frozen=True)
@@ -192,7 +196,9 @@ class Policy(ABC):
         safe = np.where(nonfinite[:, None], 0.0, updates) if nonfinite.any() else updates
         norms = row_norms(safe)
         contributions, reports, exceeded = self.transform(safe, norms, cohorts, params)
-        contributions = clip_rows(contributions, self.contribution_bounds(params, cohorts))
+        contributions, contribution_norms = clip_rows_with_norms(
+            contributions, self.contribution_bounds(params, cohorts)
+        )
         reports = reports.copy()
         reports[nonfinite] = 0.0
         return ClientReports(
@@ -200,6 +206,8 @@ class Policy(ABC):
             reports=reports,
             exceeded=exceeded & ~nonfinite,
             nonfinite=nonfinite,
+            norms=norms,
+            contribution_norms=contribution_norms,
         )
 
     # ----- the server side, shared by every engine -------------------------------------

@@ -46,11 +46,20 @@ def _scaled_row_norms(x: np.ndarray) -> np.ndarray:
 
 def clip_rows(x: np.ndarray, bounds: np.ndarray | float) -> np.ndarray:
     """Scale each row of ``x`` down to norm at most ``bounds`` (a scalar or one bound per row)."""
+    return clip_rows_with_norms(x, bounds)[0]
+
+
+def clip_rows_with_norms(x: np.ndarray, bounds: np.ndarray | float) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`clip_rows` and the row norms of its result, ``row_norms`` of the rows it rescaled
+    and the norms it already computed for the rows it left alone (which it returns unchanged)."""
     x = np.asarray(x, dtype=np.float64)
     norms = row_norms(x)
     limit = np.broadcast_to(np.asarray(bounds, dtype=np.float64), norms.shape) * (1.0 - SAFETY)
     over = norms > limit
-    return _rescale(x, norms, limit, over)
+    clipped = _rescale(x, norms, limit, over)
+    if over.any():
+        norms[over] = row_norms(clipped[over])
+    return clipped, norms
 
 
 def clip_factors(norms: np.ndarray, bounds: np.ndarray | float) -> np.ndarray:

@@ -33,6 +33,7 @@ from fairclip.strategies import (
     build_policy,
     policy_parameters,
 )
+from fairclip.strategies.clipping import row_norms
 
 NAMES = sorted(POLICIES)
 SETTINGS = settings(
@@ -343,6 +344,10 @@ def test_contributions_stay_within_the_noised_sensitivity(name, data):
     assert np.all(out.contributions[nonfinite] == 0)
     assert np.all(out.reports[nonfinite] == 0)
     assert not np.any(out.exceeded[nonfinite])
+    # the diagnostic norms are those of the finite updates and of what is sent, exactly
+    finite = np.where(nonfinite[:, None], 0.0, updates)
+    assert np.array_equal(out.norms, row_norms(finite))
+    assert np.array_equal(out.contribution_norms, row_norms(out.contributions))
 
     check_semantics(name, policy, params_t, updates, cohorts, out)
 
