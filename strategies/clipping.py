@@ -50,16 +50,14 @@ def clip_rows(x: np.ndarray, bounds: np.ndarray | float) -> np.ndarray:
 
 
 def clip_rows_with_norms(x: np.ndarray, bounds: np.ndarray | float) -> tuple[np.ndarray, np.ndarray]:
-    """:func:`clip_rows` and the row norms of its result, ``row_norms`` of the rows it rescaled
-    and the norms it already computed for the rows it left alone (which it returns unchanged)."""
+    """:func:`clip_rows` and ``row_norms`` of its result: the norms it computed already where it
+    rescaled no row (the rows come back unchanged), one more pass where it rescaled some."""
     x = np.asarray(x, dtype=np.float64)
     norms = row_norms(x)
     limit = np.broadcast_to(np.asarray(bounds, dtype=np.float64), norms.shape) * (1.0 - SAFETY)
     over = norms > limit
     clipped = _rescale(x, norms, limit, over)
-    if over.any():
-        norms[over] = row_norms(clipped[over])
-    return clipped, norms
+    return clipped, (row_norms(clipped) if over.any() else norms)
 
 
 def clip_factors(norms: np.ndarray, bounds: np.ndarray | float) -> np.ndarray:
