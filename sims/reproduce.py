@@ -412,16 +412,22 @@ def markdown(setup: Setup, rows: list[dict[str, Any]], wall_seconds: float, extr
             f"{row['fairclip_mean']:.4f}{se} | {row['seeds']} | {chosen} | {flag} |"
         )
     flagged = [row for row in rows if row["outside"]]
+    compared = sum(row["paper"] != "" for row in rows)
     lines += [""]
-    if flagged:
+    if compared == 0:
+        lines.append("No number in this table has a paper value to compare with, so nothing is flagged.")
+    elif flagged:
         lines.append(
-            f"{len(flagged)} of {sum(row['paper'] != '' for row in rows)} numbers with a paper value lie "
+            f"{len(flagged)} of {compared} numbers with a paper value lie "
             "outside the paper's mean ± 2 standard errors (± 2 points where no error is given): "
             + ", ".join(f"`{r['strategy']}` {r['metric']} (ε {r['epsilon']})" for r in flagged)
             + ". Likely causes are in the notes below; nothing was tuned to hit a number."
         )
     else:
-        lines.append("Every number with a paper value lies within the paper's mean ± 2 s.e. (or ± 2 points).")
+        lines.append(
+            f"Every number with a paper value ({compared}) lies within the paper's mean ± 2 s.e. "
+            "(or ± 2 points)."
+        )
     lines += [
         "",
         "Notes: " + " ".join(setup.notes.split()),

@@ -156,3 +156,27 @@ def test_resume_reuses_finished_runs_and_refuses_other_settings(ray_session, cli
     status, _stdout, err = cli(*other_rounds, "--resume")
     assert status == 2
     assert err.strip().count("\n") == 0 and "another configuration" in err
+
+
+def test_markdown_says_what_was_compared():
+    def row(paper, outside):
+        return {
+            "strategy": "constant",
+            "epsilon": 2.0,
+            "metric": "accuracy_male",
+            "paper": paper,
+            "fairclip_mean": 0.7,
+            "fairclip_stderr": "",
+            "seeds": 1,
+            "grid_point": {},
+            "outside": outside,
+        }
+
+    setup = repro.load_setup("esipova-dutch")
+    assert "nothing is flagged" in repro.markdown(setup, [row("", False)], 1.0, [])
+    assert "Every number with a paper value (1) lies within" in repro.markdown(
+        setup, [row(0.76, False)], 1.0, []
+    )
+    text = repro.markdown(setup, [row(0.76, True), row("", False)], 1.0, [])
+    assert "1 of 1 numbers with a paper value lie outside" in text
+    assert "**outside**" in text
