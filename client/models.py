@@ -90,5 +90,5 @@ def image_layout(model: nn.Module, features: torch.Tensor) -> torch.Tensor:
 def load_vector(model: nn.Module, vector: np.ndarray) -> None:
     """Overwrite the model's parameters with ``vector`` (inverse of :func:`model_to_vector`)."""
     reference = next(model.parameters())
-    flat = torch.as_tensor(vector, dtype=reference.dtype)
+    flat = torch.tensor(vector, dtype=reference.dtype)  # a copy: the vector may be read-only (Ray)
     torch.nn.utils.vector_to_parameters(flat, model.parameters())

@@ -99,7 +99,7 @@ def one_step_updates(
     per_example_grads = vmap(grad(example_loss), in_dims=(None, 0, 0))
     count = labels.shape[0]
     updates = np.empty((count, global_vector.shape[0]))
-    global_tensor = torch.from_numpy(np.asarray(global_vector, dtype=np.float64))
+    global_tensor = torch.tensor(global_vector, dtype=torch.float64)  # a copy: θ_t may be read-only
     for start in range(0, count, micro_batch):
         stop = min(start + micro_batch, count)
         grads = per_example_grads(params, features[start:stop], labels[start:stop])

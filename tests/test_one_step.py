@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 import torch
@@ -94,3 +96,21 @@ def test_one_step_path_gives_the_generic_result_with_noise():
 def test_clients_with_several_examples_do_not_take_the_fast_path():
     config = load_config("demo", None, ["federation.num_clients=50", "training.local_epochs=1"])
     assert not build_task(config).one_step
+
+
+def test_read_only_model_vector_is_copied_not_shared():
+    """A Ray actor receives θ_t as a read-only array from the object store: both client paths
+    take it without touching it, and a float64 model does not alias it."""
+    torch.manual_seed(0)
+    model = build_model("mlp", (6,), 3).double()
+    theta = model_to_vector(model)
+    theta.setflags(write=False)
+    before = theta.copy()
+    features, labels = torch.randn(5, 6, dtype=torch.float64), torch.randint(0, 3, (5,))
+    training = LocalTraining(epochs=2, batch_size=2, lr=0.5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # torch's "given NumPy array is not writable"
+        update = local_update(model, theta, features, labels, training, torch.Generator().manual_seed(0))
+        fast = one_step_updates(model, theta, features, labels, lr=0.5)
+    assert np.array_equal(theta, before)
+    assert np.abs(update).sum() > 0 and np.abs(fast).sum() > 0
