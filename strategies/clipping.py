@@ -46,18 +46,23 @@ def _scaled_row_norms(x: np.ndarray) -> np.ndarray:
 
 def clip_rows(x: np.ndarray, bounds: np.ndarray | float) -> np.ndarray:
     """Scale each row of ``x`` down to norm at most ``bounds`` (a scalar or one bound per row)."""
-    return clip_rows_with_norms(x, bounds)[0]
+    return _clip_rows(x, bounds)[0]
 
 
 def clip_rows_with_norms(x: np.ndarray, bounds: np.ndarray | float) -> tuple[np.ndarray, np.ndarray]:
     """:func:`clip_rows` and ``row_norms`` of its result: the norms it computed already where it
     rescaled no row (the rows come back unchanged), one more pass where it rescaled some."""
+    clipped, norms, rescaled = _clip_rows(x, bounds)
+    return clipped, (row_norms(clipped) if rescaled else norms)
+
+
+def _clip_rows(x: np.ndarray, bounds: np.ndarray | float) -> tuple[np.ndarray, np.ndarray, bool]:
+    """(clipped rows, norms of the input rows, whether any row was rescaled)."""
     x = np.asarray(x, dtype=np.float64)
     norms = row_norms(x)
     limit = np.broadcast_to(np.asarray(bounds, dtype=np.float64), norms.shape) * (1.0 - SAFETY)
     over = norms > limit
-    clipped = _rescale(x, norms, limit, over)
-    return clipped, (row_norms(clipped) if over.any() else norms)
+    return _rescale(x, norms, limit, over), norms, bool(over.any())
 
 
 def clip_factors(norms: np.ndarray, bounds: np.ndarray | float) -> np.ndarray:
