@@ -212,8 +212,9 @@ class RunServer:
         self.optimizer = ServerSGD(config.training.server_lr, config.training.server_momentum)
         self.rounds_completed = 0
         self._final_claim = in_background(self.plan.claim, self.rounds_to_run)
-        """ε after the last round, computed while the rounds run (PRV: 0.2-0.9 s a call here,
-        15 % of a 5-round W1 run when the summary waited for it)."""
+        """ε after the last round, computed while the rounds run (PRV for W1's 5 rounds: 0.025 s
+        of CPU since the accountants share their RDP work, 0.15 s before; when the summary
+        waited for it, 15 % of the run)."""
         self.result.summary = self._summary({}, {})
         self.result.model = self.model
 
@@ -280,7 +281,7 @@ class RunServer:
     def _reports(self, round_number: int) -> bool:
         """Whether this round is evaluated and gets ε in its row: after every k-th round and the
         last (``training.eval_every``; k grows further for runs of more than EPSILON_ROWS rounds,
-        :meth:`PrivacyPlan.report_every`, because each accountant call costs 0.1-0.2 s)."""
+        :meth:`PrivacyPlan.report_every`, because each accountant call costs 0.01-0.2 s)."""
         every = self.plan.report_every(self.rounds_to_run, self.config.training.eval_every)
         return round_number % every == 0 or round_number >= self.rounds_to_run
 

@@ -53,8 +53,8 @@ class PrivacyPlan:
         """k: a run is evaluated, and ε is computed for ``rounds.csv``, after every k-th round
         (and the last).
 
-        One accountant call costs about 0.1-0.2 s (PRV), which dominated sample-level runs of
-        thousands of cheap rounds. So k is the smallest multiple of ``eval_every`` (the
+        One accountant call costs 0.01-0.2 s (PRV; more for larger T), which dominated
+        sample-level runs of thousands of cheap rounds. So k is the smallest multiple of ``eval_every`` (the
         configured ``training.eval_every``) with at most :data:`EPSILON_ROWS` reporting rounds;
         the other rows hold NaN (not computed). The summary's ε and the budget stop are exact
         and do not depend on this.

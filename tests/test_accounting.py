@@ -10,14 +10,25 @@ from __future__ import annotations
 import math
 import warnings
 
+import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from opacus.accountants import PRVAccountant, RDPAccountant
 
 from fairclip.strategies import NoiseMultipliers, PolicyConfigError
+from fairclip.strategies.accountants import (
+    PRVAccountantSharedRDP,
+    RdpCurve,
+    one_blas_thread,
+    rdp_curve,
+    rdp_epsilon,
+)
 from fairclip.strategies.accounting import (
     DEFAULT_COUNT_RATIO,
     PrivacyClaim,
     calibrate,
+    clear_caches,
     effective_noise_multiplier,
     epsilon,
     rounds_within_budget,
@@ -27,10 +38,11 @@ ACCOUNTANTS = {"prv": PRVAccountant, "rdp": RDPAccountant}
 
 
 def opacus_epsilon(accountant: str, sigma: float, q: float, rounds: int, delta: float) -> float:
-    """Opacus called directly, the way its documentation does it."""
+    """Opacus called directly, the way its documentation does it, with one BLAS thread as fairclip
+    runs it: PRV's mean is a BLAS dot product, whose last bits depend on the number of threads."""
     opacus_accountant = ACCOUNTANTS[accountant]()
     opacus_accountant.history = [(sigma, q, rounds)]
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), one_blas_thread():
         warnings.simplefilter("ignore")
         return opacus_accountant.get_epsilon(delta=delta)
 
@@ -42,7 +54,110 @@ def opacus_epsilon(accountant: str, sigma: float, q: float, rounds: int, delta: 
 )
 def test_epsilon_is_opacus(accountant, sigma, q, rounds, delta):
     expected = opacus_epsilon(accountant, sigma, q, rounds, delta)
-    assert epsilon(sigma, q, rounds, delta, accountant) == pytest.approx(expected, rel=1e-12)
+    assert epsilon(sigma, q, rounds, delta, accountant) == expected
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    sigma=st.floats(0.7, 8.0),
+    q=st.floats(1e-3, 0.2),
+    rounds=st.integers(1, 1000),
+    delta=st.sampled_from([1e-4, 1e-5, 1e-6, 1e-8]),
+    accountant=st.sampled_from(["prv", "rdp"]),
+)
+def test_epsilon_is_opacus_bit_for_bit(sigma, q, rounds, delta, accountant):
+    """The shared per-step RDP curve (computed once for the PRV domain's two RDP bounds and for
+    RDP's ε at every T, and only at the orders that can decide it) changes no bit of Opacus' ε,
+    also once the curve is cached."""
+    expected = opacus_epsilon(accountant, sigma, q, rounds, delta)
+    clear_caches()
+    assert epsilon(sigma, q, rounds, delta, accountant) == expected
+    epsilon.cache_clear()
+    assert epsilon(sigma, q, rounds, delta, accountant) == expected  # from the cached curve
+
+
+@settings(max_examples=10, deadline=None)
+@given(
+    steps=st.lists(
+        st.tuples(st.floats(0.7, 4.0), st.floats(0.005, 0.2), st.integers(1, 200)), min_size=1, max_size=3
+    ),
+    delta=st.sampled_from([1e-5, 1e-7]),
+)
+def test_shared_rdp_prv_accountant_is_opacus_on_any_history(steps, delta):
+    """Heterogeneous histories too: the domain composes the per-step curves as Opacus does."""
+    ours, theirs = PRVAccountantSharedRDP(), PRVAccountant()
+    ours.history = list(steps)
+    theirs.history = list(steps)
+    with warnings.catch_warnings(), one_blas_thread():
+        warnings.simplefilter("ignore")
+        assert ours.get_epsilon(delta=delta) == theirs.get_epsilon(delta=delta)
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    sigma=st.floats(0.3, 20.0),
+    q=st.floats(1e-4, 1.0),
+    conversions=st.lists(st.tuples(st.integers(1, 100_000), st.floats(1e-14, 1e-2)), min_size=1, max_size=4),
+)
+def test_rdp_curve_computes_only_orders_that_cannot_change_epsilon(sigma, q, conversions):
+    """The curve skips fractional orders whose lower bound (RDP at the integer order below) rules
+    them out; whatever it skipped, in whatever order it was asked, ε equals Opacus' conversion of
+    the complete curve, and every order it did compute is Opacus' value."""
+    from opacus.accountants.analysis.rdp import compute_rdp
+
+    complete = compute_rdp(q=q, noise_multiplier=sigma, steps=1, orders=RDPAccountant.DEFAULT_ALPHAS)
+    curve = RdpCurve(sigma, q)
+    for steps, delta in conversions:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            expected = rdp_epsilon(complete * steps, delta)
+            actual = curve.epsilon(steps, delta)
+        assert actual == expected or (math.isnan(actual) and math.isnan(expected))
+        partial = curve.for_conversion(steps, delta)
+        computed = np.isfinite(partial)
+        assert np.array_equal(partial[computed], complete[computed])
+    assert np.array_equal(curve.complete(), complete)
+
+
+def test_rdp_curve_skips_most_fractional_orders_of_a_w1_claim():
+    """W1's final claim (σ = 1, q = 0.1, T = 5, PRV): the domain's two RDP bounds need fewer than
+    half of the 90 fractional orders, and ε is still Opacus'."""
+    clear_caches()
+    sigma, q, rounds, delta = 1.0, 0.1, 5, 1e-5
+    assert epsilon(sigma, q, rounds, delta, "prv") == opacus_epsilon("prv", sigma, q, rounds, delta)
+    integer_orders = sum(float(order).is_integer() for order in RDPAccountant.DEFAULT_ALPHAS)
+    assert integer_orders == 61
+    assert rdp_curve(sigma, q).computed_orders < integer_orders + 45
+
+
+def test_accountants_run_one_at_a_time_with_one_blas_thread_and_restore_it():
+    import threading
+
+    from threadpoolctl import threadpool_info
+
+    def blas_threads() -> list[int]:
+        return [pool["num_threads"] for pool in threadpool_info() if pool["user_api"] == "blas"]
+
+    original = blas_threads()
+    assert original, "numpy's BLAS is loaded"
+    seen: list[list[int]] = []
+    events: list[str] = []
+
+    def other_caller() -> None:
+        with one_blas_thread():
+            events.append("other")
+            seen.append(blas_threads())
+
+    worker = threading.Thread(target=other_caller)
+    with one_blas_thread():
+        worker.start()
+        worker.join(0.2)  # it waits for this caller to leave
+        events.append("first")
+        seen.append(blas_threads())
+    worker.join(10)
+    assert events == ["first", "other"]
+    assert all(threads == 1 for pools in seen for threads in pools) and len(seen) == 2
+    assert blas_threads() == original
 
 
 @pytest.mark.parametrize("accountant", ["prv", "rdp"])
