@@ -1,8 +1,10 @@
 """Row-wise L2 norms and clipping, guarded against floating-point overshoot.
 
 ``clip_rows(x, C)`` returns rows of norm at most C for every finite input: a row whose norm
-exceeds C·(1 − SAFETY) is scaled to exactly that radius, so rounding in any later norm
-computation cannot push it above C. Norms are computed with a per-row scale so that rows with
+exceeds C·(1 − SAFETY) is scaled to C·(1 − 2·SAFETY), so rounding in any later norm computation
+cannot push it above C, and projecting again leaves it alone. :func:`hard_clip` puts the rows it
+clips at that same radius, so the final projection of a policy's clipped rows rescales none of
+them (one pass over the updates fewer). Norms are computed with a per-row scale so that rows with
 huge entries do not overflow to infinity.
 """
 
@@ -12,6 +14,10 @@ import numpy as np
 
 SAFETY = 1e-9
 """Relative margin kept below every bound, far above float64 rounding error."""
+
+GUARD_RADIUS = 1.0 - 2.0 * SAFETY
+"""Rows scaled down land at C·GUARD_RADIUS: inside the guard's threshold C·(1 − SAFETY) by
+SAFETY·C, where a recomputed norm (relative error ~1e-16) cannot reach it."""
 
 
 UNSCALED_MIN_SQUARES = 1e-250
@@ -60,9 +66,9 @@ def _clip_rows(x: np.ndarray, bounds: np.ndarray | float) -> tuple[np.ndarray, n
     """(clipped rows, norms of the input rows, whether any row was rescaled)."""
     x = np.asarray(x, dtype=np.float64)
     norms = row_norms(x)
-    limit = np.broadcast_to(np.asarray(bounds, dtype=np.float64), norms.shape) * (1.0 - SAFETY)
-    over = norms > limit
-    return _rescale(x, norms, limit, over), norms, bool(over.any())
+    bounds = np.broadcast_to(np.asarray(bounds, dtype=np.float64), norms.shape)
+    over = norms > bounds * (1.0 - SAFETY)
+    return _rescale(x, norms, bounds * GUARD_RADIUS, over), norms, bool(over.any())
 
 
 def clip_factors(norms: np.ndarray, bounds: np.ndarray | float) -> np.ndarray:
@@ -75,9 +81,10 @@ def clip_factors(norms: np.ndarray, bounds: np.ndarray | float) -> np.ndarray:
 
 
 def hard_clip(updates: np.ndarray, norms: np.ndarray, bounds: np.ndarray | float) -> np.ndarray:
-    """Δ · min(1, C / ||Δ||) for each row, given the rows' norms."""
+    """Δ · min(1, C / ||Δ||) for each row, given the rows' norms (Abadi et al. 2016); a clipped
+    row lands at C·:data:`GUARD_RADIUS`, 2e-9 inside C, where the final projection keeps it."""
     bounds = np.broadcast_to(np.asarray(bounds, dtype=np.float64), norms.shape)
-    return _rescale(np.asarray(updates, dtype=np.float64), norms, bounds, norms > bounds)
+    return _rescale(np.asarray(updates, dtype=np.float64), norms, bounds * GUARD_RADIUS, norms > bounds)
 
 
 PRECISE_FACTOR_BELOW = 1e-280
@@ -85,12 +92,15 @@ PRECISE_FACTOR_BELOW = 1e-280
 
 
 def _rescale(x: np.ndarray, norms: np.ndarray, radii: np.ndarray, rows: np.ndarray) -> np.ndarray:
-    """``x`` with each selected row set to (x / ||x||) · radius.
+    """``x`` with each selected row set to (x / ||x||) · radius; ``x`` itself when none is
+    selected (no copy: a round whose updates all lie within the bound pays no pass for it).
 
     Rows are multiplied by radius / ||x|| in one pass. Where that factor would be a subnormal
     number carrying only a few significant digits (a huge row, a small radius), the row is
     divided by its norm first, which keeps full precision.
     """
+    if not rows.any():
+        return x
     factor = np.ones(x.shape[0])
     with np.errstate(divide="ignore", invalid="ignore", under="ignore"):
         factor[rows] = radii[rows] / norms[rows]

@@ -33,7 +33,7 @@ from fairclip.strategies import (
     build_policy,
     policy_parameters,
 )
-from fairclip.strategies.clipping import row_norms
+from fairclip.strategies.clipping import SAFETY, clip_rows, clip_rows_with_norms, hard_clip, row_norms
 
 NAMES = sorted(POLICIES)
 SETTINGS = settings(
@@ -592,6 +592,32 @@ def test_bounds_that_keep_growing_stay_finite(name, params):
         if name == "online":
             assert 0 < state.lr_factor < math.inf
     assert current > 1e20
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    shape=st.tuples(st.integers(1, 12), st.integers(1, 300)),
+    scale=log_uniform(-30, 30),
+    bound=BOUNDS,
+)
+def test_projection_is_idempotent_and_keeps_what_hard_clip_clipped(seed, shape, scale, bound):
+    """The final projection leaves rows it (or ``hard_clip``) scaled down where they are, and
+    returns its input itself, uncopied, when no row lies beyond C·(1 − SAFETY)."""
+    rows = np.random.default_rng(seed).normal(size=shape) * scale
+    once, once_norms = clip_rows_with_norms(rows, bound)
+    assert np.all(once_norms <= bound * (1 - SAFETY))
+    assert clip_rows(once, bound) is once
+    norms = row_norms(rows)
+    clipped = hard_clip(rows, norms, bound)
+    assert np.array_equal(clipped[norms <= bound], rows[norms <= bound])
+    band = (norms > bound * (1 - SAFETY)) & (norms <= bound)  # within C but not within the margin
+    guarded = clip_rows(clipped, bound)
+    assert np.array_equal(guarded[~band], clipped[~band])
+    if not band.any():
+        assert guarded is clipped
+    within = norms <= bound * (1 - SAFETY)
+    assert (clip_rows(rows, bound) is rows) == bool(within.all())
 
 
 @pytest.mark.parametrize("name", ["constant", "adaptive", "online", "per-cohort", "reweight"])
