@@ -94,11 +94,10 @@ class RdpCurve:
             missing = np.isnan(self._values)
             terms = _conversion_terms(delta)
             best = np.min(self._values[~missing] * steps + terms[~missing])
-            if np.isfinite(best):
+            needed = missing
+            if np.isfinite(best):  # skip only orders whose finite lower bound is beyond the best
                 bounds = self._lower * steps + terms
-                needed = missing & (bounds <= best + MARGIN * (1.0 + abs(best)))
-            else:  # nothing to prune against
-                needed = missing
+                needed = missing & ~(np.isfinite(bounds) & (bounds > best + MARGIN * (1.0 + abs(best))))
             for index in np.flatnonzero(needed):
                 self._compute(int(index))
             return np.where(np.isnan(self._values), np.inf, self._values)
