@@ -71,15 +71,6 @@ def _clip_rows(x: np.ndarray, bounds: np.ndarray | float) -> tuple[np.ndarray, n
     return _rescale(x, norms, bounds * GUARD_RADIUS, over), norms, bool(over.any())
 
 
-def clip_factors(norms: np.ndarray, bounds: np.ndarray | float) -> np.ndarray:
-    """min(1, C / ||Δ||) per row: the factor of hard clipping (Abadi et al. 2016)."""
-    bounds = np.broadcast_to(np.asarray(bounds, dtype=np.float64), norms.shape)
-    factor = np.ones_like(norms)
-    over = norms > bounds
-    factor[over] = bounds[over] / norms[over]
-    return factor
-
-
 def hard_clip(updates: np.ndarray, norms: np.ndarray, bounds: np.ndarray | float) -> np.ndarray:
     """Δ · min(1, C / ||Δ||) for each row, given the rows' norms (Abadi et al. 2016); a clipped
     row lands at C·:data:`GUARD_RADIUS`, 2e-9 inside C, where the final projection keeps it."""
