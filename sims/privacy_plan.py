@@ -54,10 +54,10 @@ class PrivacyPlan:
         (and the last).
 
         One accountant call costs 0.01-0.2 s (PRV; more for larger T), which dominated
-        sample-level runs of thousands of cheap rounds. So k is the smallest multiple of ``eval_every`` (the
-        configured ``training.eval_every``) with at most :data:`EPSILON_ROWS` reporting rounds;
-        the other rows hold NaN (not computed). The summary's ε and the budget stop are exact
-        and do not depend on this.
+        sample-level runs of thousands of cheap rounds. So k is the smallest multiple of
+        ``eval_every`` (the configured ``training.eval_every``) with at most
+        :data:`EPSILON_ROWS` reporting rounds; the other rows hold NaN (not computed). The
+        summary's ε and the budget stop are exact and do not depend on this.
         """
         multiple = max(1, math.ceil(math.ceil(last_round / EPSILON_ROWS) / eval_every))
         return eval_every * multiple
