@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from fairclip.strategies import checks
+from fairclip.strategies import checks, reports
 from fairclip.strategies.base import Broadcast, Policy, geometric_update, noisy_fraction
 from fairclip.strategies.clipping import hard_clip
 from fairclip.strategies.constant import BoundState
@@ -65,6 +65,9 @@ class AdaptiveClipping(Policy):
 
     def report_size(self, dim: int) -> int:
         return 1
+
+    def report_is_valid(self, report: np.ndarray, cohort: int | None) -> bool:
+        return reports.is_bit(report)
 
     def transform(self, updates, norms, cohorts, params):
         bound = float(params["bound"])

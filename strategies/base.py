@@ -38,10 +38,11 @@ from __future__ import annotations
 import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 import numpy as np
 
+from fairclip.strategies import reports
 from fairclip.strategies.clipping import clip_rows_with_norms, row_norms
 from fairclip.strategies.errors import PolicyConfigError
 
@@ -75,6 +76,37 @@ class NoiseMultipliers:
         for label, value in (("noise multiplier", self.update), ("count noise multiplier", self.report)):
             if not np.isfinite(value) or value < 0:
                 raise PolicyConfigError(f"{label} must be a finite number >= 0 (got {value})")
+
+
+class GaussianSampler(Protocol):
+    """Where a round's Gaussian noise comes from (a numpy generator, or a sampler built against
+    floating-point attacks such as :class:`fairclip.server.secure_noise.ExactGaussian`)."""
+
+    def add_noise(
+        self, values: np.ndarray, multiplier: float, sensitivity: float
+    ) -> tuple[np.ndarray, float]:
+        """(``values`` + Gaussian noise for a release of L2 sensitivity ``sensitivity`` with noise
+        multiplier ``multiplier``, the noise's standard deviation, at least multiplier·sensitivity)."""
+        ...
+
+
+@dataclass(frozen=True)
+class GeneratorSampler:
+    """Gaussian noise N(0, (multiplier·sensitivity)²) per coordinate from a numpy generator:
+    reproducible from a seed, and what every simulation uses."""
+
+    rng: np.random.Generator
+
+    def add_noise(
+        self, values: np.ndarray, multiplier: float, sensitivity: float
+    ) -> tuple[np.ndarray, float]:
+        std = multiplier * sensitivity
+        return values + self.rng.normal(0.0, 1.0, size=values.shape) * std, std
+
+
+def as_sampler(rng: np.random.Generator | GaussianSampler) -> GaussianSampler:
+    """A :class:`GaussianSampler` for ``rng`` (a numpy generator is wrapped)."""
+    return GeneratorSampler(rng) if isinstance(rng, np.random.Generator) else rng
 
 
 @dataclass(frozen=True)
@@ -161,6 +193,12 @@ class Policy(ABC):
         """Length k of each client's report vector (0: the policy releases nothing else)."""
         return 0
 
+    def report_is_valid(self, report: np.ndarray, cohort: int | None) -> bool:
+        """Whether ``report`` is a report an honest client could send in this round
+        (:mod:`fairclip.strategies.reports`); ``cohort`` is the client's cohort where the policy
+        ``needs_cohorts`` and ``None`` otherwise. The server of the Flower path drops any other."""
+        return reports.is_empty(report)
+
     def next_state(
         self, state: State, estimate: np.ndarray, noisy_reports: np.ndarray | None, expected_clients: float
     ) -> State:
@@ -220,9 +258,11 @@ class Policy(ABC):
         expected_clients: float,
         num_reports: int,
         noise: NoiseMultipliers,
-        rng: np.random.Generator,
+        rng: np.random.Generator | GaussianSampler,
     ) -> ServerRound:
         """Noise the sums, form Δ̂ and move the state (module docstring).
+
+        ``rng`` draws the noise: a numpy generator, or any :class:`GaussianSampler`.
 
         ``num_reports`` is the true number of clients that reported. It is private and only the
         non-private ``none`` policy reads it; every private policy divides by the public
@@ -231,13 +271,13 @@ class Policy(ABC):
         if expected_clients <= 0:
             raise ValueError(f"expected_clients must be > 0 (got {expected_clients})")
         sensitivity = float(self.sensitivity(state))
-        noise_std = noise.update * sensitivity
-        noisy_sum = contribution_sum + rng.normal(0.0, 1.0, size=contribution_sum.shape) * noise_std
+        sampler = as_sampler(rng)
+        noisy_sum, noise_std = sampler.add_noise(contribution_sum, noise.update, sensitivity)
         noisy_reports = None
         if self.report_size(contribution_sum.shape[0]) > 0:
             if report_sum is None:
                 raise ValueError(f"policy {self.name!r} needs the sum of client reports")
-            noisy_reports = report_sum + rng.normal(0.0, 1.0, size=report_sum.shape) * noise.report
+            noisy_reports, _ = sampler.add_noise(report_sum, noise.report, 1.0)
         denominator = expected_clients * (sensitivity if self.normalize else 1.0)
         estimate = noisy_sum / denominator
         next_state = self.next_state(state, estimate, noisy_reports, expected_clients)

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fairclip.strategies import checks
+from fairclip.strategies import checks, reports
 from fairclip.strategies.base import Broadcast, Policy, exponential_step, noisy_fraction
 
 
@@ -70,6 +70,9 @@ class GlobalAdaptiveScaling(Policy):
 
     def report_size(self, dim: int) -> int:
         return 1
+
+    def report_is_valid(self, report: np.ndarray, cohort: int | None) -> bool:
+        return reports.is_bit(report)
 
     def transform(self, updates, norms, cohorts, params):
         bound = float(params["bound"])

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fairclip.strategies.base import Broadcast, NoiseMultipliers, Policy, ServerRound
+from fairclip.strategies.base import Broadcast, GaussianSampler, NoiseMultipliers, Policy, ServerRound
 
 
 @dataclass(frozen=True)
@@ -51,7 +51,7 @@ class NoClipping(Policy):
         expected_clients: float,
         num_reports: int,
         noise: NoiseMultipliers,
-        rng: np.random.Generator,
+        rng: np.random.Generator | GaussianSampler,
     ) -> ServerRound:
         estimate = contribution_sum / num_reports if num_reports > 0 else np.zeros_like(contribution_sum)
         return ServerRound(

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fairclip.strategies import checks
+from fairclip.strategies import checks, reports
 from fairclip.strategies.base import Broadcast, Policy, exponential_step
 from fairclip.strategies.clipping import clip_rows, hard_clip
 
@@ -86,6 +86,9 @@ class OnlineSensitivityClipping(Policy):
 
     def report_size(self, dim: int) -> int:
         return dim
+
+    def report_is_valid(self, report: np.ndarray, cohort: int | None) -> bool:
+        return reports.is_unit_or_zero(report)
 
     def transform(self, updates, norms, cohorts, params):
         bound = float(params["bound"])

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fairclip.strategies import checks
+from fairclip.strategies import checks, reports
 from fairclip.strategies.base import Broadcast, Policy
 from fairclip.strategies.clipping import hard_clip
 
@@ -64,6 +64,11 @@ class PerCohortClipping(Policy):
 
     def report_size(self, dim: int) -> int:
         return 2 * self.num_cohorts
+
+    def report_is_valid(self, report: np.ndarray, cohort: int | None) -> bool:
+        if cohort is None or not 0 <= cohort < self.num_cohorts:
+            return False
+        return reports.is_one_hot_or_zero(report, 2 * self.num_cohorts, (2 * cohort, 2 * cohort + 1))
 
     def transform(self, updates, norms, cohorts, params):
         own_bounds = self.contribution_bounds(params, cohorts)

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fairclip.strategies import checks
+from fairclip.strategies import checks, reports
 from fairclip.strategies.base import Broadcast, Policy
 from fairclip.strategies.clipping import hard_clip
 
@@ -61,6 +61,11 @@ class CohortReweighting(Policy):
 
     def report_size(self, dim: int) -> int:
         return self.num_cohorts
+
+    def report_is_valid(self, report: np.ndarray, cohort: int | None) -> bool:
+        if cohort is None or not 0 <= cohort < self.num_cohorts:
+            return False
+        return reports.is_one_hot_or_zero(report, self.num_cohorts, (cohort,))
 
     def transform(self, updates, norms, cohorts, params):
         bound = float(params["bound"])

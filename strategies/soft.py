@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from fairclip.strategies import checks
+from fairclip.strategies import checks, reports
 from fairclip.strategies.base import Broadcast, Policy, geometric_update, noisy_fraction
 from fairclip.strategies.constant import BoundState
 
@@ -68,6 +68,9 @@ class SoftClipping(Policy):
 
     def report_size(self, dim: int) -> int:
         return 1 if self.adaptive else 0
+
+    def report_is_valid(self, report: np.ndarray, cohort: int | None) -> bool:
+        return reports.is_bit(report) if self.adaptive else reports.is_empty(report)
 
     def transform(self, updates, norms, cohorts, params):
         bound = float(params["bound"])

@@ -338,6 +338,11 @@ def test_contributions_stay_within_the_noised_sensitivity(name, data):
     assert out.reports.shape == (n, policy.report_size(d))
     assert np.all(np.isfinite(out.reports))
     assert np.all(np.linalg.norm(out.reports, axis=1) <= 1.0)
+    # what the Flower server checks, one reply at a time and with no slack: the norm as the server
+    # computes it, and a report of the policy's exact shape in the client's own cohort
+    assert np.all(row_norms(out.contributions) <= per_client)
+    for report, cohort in zip(out.reports, cohorts, strict=True):
+        assert policy.report_is_valid(report, int(cohort) if policy.needs_cohorts else None), report
 
     nonfinite = ~np.isfinite(updates).all(axis=1)
     assert np.array_equal(out.nonfinite, nonfinite)
