@@ -11,11 +11,13 @@ A node is one client of the federation. Its node configuration says which:
   ``cohort`` (optional) the name of its cohort.
 
 For each round it trains from the received θ_t with the received public policy parameters and
-replies with its clipped update and report bits (:mod:`fairclip.client.protocol`). Training and
-clipping are the very functions the Ray engine calls (the scenario's ``local_updates`` and
-:func:`fairclip.client.contributions.contribute`); no policy logic lives here. A client that
-trains on its partition of a simulated scenario also sends the simulation-only diagnostics
-(true clipping indicator, update norms); a client with its own ``data-path`` never does.
+replies with its clipped update and report bits (:mod:`fairclip.client.protocol`), nothing else.
+Training and clipping are the very functions the Ray engine calls (the scenario's
+``local_updates`` and :func:`fairclip.client.contributions.contribute`); no policy logic lives
+here. Only where the run configuration enables ``simulation-diagnostics`` does a client that
+trains on its partition of a simulated scenario also send the simulation-only diagnostics (true
+clipping indicator, update norms); a client with its own ``data-path`` never does. The node's
+cohort leaves it only where the policy needs it (``per-cohort``, ``reweight``).
 
 The app is a composition root: it reads the scenario through :mod:`fairclip.sims` (the only
 ``client/`` module that does).
@@ -48,6 +50,7 @@ class LocalClient:
     task: object
     policy: Policy
     simulated: bool
+    """Whether replies carry the simulation-only diagnostics (enabled, and a simulated partition)."""
 
 
 _CLIENTS: dict[tuple[int, int], LocalClient] = {}
@@ -106,7 +109,7 @@ def _build_client(context: Context) -> LocalClient:
         num_cohorts=len(task.cohort_names),
         task=task,
         policy=policy,
-        simulated=not data_path,
+        simulated=run.simulation_diagnostics and not data_path,
     )
 
 
@@ -124,9 +127,10 @@ def _use_data_file(task, client_id: int, path: Path, cohort_name: str) -> int:
 
 @app.query()
 def identify(message: Message, context: Context) -> Message:
-    """Tell the server which client this node is."""
+    """Tell the server which client this node is (and its cohort, only where the policy needs it)."""
     client = local_client(context)
-    return Message(identity_content(client.client_id, client.num_clients, client.cohort), reply_to=message)
+    cohort = client.cohort if client.policy.needs_cohorts else None
+    return Message(identity_content(client.client_id, client.num_clients, cohort), reply_to=message)
 
 
 @app.train()

@@ -3,12 +3,16 @@
 Three exchanges:
 
 - **identify** (``query``): the server asks every node which client it is; the reply holds the
-  node's ``partition-id`` (its client id), ``num-partitions`` (N) and cohort index.
+  node's ``partition-id`` (its client id) and ``num-partitions`` (N), and its cohort index only
+  where the run's policy needs it (``per-cohort``, ``reweight``; DESIGN section 3). For every
+  other policy the cohort -- for ``adult`` and ``dutch`` the protected attribute -- never leaves
+  the node.
 - **train** (``train``): the server sends θ_t (``model``), the policy's public parameters of the
   round (``policy``, for example C_t) and the round number; the client replies with its clipped
-  contribution Δ̄_i and its report vector (the policy's bits) -- nothing else, unless it is a
-  simulated client, which may add the simulation-only diagnostics of
-  :class:`fairclip.client.contributions.CohortDiagnostics` (labelled as such).
+  contribution Δ̄_i and its report vector (the policy's bits) -- nothing else, unless the run
+  enables ``simulation-diagnostics`` and the node trains on a simulated partition: then it adds
+  the simulation-only diagnostics of :class:`fairclip.client.contributions.CohortDiagnostics`
+  (labelled as such), which the server refuses in any other run.
 
 Everything is flattened float64 vectors, exactly what the engines pass to the policy code.
 """
@@ -20,7 +24,7 @@ from typing import Any
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 
-from fairclip.client.contributions import CohortDiagnostics, RoundSums
+from fairclip.client.contributions import RoundSums
 
 IDENTIFY = "identity"
 MODEL = "model"
@@ -33,10 +37,17 @@ DIAGNOSTICS = "simulation-diagnostics"
 DIAGNOSTIC_FIELDS = ("sampled", "exceeded", "nonfinite", "norm_before", "norm_after")
 
 
-def identity_content(partition_id: int, num_partitions: int, cohort: int) -> RecordDict:
-    """A node's answer to *identify*: its client id, N and its cohort index."""
-    identity = {"partition-id": int(partition_id), "num-partitions": int(num_partitions)}
-    identity["cohort"] = int(cohort)
+PARTITION_ID = "partition-id"
+NUM_PARTITIONS = "num-partitions"
+COHORT = "cohort"
+
+
+def identity_content(partition_id: int, num_partitions: int, cohort: int | None) -> RecordDict:
+    """A node's answer to *identify*: its client id and N, and its cohort index only where it
+    is given (``None``: the policy does not need it, and it is not sent)."""
+    identity = {PARTITION_ID: int(partition_id), NUM_PARTITIONS: int(num_partitions)}
+    if cohort is not None:
+        identity[COHORT] = int(cohort)
     return RecordDict({IDENTIFY: ConfigRecord(identity)})
 
 
@@ -77,20 +88,6 @@ def reply_content(sums: RoundSums, with_diagnostics: bool) -> RecordDict:
             {name: [float(v) for v in getattr(diagnostics, name)] for name in DIAGNOSTIC_FIELDS}
         )
     return content
-
-
-def read_diagnostics(content: RecordDict, num_cohorts: int) -> CohortDiagnostics | None:
-    """The simulation-only diagnostics of a reply, or ``None`` when it carries none."""
-    if DIAGNOSTICS not in content.metric_records:
-        return None
-    record = content.metric_records[DIAGNOSTICS]
-    values = []
-    for name in DIAGNOSTIC_FIELDS:
-        array = np.asarray(record.get(name, []), dtype=np.float64)
-        if array.shape != (num_cohorts,) or not np.isfinite(array).all():
-            raise ValueError(f"diagnostics field {name!r} is malformed")
-        values.append(array)
-    return CohortDiagnostics(*values)
 
 
 def _config_value(value: Any) -> Any:

@@ -2,13 +2,23 @@
 
 1. Resolve the run configuration (:mod:`fairclip.sims.flower_config`): the same keys as ``--set``.
 2. Wait for ``federation.num_clients`` nodes and ask each which client it is (its
-   ``partition-id``) and which cohort it belongs to.
+   ``partition-id``), and its cohort only where the policy needs it (:mod:`fairclip.server.nodes`).
 3. Run the rounds with :class:`fairclip.server.strategy.PolicyStrategy` over the run's
    :class:`fairclip.sims.engine.RunServer` -- the object the local and Ray engines drive -- and
-   write ``rounds.csv`` and ``summary.json`` into ``out`` (atomically, after every round).
+   write the outputs into ``out`` after every round (atomically):
 
-DP noise and client sampling follow ``seed`` when the run configuration sets it; otherwise
-they come from operating-system entropy, and the log says which (DESIGN section 6).
+   - the **public release**: ``rounds.csv`` (only values DP covers or that are public: bound,
+     noise, ε, the policy's state, the noisy counts, the evaluation of the released model on the
+     server's own test data), ``summary.json`` (ε with δ, the accountant, q, T and the noise
+     multipliers) and ``model.npy``;
+   - the **server-internal record** ``server-internal/`` (not DP-protected, see its README.txt):
+     exact counts of sampled, accepted, dropped and missing replies, why each reply was dropped,
+     round timings, which node is which client, and simulation diagnostics where enabled.
+
+Nothing exact goes to the log at INFO level or into the MetricRecords Flower logs and keeps.
+The DP noise comes from OpenDP's exact sampler unless ``privacy.secure_noise = false``; client
+sampling (and, without secure noise, the noise) follows a seed only where the run configuration
+gives one, and the log says which applies (DESIGN section 6).
 
 The app is a composition root: it reads scenarios and writes results through
 :mod:`fairclip.sims` (the only ``server/`` module that does).
@@ -16,16 +26,17 @@ The app is a composition root: it reads scenarios and writes results through
 
 from __future__ import annotations
 
-import time
 from logging import ERROR, INFO
 
-import numpy as np
-from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MessageType, RecordDict
+from flwr.app import Array, ArrayRecord, Context
+from flwr.app.exception import AppExitException
 from flwr.common import log
 from flwr.serverapp import Grid, ServerApp
+from flwr.supercore.exit import ExitCode
 
-from fairclip.client.protocol import IDENTIFY, MODEL
-from fairclip.server.strategy import PolicyStrategy
+from fairclip.client.protocol import MODEL
+from fairclip.server.nodes import NODE_COLUMNS, FederationError, identify_nodes
+from fairclip.server.strategy import EVENT_COLUMNS, PolicyStrategy
 
 app = ServerApp()
 
@@ -33,8 +44,12 @@ REPLY_TIMEOUT_SECONDS = 600.0
 """How long a round waits for replies; a client that has not answered by then is left out."""
 
 
-class FederationError(RuntimeError):
-    """The connected nodes do not form the configured federation."""
+class RunRefused(AppExitException):
+    """The run cannot start as configured (configuration, data or federation): its reason is
+    logged in one line first. An ``AppExitException`` rather than ``SystemExit``, so that Flower
+    uploads the ServerApp's log and marks the run failed instead of losing both."""
+
+    exit_code = ExitCode.SERVERAPP_STRATEGY_PRECONDITION_UNMET
 
 
 @app.main()
@@ -46,40 +61,56 @@ def main(grid: Grid, context: Context) -> None:
         run_federation(grid, context)
     except (ConfigError, DataError, FederationError) as error:
         log(ERROR, "fairclip: error: %s", error)
-        raise SystemExit(2) from None
+        raise RunRefused(str(error)) from None
 
 
 def run_federation(grid: Grid, context: Context) -> None:
     """Everything :func:`main` does, with errors left to the caller."""
     from fairclip.sims.engine import RunResult, RunServer, build_task
     from fairclip.sims.flower_config import flower_run
-    from fairclip.sims.outputs import write_run
+    from fairclip.sims.outputs import write_server_run
 
     run = flower_run(dict(context.run_config))
     config = run.config
-    if run.seeded:
-        log(
-            INFO,
-            "fairclip: sampling and DP noise follow seed=%d (reproducible; set no seed in production)",
-            config.seed,
-        )
-    else:
-        log(INFO, "fairclip: sampling and DP noise drawn from operating-system entropy (no seed set)")
     task = build_task(config, run.data_dir)
     result = RunResult()
-    server = RunServer(config, task, result, seeded=run.seeded)
-    nodes, cohorts = identify_nodes(
-        grid, config.federation.num_clients, len(task.cohort_names), run.node_wait
+    server = RunServer(config, task, result, seeded=run.seeded, secure_noise_default=True)
+    log_randomness(run, server.noise_source)
+    federation = identify_nodes(
+        grid,
+        config.federation.num_clients,
+        len(task.cohort_names),
+        run.node_wait,
+        needs_cohorts=server.policy.needs_cohorts,
     )
     out = run.out.resolve()
+    strategy = PolicyStrategy(
+        server,
+        federation.nodes,
+        config.federation.num_clients,
+        federation.cohorts,
+        diagnostics_allowed=run.simulation_diagnostics,
+    )
+    refused = [{"node": node, "reason": reason} for node, reason in sorted(federation.refused.items())]
 
     def write_outputs(_row: object = None) -> None:
-        write_run(out, result.rows, result.summary, result.model)
+        write_server_run(
+            out,
+            result.rows,
+            result.public_columns,
+            result.summary,
+            result.model,
+            {
+                "nodes": (federation.table(), NODE_COLUMNS),
+                "refused_nodes": (refused, ["node", "reason"]),
+                "replies": (strategy.events, EVENT_COLUMNS),
+            },
+        )
 
-    strategy = PolicyStrategy(server, nodes, cohorts, on_round=write_outputs)
+    strategy.on_round = write_outputs
     log(
         INFO,
-        "fairclip: %s on %s, %d rounds; results in %s",
+        "fairclip: %s on %s, %d rounds; results in %s (exact counts only in its server-internal/)",
         config.strategy.name,
         config.scenario.name,
         server.rounds_to_run,
@@ -108,36 +139,15 @@ def run_federation(grid: Grid, context: Context) -> None:
     )
 
 
-def identify_nodes(
-    grid: Grid, num_clients: int, num_cohorts: int, wait_seconds: float
-) -> tuple[dict[int, int], np.ndarray]:
-    """Client id -> node id for every connected node, and each client's cohort."""
-    deadline = time.monotonic() + wait_seconds
-    node_ids = list(grid.get_node_ids())
-    while len(node_ids) < num_clients and time.monotonic() < deadline:
-        time.sleep(1.0)
-        node_ids = list(grid.get_node_ids())
-    if len(node_ids) != num_clients:
-        raise FederationError(f"{len(node_ids)} nodes connected, but federation.num_clients={num_clients}")
-    query = [
-        Message(RecordDict({IDENTIFY: ConfigRecord({})}), dst_node_id=node, message_type=MessageType.QUERY)
-        for node in node_ids
-    ]
-    nodes: dict[int, int] = {}
-    cohorts = np.full(num_clients, -1, dtype=np.int64)
-    for reply in grid.send_and_receive(query, timeout=wait_seconds):
-        node = reply.metadata.src_node_id
-        if reply.has_error():
-            raise FederationError(f"node {node} could not join: {reply.error.reason}")
-        identity = reply.content.config_records[IDENTIFY]
-        client, total, cohort = (int(identity[key]) for key in ("partition-id", "num-partitions", "cohort"))
-        if total != num_clients or not 0 <= client < num_clients or not 0 <= cohort < num_cohorts:
-            raise FederationError(f"node {node} reports partition {client} of {total}, cohort {cohort}")
-        if client in nodes:
-            raise FederationError(f"nodes {nodes[client]} and {node} both claim partition-id={client}")
-        nodes[client] = node
-        cohorts[client] = cohort
-    if len(nodes) != num_clients:
-        missing = sorted(set(range(num_clients)) - set(nodes))
-        raise FederationError(f"no node answered for partition-id(s) {missing}")
-    return nodes, cohorts
+def log_randomness(run, noise_source: str) -> None:
+    """Say where client sampling and DP noise come from (DESIGN section 6)."""
+    if run.seeded:
+        log(
+            INFO,
+            "fairclip: client sampling follows seed=%d, given by %s (a test run: set no seed in production)",
+            run.config.seed,
+            run.seed_source,
+        )
+    else:
+        log(INFO, "fairclip: client sampling drawn from operating-system entropy (no seed given)")
+    log(INFO, "fairclip: DP noise from %s", noise_source)

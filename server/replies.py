@@ -1,12 +1,22 @@
 """Checking and summing client replies on the server (the Flower path).
 
-A reply is accepted only if it carries exactly what the round asked for: a float64 contribution
-of the model's dimension d, a float64 report vector of the policy's length k, all values
-finite, the contribution's norm within the bound the server sent that client (so the noise,
-calibrated to the round's sensitivity, still covers it) and the report vector's norm at most 1.
-Anything else is dropped and counted; a bad client never fails the round and never breaks the
-sensitivity bound. Dropping a client's reply is the same as that client not being sampled,
-which the add/remove-one-client accounting already covers.
+A reply is accepted only if it carries exactly what the round asked for, and nothing else:
+
+- one array record ``update`` holding exactly a contribution Δ̄_i (float64, the model's
+  dimension d) and a report vector a_i (float64, the policy's length k), all values finite;
+- the contribution's L2 norm at most the bound the server sent that client, with no slack: the
+  noise is calibrated to that bound, and an honest client's final projection already lands
+  2e-9 inside it (:mod:`fairclip.strategies.clipping`);
+- a report an honest client of the policy could send (:meth:`Policy.report_is_valid`: a {0, 1}
+  bit, a one-hot count in the client's own cohort, a unit-or-zero direction);
+- the simulation-only diagnostics record only where the run enables it (``simulation-diagnostics``).
+
+Arrays are read without trusting their payload: the declared dtype, shape and serialisation
+type, then the ``.npy`` header and the byte length, are checked before a single value is
+deserialised, so a reply that declares 2⁵⁰ values or carries an ``.npz`` archive is dropped, not
+allocated or crashed on. Anything else is dropped and counted; a bad client never fails the
+round and never breaks the sensitivity bound. Dropping a reply is the same as that client not
+being sampled, which the add/remove-one-client accounting already covers.
 
 Accepted replies are summed in the fixed id blocks of :data:`fairclip.client.contributions.SUM_SHARDS`,
 in the order the engines use, so the Flower path adds the same numbers in the same order.
@@ -14,57 +24,154 @@ in the order the engines use, so the Flower path adds the same numbers in the sa
 
 from __future__ import annotations
 
+import io
+from typing import Any
+
 import numpy as np
 from flwr.app import RecordDict
 
 from fairclip.client.contributions import CohortDiagnostics, RoundSums, add_in_order, shard_ids
-from fairclip.client.protocol import CONTRIBUTION, REPORTS, UPDATE, read_diagnostics
+from fairclip.client.protocol import CONTRIBUTION, DIAGNOSTIC_FIELDS, DIAGNOSTICS, REPORTS, UPDATE
+from fairclip.strategies import Policy
+from fairclip.strategies.base import Broadcast
+from fairclip.strategies.clipping import row_norms
 
-NORM_SLACK = 1e-9
-"""Relative tolerance on norm checks, for the rounding of a norm computed on another machine."""
+NUMPY_STYPE = "numpy.ndarray"
+FLOAT64 = np.dtype("<f8")
+MAX_HEADER_BYTES = 10_000
+"""Longest ``.npy`` header read (numpy's own default limit for untrusted files)."""
 
 
 class ReplyError(ValueError):
     """A client reply that the server must drop."""
 
 
+def read_float_vector(array: Any, length: int, name: str) -> np.ndarray:
+    """The float64 vector of ``length`` values that a Flower ``Array`` holds, or :class:`ReplyError`.
+
+    Checked before anything is deserialised: the declared serialisation type, dtype and shape;
+    then the ``.npy`` magic and header (version 1 or 2, C order, little-endian float64, shape
+    ``(length,)``) and that exactly 8·``length`` bytes follow it.
+    """
+    try:
+        stype, dtype, shape, data = array.stype, array.dtype, tuple(array.shape), array.data
+    except AttributeError:
+        raise ReplyError(f"{name} is not an array") from None
+    if stype != NUMPY_STYPE or dtype != "float64" or shape != (length,) or not isinstance(data, bytes):
+        raise ReplyError(
+            f"{name} is declared as {stype} {dtype} {shape}, expected {NUMPY_STYPE} float64 ({length},)"
+        )
+    stream = io.BytesIO(data)
+    try:
+        version = np.lib.format.read_magic(stream)
+        if version == (1, 0):
+            header = np.lib.format.read_array_header_1_0(stream, max_header_size=MAX_HEADER_BYTES)
+        elif version == (2, 0):
+            header = np.lib.format.read_array_header_2_0(stream, max_header_size=MAX_HEADER_BYTES)
+        else:
+            raise ValueError(f"unsupported .npy version {version}")
+    except Exception as error:  # any malformed payload: an .npz archive, garbage, a huge header
+        raise ReplyError(f"{name} is not a readable .npy array ({type(error).__name__}: {error})") from None
+    header_shape, fortran_order, header_dtype = header
+    if tuple(header_shape) != (length,) or fortran_order or np.dtype(header_dtype) != FLOAT64:
+        raise ReplyError(f"{name}'s .npy header says {header_dtype} {header_shape}, expected <f8 ({length},)")
+    offset = stream.tell()
+    if len(data) - offset != FLOAT64.itemsize * length:
+        raise ReplyError(f"{name} holds {len(data) - offset} bytes of values, expected {8 * length}")
+    vector = np.frombuffer(data, dtype=FLOAT64, count=length, offset=offset).copy()
+    if not np.isfinite(vector).all():
+        raise ReplyError(f"{name} has non-finite values")
+    return vector
+
+
 def check_reply(
-    content: RecordDict, *, dim: int, report_size: int, bound: float, cohort: int, num_cohorts: int
+    content: RecordDict,
+    *,
+    policy: Policy,
+    params: Broadcast,
+    dim: int,
+    cohort: int | None,
+    num_cohorts: int,
+    diagnostics_allowed: bool = False,
 ) -> RoundSums:
-    """One accepted reply as the sums of a single client, or :class:`ReplyError`."""
-    try:
-        record = content.array_records[UPDATE]
-        contribution = record[CONTRIBUTION].numpy()
-        reports = record[REPORTS].numpy()
-    except (KeyError, TypeError, ValueError) as error:
-        raise ReplyError(f"missing or unreadable update arrays ({error})") from None
-    _check_vector("contribution", contribution, dim)
-    _check_vector("reports", reports, report_size)
-    norm = float(np.linalg.norm(contribution))
-    if norm > bound * (1 + NORM_SLACK):
-        raise ReplyError(f"contribution norm {norm:.6g} exceeds the bound {bound:.6g} it was sent")
-    if report_size and float(np.linalg.norm(reports)) > 1 + NORM_SLACK:
-        raise ReplyError("report vector has norm above 1")
-    try:
-        diagnostics = read_diagnostics(content, num_cohorts)
-    except ValueError as error:
-        raise ReplyError(str(error)) from None
+    """One accepted reply as the sums of a single client, or :class:`ReplyError`.
+
+    ``cohort`` is the client's cohort where the policy needs it (``per-cohort``, ``reweight``)
+    and ``None`` otherwise: the server of such a policy never learns it.
+    """
+    _check_records(content, diagnostics_allowed)
+    record = content.array_records[UPDATE]
+    if set(record.keys()) != {CONTRIBUTION, REPORTS}:
+        raise ReplyError(f"update record holds {sorted(record.keys())}, expected {[CONTRIBUTION, REPORTS]}")
+    report_size = policy.report_size(dim)
+    contribution = read_float_vector(record[CONTRIBUTION], dim, "contribution")
+    reports = read_float_vector(record[REPORTS], report_size, "reports")
+    bound = float(policy.contribution_bounds(params, np.array([0 if cohort is None else cohort]))[0])
+    norm = float(row_norms(contribution[None, :])[0])
+    if not norm <= bound:
+        raise ReplyError(f"contribution norm {norm!r} exceeds the bound {bound!r} it was sent")
+    if not policy.report_is_valid(reports, cohort):
+        raise ReplyError(f"report vector is not one an honest {policy.name!r} client sends")
+    diagnostics = None
+    if DIAGNOSTICS in content.metric_records:
+        diagnostics = read_diagnostics(content, num_cohorts, cohort)
     if diagnostics is None:
         diagnostics = CohortDiagnostics.zeros(num_cohorts)
-        diagnostics.sampled[cohort] = 1.0
-        diagnostics.exceeded[:] = np.nan
-        diagnostics.norm_before[:] = np.nan
-        diagnostics.norm_after[:] = np.nan
+        for field in (
+            diagnostics.sampled,
+            diagnostics.exceeded,
+            diagnostics.norm_before,
+            diagnostics.norm_after,
+        ):
+            field[:] = np.nan
+        if cohort is not None:
+            diagnostics.sampled[:] = 0.0
+            diagnostics.sampled[cohort] = 1.0
     return RoundSums(contribution, reports, 1, diagnostics)
 
 
-def _check_vector(name: str, array: np.ndarray, length: int) -> None:
-    if array.dtype != np.float64 or array.shape != (length,):
+def _check_records(content: RecordDict, diagnostics_allowed: bool) -> None:
+    """Exactly the ``update`` array record, plus the diagnostics record where the run allows it."""
+    try:
+        arrays = set(content.array_records.keys())
+        metrics = set(content.metric_records.keys())
+        configs = set(content.config_records.keys())
+    except AttributeError:
+        raise ReplyError("reply content is not a record dictionary") from None
+    if arrays != {UPDATE}:
+        raise ReplyError(f"reply holds array records {sorted(arrays)}, expected [{UPDATE!r}]")
+    if DIAGNOSTICS in metrics and not diagnostics_allowed:
+        raise ReplyError("reply carries simulation diagnostics, which this run does not enable")
+    extra = sorted((metrics - {DIAGNOSTICS}) | configs)
+    if extra:
+        raise ReplyError(f"reply carries records beyond the contribution and reports: {extra}")
+
+
+def read_diagnostics(content: RecordDict, num_cohorts: int, cohort: int | None) -> CohortDiagnostics:
+    """The simulation-only diagnostics of one client's reply (a one-hot ``sampled``, bits at most
+    ``sampled``, norms >= 0), or :class:`ReplyError`."""
+    record = content.metric_records[DIAGNOSTICS]
+    if set(record.keys()) != set(DIAGNOSTIC_FIELDS):
         raise ReplyError(
-            f"{name} has dtype {array.dtype} and shape {array.shape}, expected float64 ({length},)"
+            f"diagnostics record holds {sorted(record.keys())}, expected {list(DIAGNOSTIC_FIELDS)}"
         )
-    if not np.isfinite(array).all():
-        raise ReplyError(f"{name} has non-finite values")
+    values = {}
+    for name in DIAGNOSTIC_FIELDS:
+        raw = record[name]
+        if not isinstance(raw, list) or not all(isinstance(v, float) for v in raw):
+            raise ReplyError(f"diagnostics field {name!r} is not a list of floats")
+        array = np.asarray(raw, dtype=np.float64)
+        if array.shape != (num_cohorts,) or not np.isfinite(array).all() or (array < 0).any():
+            raise ReplyError(f"diagnostics field {name!r} is malformed")
+        values[name] = array
+    sampled = values["sampled"]
+    own = int(np.argmax(sampled))
+    if not np.array_equal(sampled, np.eye(num_cohorts)[own]) or (cohort is not None and own != cohort):
+        raise ReplyError("diagnostics field 'sampled' is not the client's own one-hot cohort")
+    for name in ("exceeded", "nonfinite"):
+        if not np.isin(values[name], (0.0, 1.0)).all() or (values[name] > sampled).any():
+            raise ReplyError(f"diagnostics field {name!r} is not a bit of the client's cohort")
+    return CohortDiagnostics(*(values[name] for name in DIAGNOSTIC_FIELDS))
 
 
 def sum_replies(

@@ -8,8 +8,16 @@ object the local and Ray engines drive (:class:`fairclip.sims.engine.RunServer`)
 1. ``configure_train``: Poisson-sample client ids, send each sampled node θ_t and the public
    policy parameters (for example C_t).
 2. ``aggregate_train``: check every reply (:func:`fairclip.server.replies.check_reply`), drop and
-   count bad ones, sum the rest in the engines' order, and hand the sums to the server, which
-   noises them, steps the model, moves the bound and evaluates.
+   count bad ones -- any failure to read or check a reply, a node that replies twice (dropped
+   once, counted once), a node that was not sampled -- sum the rest in the engines' order, and
+   hand the sums to the server, which noises them, steps the model, moves the bound and evaluates.
+
+What leaves the strategy is public: the MetricRecord returned to Flower (which Flower logs and
+keeps in its history) holds only the round's public values (bound, noise, ε, policy state,
+evaluation of the released model). Exact counts -- sampled, accepted, dropped, missing replies --
+and the reasons for each dropped reply go to the server's internal record only
+(:attr:`PolicyStrategy.events`, ``server-internal/`` of the run's outputs), never to the log:
+Flower forwards a ServerApp's log, DEBUG lines included, to ``flwr log``.
 
 Flower's own ``DifferentialPrivacy*AdaptiveClipping`` wrappers are deliberately not used: they
 weight by number of examples, count clipped updates but apply the rule for unclipped ones, and
@@ -20,8 +28,10 @@ per-cohort test sets, so no evaluation messages are sent to clients.
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable, Iterable
-from logging import INFO, WARNING
+from dataclasses import dataclass
+from logging import INFO
 from typing import Any, Protocol
 
 import numpy as np
@@ -35,12 +45,17 @@ from fairclip.client.protocol import MODEL, train_content
 from fairclip.server.replies import ReplyError, check_reply, sum_replies
 from fairclip.strategies import Policy
 
+EVENT_COLUMNS = ["round", "node", "client", "event", "reason"]
+"""Columns of the internal record of dropped and unexpected replies."""
+
 
 class RoundServer(Protocol):
     """What the adapter needs from a run's server (see :class:`fairclip.sims.engine.RunServer`)."""
 
     policy: Policy
     model: np.ndarray
+    result: Any
+    """Holds ``public_columns``, the columns of a round's row that may be published."""
 
     def sample(self, round_number: int) -> np.ndarray: ...
 
@@ -51,23 +66,47 @@ class RoundServer(Protocol):
     ) -> dict[str, Any]: ...
 
 
+@dataclass(frozen=True)
+class _Round:
+    number: int
+    sampled: np.ndarray
+    params: dict[str, Any]
+    started: float
+
+
 class PolicyStrategy(Strategy):
-    """A fairclip policy run over Flower nodes; ``nodes`` maps client id to node id."""
+    """A fairclip policy run over Flower nodes.
+
+    ``nodes`` maps client id to node id (a client without a node never replies) for the
+    ``num_clients`` clients of the federation; ``client_cohorts`` holds each client's cohort
+    where the policy needs it, else ``None``; ``diagnostics_allowed`` accepts the
+    simulation-only diagnostics record (a run that enables ``simulation-diagnostics``), which is
+    otherwise a reason to drop a reply.
+    """
 
     def __init__(
         self,
         server: RoundServer,
         nodes: dict[int, int],
-        client_cohorts: np.ndarray,
+        num_clients: int,
+        client_cohorts: np.ndarray | None = None,
         on_round: Callable[[dict[str, Any]], None] | None = None,
+        *,
+        diagnostics_allowed: bool = False,
     ) -> None:
         self.server = server
         self.nodes = dict(nodes)
         self.clients_of_node = {node: client for client, node in self.nodes.items()}
-        self.client_cohorts = np.asarray(client_cohorts, dtype=np.int64)
+        self.client_cohorts = None if client_cohorts is None else np.asarray(client_cohorts, dtype=np.int64)
+        if server.policy.needs_cohorts and self.client_cohorts is None:
+            raise ValueError(f"policy {server.policy.name!r} needs each client's cohort")
         self.num_cohorts = server.policy.num_cohorts
         self.on_round = on_round
-        self._round: tuple[int, np.ndarray, dict[str, Any]] | None = None
+        self.diagnostics_allowed = diagnostics_allowed
+        self.num_clients = int(num_clients)
+        self.events: list[dict[str, Any]] = []
+        """Internal record: one row per dropped or unexpected reply (:data:`EVENT_COLUMNS`)."""
+        self._round: _Round | None = None
 
     def summary(self) -> None:
         log(INFO, "fairclip policy %r over %d nodes", self.server.policy.name, len(self.nodes))
@@ -75,62 +114,95 @@ class PolicyStrategy(Strategy):
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
+        started = time.monotonic()
         sampled = self.server.sample(server_round)
         params = self.server.broadcast()
-        self._round = (server_round, sampled, params)
-        log(INFO, "round %d: %d clients sampled", server_round, len(sampled))
+        self._round = _Round(server_round, sampled, params, started)
+        reachable = [int(client) for client in sampled if int(client) in self.nodes]
         return [
             Message(
                 train_content(self.server.model, params, server_round),
-                dst_node_id=self.nodes[int(client)],
+                dst_node_id=self.nodes[client],
                 message_type=MessageType.TRAIN,
             )
-            for client in sampled
+            for client in reachable
         ]
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        if self._round is None or self._round[0] != server_round:
+        if self._round is None or self._round.number != server_round:
             raise RuntimeError(f"round {server_round} was not configured")
-        _, sampled, params = self._round
+        plan = self._round
         policy = self.server.policy
         dim = self.server.model.shape[0]
-        report_size = policy.report_size(dim)
-        expected = {int(client) for client in sampled}
+        expected = {int(client) for client in plan.sampled}
+        by_client: dict[int, list[Message]] = {}
+        unexpected = 0
+        for reply in replies:
+            node = _source_node(reply)
+            client = self.clients_of_node.get(node)
+            if client is None or client not in expected:
+                unexpected += 1
+                self._record(
+                    server_round, node, client, "unexpected", "reply from a node that was not sampled"
+                )
+                continue
+            by_client.setdefault(client, []).append(reply)
         accepted: dict[int, RoundSums] = {}
         dropped = 0
-        for reply in replies:
-            client = self.clients_of_node.get(reply.metadata.src_node_id)
+        for client, messages in sorted(by_client.items()):
             try:
-                if client not in expected or client in accepted:
-                    raise ReplyError("reply from a node that was not sampled, or a second reply")
-                if reply.has_error():
-                    raise ReplyError(f"client error: {reply.error.reason}")
-                cohort = int(self.client_cohorts[client])
-                bound = float(policy.contribution_bounds(params, np.array([cohort]))[0])
-                accepted[client] = check_reply(
-                    reply.content,
-                    dim=dim,
-                    report_size=report_size,
-                    bound=bound,
-                    cohort=cohort,
-                    num_cohorts=self.num_cohorts,
-                )
-            except ReplyError as error:
+                accepted[client] = self._check(messages, client, plan.params, dim)
+            except Exception as error:  # any failure to read or check a reply drops it
                 dropped += 1
-                log(WARNING, "round %d: dropped the reply of node %s: %s", server_round, client, error)
-        sums = sum_replies(accepted, len(self.client_cohorts), dim, report_size, self.num_cohorts)
-        extra = {"accepted_replies": len(accepted), "dropped_replies": dropped}
+                reason = str(error) if isinstance(error, ReplyError) else f"{type(error).__name__}: {error}"
+                self._record(server_round, self.nodes[client], client, "dropped", reason)
+        sums = sum_replies(accepted, self.num_clients, dim, policy.report_size(dim), self.num_cohorts)
+        extra = {
+            "accepted_replies": len(accepted),
+            "dropped_replies": dropped,
+            "missing_replies": len(expected) - len(accepted) - dropped,
+            "unexpected_replies": unexpected,
+            "reply_wait_seconds": time.monotonic() - plan.started,
+        }
         row = self.server.finish_round(server_round, sums, extra)
         if self.on_round is not None:
             self.on_round(row)
-        metrics = {
+        return ArrayRecord({MODEL: Array(self.server.model)}), MetricRecord(self.public_metrics(row))
+
+    def public_metrics(self, row: dict[str, Any]) -> dict[str, float]:
+        """The finite numbers of ``row`` that may be published, without per-cohort columns."""
+        public = self.server.result.public_columns
+        return {
             key: float(value)
             for key, value in row.items()
-            if isinstance(value, int | float) and math.isfinite(value) and "/" not in key
+            if key in public and "/" not in key and _finite_number(value)
         }
-        return ArrayRecord({MODEL: Array(self.server.model)}), MetricRecord(metrics)
+
+    def _check(self, messages: list[Message], client: int, params: dict[str, Any], dim: int) -> RoundSums:
+        if len(messages) != 1:
+            raise ReplyError(f"{len(messages)} replies in one round (all dropped)")
+        reply = messages[0]
+        if reply.has_error():
+            raise ReplyError(f"client error: {reply.error.reason}")
+        cohort = int(self.client_cohorts[client]) if self.server.policy.needs_cohorts else None
+        return check_reply(
+            reply.content,
+            policy=self.server.policy,
+            params=params,
+            dim=dim,
+            cohort=cohort,
+            num_cohorts=self.num_cohorts,
+            diagnostics_allowed=self.diagnostics_allowed,
+        )
+
+    def _record(
+        self, round_number: int, node: int | None, client: int | None, event: str, reason: str
+    ) -> None:
+        self.events.append(
+            {"round": round_number, "node": node, "client": client, "event": event, "reason": reason}
+        )
 
     def configure_evaluate(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
@@ -139,3 +211,14 @@ class PolicyStrategy(Strategy):
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
         return None
+
+
+def _source_node(reply: Message) -> int | None:
+    try:
+        return int(reply.metadata.src_node_id)
+    except Exception:  # a reply without readable metadata is unexpected, whatever it holds
+        return None
+
+
+def _finite_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)

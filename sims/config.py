@@ -168,6 +168,9 @@ class PrivacySpec(_Section):
     epsilon_budget: PositiveFloat | None = None
     delta: Annotated[float, Field(gt=0, lt=1)] = 1e-5
     accountant: Literal["prv", "rdp"] = "prv"
+    secure_noise: bool | None = None
+    """Draw the DP noise with OpenDP's exact sampler (:mod:`fairclip.server.secure_noise`);
+    unset: on for the Flower ``ServerApp`` (deployments), off for simulations."""
 
 
 class StrategySpec(_Section):

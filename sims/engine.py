@@ -143,6 +143,10 @@ class RunResult:
     stop_reason: str | None = None
     model: np.ndarray | None = None
     """θ after the last finished round."""
+    public_columns: set[str] = field(default_factory=set)
+    """Columns of ``rows`` that DP covers (or that are public anyway) and may be published; every
+    other column -- exact counts, simulation diagnostics, what an engine adds -- is internal
+    to the server (:func:`fairclip.sims.outputs.split_rows`)."""
 
 
 def build_task(config: RunConfig, data_dir: Path | None = None) -> Task:
@@ -197,11 +201,21 @@ class RunServer:
     """
 
     def __init__(
-        self, config: RunConfig, task: Task, result: RunResult | None = None, *, seeded: bool = True
+        self,
+        config: RunConfig,
+        task: Task,
+        result: RunResult | None = None,
+        *,
+        seeded: bool = True,
+        secure_noise_default: bool = False,
     ):
         self.config = config
         self.task = task
         self.seeded = seeded
+        secure = config.privacy.secure_noise
+        self.secure_noise = secure_noise_default if secure is None else secure
+        """Whether the DP noise comes from OpenDP's exact sampler (``privacy.secure_noise``, or
+        the caller's default where unset: on for the Flower ServerApp, off for simulations)."""
         self.result = result if result is not None else RunResult()
         self.policy = build_policy(
             config.strategy.name, config.strategy.params, num_cohorts=len(task.cohort_names)
@@ -210,6 +224,11 @@ class RunServer:
         self.plan = plan_privacy(config, self.policy, self.model.shape[0])
         self.state = self.policy.initial_state(self.model.shape[0])
         self.optimizer = ServerSGD(config.training.server_lr, config.training.server_momentum)
+        self._secure_sampler = None
+        if self.secure_noise and self.policy.private:
+            from fairclip.server.secure_noise import ExactGaussian
+
+            self._secure_sampler = ExactGaussian()
         self.rounds_completed = 0
         self._final_claim = in_background(self.plan.claim, self.rounds_to_run)
         """ε after the last round, computed while the rounds run (PRV for W1's 5 rounds: 0.025 s
@@ -217,6 +236,17 @@ class RunServer:
         waited for it, 15 % of the run)."""
         self.result.summary = self._summary({}, {})
         self.result.model = self.model
+
+    @property
+    def noise_source(self) -> str:
+        """Where this run's DP noise comes from, in words (summary.json and the server log)."""
+        if not self.policy.private:
+            return "none (the non-private reference adds no noise)"
+        if self._secure_sampler is not None:
+            return "OpenDP's exact Gaussian sampler, operating-system entropy (not reproducible)"
+        if self.seeded:
+            return f"numpy's Gaussian sampler, seed {self.config.seed} (reproducible)"
+        return "numpy's Gaussian sampler, operating-system entropy"
 
     @property
     def rounds_to_run(self) -> int:
@@ -238,8 +268,10 @@ class RunServer:
         self, round_number: int, sums: RoundSums, extra: dict[str, Any] | None = None
     ) -> dict[str, Any]:
         """Noise the clients' sums, step the model, move the state, evaluate; return the row."""
-        seeded_rng = rng(self.config.seed, Stream.NOISE, round_number) if self.seeded else None
-        noise_rng = seeded_rng or np.random.default_rng()
+        noise_rng = self._secure_sampler
+        if noise_rng is None:
+            seeded_rng = rng(self.config.seed, Stream.NOISE, round_number) if self.seeded else None
+            noise_rng = seeded_rng or np.random.default_rng()
         server = self.policy.server_side(
             self.state,
             sums.contribution_sum,
@@ -259,8 +291,11 @@ class RunServer:
         if self._reports(round_number):
             overall, per_cohort = self._evaluate()
             epsilon = self.result.summary["epsilon"]
-        row = _round_row(round_number, server, sums, epsilon, overall, per_cohort, self.task.cohort_names)
-        row.update(extra or {})
+        public, internal = _round_row(
+            round_number, server, sums, epsilon, overall, per_cohort, self.task.cohort_names
+        )
+        self.result.public_columns.update(public)
+        row = {**public, **internal, **(extra or {})}
         self.result.rows.append(row)
         return row
 
@@ -304,6 +339,7 @@ class RunServer:
             "delta": plan.delta,
             "privacy": claim,
             "privacy_budget": plan.budget,
+            "noise_source": self.noise_source,
             "final_clip_bound": json_number(float(self.policy.clip_bound(self.state))),
             "cohorts": per_cohort,
             "overall": overall,
@@ -332,31 +368,54 @@ def simulate(
     return server.finish()
 
 
-def _round_row(round_number, server, sums: RoundSums, epsilon: float, overall, per_cohort, cohort_names):
-    diagnostics = sums.diagnostics
-    sampled = max(sums.num_reports, 1)
-    row: dict[str, Any] = {
+NOISY_REPORT_COLUMNS = 16
+"""A released noisy report sum of at most this many coordinates (the noisy counts of every
+count-releasing policy) is written to the round's row as ``noisy_report_<j>``."""
+
+
+def _round_row(
+    round_number, server, sums: RoundSums, epsilon: float, overall, per_cohort, cohort_names
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(public, internal) values of one round.
+
+    *Public*: what DP covers or what is public anyway -- the bound, the noise, ε, the policy's
+    public state, the noisy report sums, and the server's evaluation of the released model on
+    its own test data. *Internal*: exact counts and the simulation-only diagnostics, which only
+    a trusted server (or a simulation) may keep.
+    """
+    public: dict[str, Any] = {
         "round": round_number,
         "clip_bound": server.clip_bound,
         "noise_std": server.noise_std,
         "sensitivity": server.sensitivity,
-        "clipped_fraction": float(diagnostics.exceeded.sum() / sampled),
         "epsilon": epsilon,
-        "sampled_clients": sums.num_reports,
-        "nonfinite_updates": int(diagnostics.nonfinite.sum()),
         "server_lr_factor": server.server_lr_factor,
         **server.info,
-        **overall,
+    }
+    if server.noisy_reports is not None and server.noisy_reports.size <= NOISY_REPORT_COLUMNS:
+        for index, value in enumerate(server.noisy_reports):
+            public[f"noisy_report_{index}"] = float(value)
+    public.update(overall)
+    diagnostics = sums.diagnostics
+    internal: dict[str, Any] = {
+        "clipped_fraction": float(diagnostics.exceeded.sum() / max(sums.num_reports, 1)),
+        "sampled_clients": sums.num_reports,
+        "nonfinite_updates": _count(diagnostics.nonfinite.sum()),
     }
     for index, name in enumerate(cohort_names):
         count = diagnostics.sampled[index]
-        row[f"{name}/sampled"] = int(count)
-        row[f"{name}/clipped_fraction"] = _ratio(diagnostics.exceeded[index], count)
-        row[f"{name}/norm_before"] = _ratio(diagnostics.norm_before[index], count)
-        row[f"{name}/norm_after"] = _ratio(diagnostics.norm_after[index], count)
+        internal[f"{name}/sampled"] = _count(count)
+        internal[f"{name}/clipped_fraction"] = _ratio(diagnostics.exceeded[index], count)
+        internal[f"{name}/norm_before"] = _ratio(diagnostics.norm_before[index], count)
+        internal[f"{name}/norm_after"] = _ratio(diagnostics.norm_after[index], count)
         for metric, value in per_cohort.get(name, {}).items():
-            row[f"{name}/{metric}"] = value
-    return row
+            public[f"{name}/{metric}"] = value
+    return public, internal
+
+
+def _count(total: float) -> int | float:
+    """A count as an integer; NaN where the server does not know it (no diagnostics sent)."""
+    return int(total) if math.isfinite(total) else math.nan
 
 
 def _ratio(total: float, count: float) -> float:

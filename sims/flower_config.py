@@ -6,6 +6,10 @@ Flower only lets ``--run-config`` override keys declared under ``[tool.flwr.app.
 - ``scenario`` (a built-in scenario) or ``config-file`` (a TOML file; wins when not empty),
 - ``out`` (the folder of ``rounds.csv``, ``summary.json`` and ``model.npy``) and ``data-dir``,
 - ``node-wait``: seconds the server waits for ``federation.num_clients`` nodes to connect,
+- ``simulation-diagnostics`` (``false``): let clients on simulated partitions send the
+  simulation-only diagnostics (true clipping bits, update norms). Off, a client sends its
+  contribution and report bits only, and the server drops any reply that carries more. Turn it
+  on for Flower's simulation runtime only, never in a deployment,
 - ``set``: further ``KEY=VALUE`` assignments separated by ``;`` (exactly what ``--set`` takes),
 - every configuration key of DESIGN section 5 (``strategy.name``, ``training.rounds``, ``seed``,
   ...) with the default ``""``, which means "keep the scenario's value".
@@ -14,9 +18,12 @@ So ``flwr run . --run-config "strategy.name='bounded' training.rounds=5"`` and
 ``fairclip run --scenario S --set strategy.name=bounded --set training.rounds=5`` resolve to the
 same configuration.
 
-A run is *seeded* when ``seed`` is set explicitly: then sampling and DP noise follow the seed, as in
-a simulation. Otherwise (a deployment) they come from operating-system entropy (DESIGN section 6);
-the scenario's seed still fixes the data partition, which every node must agree on.
+A run is *seeded* when the run configuration gives a seed -- the ``seed`` key, a ``seed=`` in
+``set``, or a top-level ``seed`` in ``config-file`` -- and :attr:`FlowerRun.seed_source` says
+which. Then client sampling and (unless ``privacy.secure_noise`` draws it from OpenDP, which
+cannot be seeded) the DP noise follow the seed, as in a simulation: for test runs only.
+Otherwise they come from operating-system entropy (DESIGN section 6); a built-in scenario's own
+seed still fixes the data partition, which every node must agree on.
 """
 
 from __future__ import annotations
@@ -31,7 +38,7 @@ from fairclip.sims.errors import ConfigError
 UNSET = ""
 """Value of a declared configuration key that keeps the scenario's value."""
 
-CONTROL_KEYS = ("scenario", "config-file", "out", "data-dir", "set", "node-wait")
+CONTROL_KEYS = ("scenario", "config-file", "out", "data-dir", "set", "node-wait", "simulation-diagnostics")
 
 DEFAULT_NODE_WAIT_SECONDS = 300.0
 
@@ -43,16 +50,31 @@ class FlowerRun:
     config: RunConfig
     out: Path
     data_dir: Path | None
-    seeded: bool
+    seed_source: str | None
+    """Where the run configuration gave the seed, or ``None`` (a built-in scenario's default)."""
     node_wait: float
+    simulation_diagnostics: bool = False
+
+    @property
+    def seeded(self) -> bool:
+        """Whether sampling and (numpy) DP noise follow the configuration's seed."""
+        return self.seed_source is not None
+
+    @property
+    def secure_noise(self) -> bool:
+        """Whether the DP noise comes from OpenDP's exact sampler (default on for the ServerApp)."""
+        return self.config.privacy.secure_noise is not False
 
 
 def flower_run(run_config: dict[str, Any]) -> FlowerRun:
     """Resolve Flower's flat run configuration into a validated fairclip configuration."""
     config_file = str(run_config.get("config-file", UNSET))
     scenario = str(run_config.get("scenario", UNSET)) or None
+    seed_source = None
     if config_file:
         raw = scenario_source(None, Path(config_file))
+        if "seed" in raw:
+            seed_source = f"config-file {config_file}"
     elif scenario:
         raw = scenario_source(scenario, None)
     else:
@@ -61,8 +83,16 @@ def flower_run(run_config: dict[str, Any]) -> FlowerRun:
         if key in CONTROL_KEYS or value == UNSET:
             continue
         raw = set_value(raw, key, value)
+        if key == "seed":
+            seed_source = "run-config key seed"
     assignments = [part.strip() for part in str(run_config.get("set", UNSET)).split(";") if part.strip()]
+    for assignment in assignments:
+        if assignment.partition("=")[0].strip() == "seed":
+            seed_source = "set"
     raw = apply_overrides(raw, assignments)
+    diagnostics = run_config.get("simulation-diagnostics", False)
+    if not isinstance(diagnostics, bool):
+        raise ConfigError(f"simulation-diagnostics must be true or false (got {diagnostics!r})")
     data_dir = str(run_config.get("data-dir", UNSET))
     node_wait = run_config.get("node-wait", DEFAULT_NODE_WAIT_SECONDS)
     if isinstance(node_wait, bool) or not isinstance(node_wait, int | float) or not node_wait > 0:
@@ -71,6 +101,7 @@ def flower_run(run_config: dict[str, Any]) -> FlowerRun:
         config=validate(raw),
         out=Path(str(run_config.get("out", UNSET)) or "runs/flwr"),
         data_dir=Path(data_dir) if data_dir else None,
-        seeded=run_config.get("seed", UNSET) != UNSET,
+        seed_source=seed_source,
         node_wait=float(node_wait),
+        simulation_diagnostics=diagnostics,
     )

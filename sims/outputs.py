@@ -61,9 +61,9 @@ def write_json(path: Path, data: dict[str, Any]) -> None:
     atomic_write_text(path, json.dumps(_json_safe(data), indent=2, sort_keys=False) + "\n")
 
 
-def write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
-    """Atomically write ``rows`` as CSV with pandas."""
-    atomic_write_text(path, pd.DataFrame(rows).to_csv(index=False))
+def write_csv(path: Path, rows: list[dict[str, Any]], columns: list[str] | None = None) -> None:
+    """Atomically write ``rows`` as CSV with pandas (``columns``: the header of an empty table)."""
+    atomic_write_text(path, pd.DataFrame(rows, columns=columns).to_csv(index=False))
 
 
 def write_run(
@@ -74,3 +74,50 @@ def write_run(
     write_json(out / "summary.json", summary)
     if model is not None:
         write_model(out / "model.npy", model)
+
+
+SERVER_INTERNAL = "server-internal"
+"""Folder, inside a ServerApp's ``out``, of what only the trusted server may keep."""
+
+SERVER_INTERNAL_NOTE = """NOT DP-PROTECTED: keep these files on the server, never publish them.
+
+They hold what the server of a fairclip deployment knows exactly and differential privacy does
+not cover: how many clients were sampled, which replies were accepted, dropped or missing and
+why, round timings, each node's partition (and cohort, where the policy needs it), and the
+simulation diagnostics of runs that enable them. The public release is next to this folder:
+rounds.csv, summary.json and model.npy.
+"""
+
+
+def split_rows(
+    rows: list[dict[str, Any]], public_columns: set[str]
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(public rows, internal rows): each row's ``public_columns``, and ``round`` with the rest."""
+    public = [{key: value for key, value in row.items() if key in public_columns} for row in rows]
+    internal = [
+        {"round": row["round"], **{key: value for key, value in row.items() if key not in public_columns}}
+        for row in rows
+    ]
+    return public, internal
+
+
+def write_server_run(
+    out: Path,
+    rows: list[dict[str, Any]],
+    public_columns: set[str],
+    summary: dict[str, Any],
+    model: np.ndarray | None,
+    internal_tables: dict[str, tuple[list[dict[str, Any]], list[str]]],
+) -> None:
+    """The files of a ServerApp run: the public release (``rounds.csv`` with the public columns
+    only, ``summary.json``, ``model.npy``) and, in :data:`SERVER_INTERNAL`, the internal record:
+    ``rounds.csv`` (the other columns) and each of ``internal_tables`` (name -> (rows, columns))."""
+    public_rows, internal_rows = split_rows(rows, public_columns)
+    write_run(out, public_rows, summary, model)
+    folder = out / SERVER_INTERNAL
+    write_csv(folder / "rounds.csv", internal_rows)
+    for name, (table, columns) in internal_tables.items():
+        write_csv(folder / f"{name}.csv", table, columns)
+    note = folder / "README.txt"
+    if not note.exists():
+        atomic_write_text(note, SERVER_INTERNAL_NOTE)

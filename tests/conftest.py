@@ -24,3 +24,12 @@ def cli(capsys):
         return status, captured.out, captured.err
 
     return invoke
+
+
+@pytest.fixture
+def server_task_identity(monkeypatch):
+    """Outside a Flower runtime, messages need the identity a ServerApp process would have."""
+    from flwr.supercore.task_identity import TaskIdentity
+
+    for attribute, value in (("_run_id", 1), ("_node_id", 0), ("_task_id", 1)):
+        monkeypatch.setattr(TaskIdentity, attribute, value)

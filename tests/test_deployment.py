@@ -10,11 +10,13 @@ from __future__ import annotations
 import csv
 import json
 import math
+import re
 import shutil
 import subprocess
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives.serialization import load_ssh_private_key
@@ -85,42 +87,151 @@ def test_harness_writes_keys_and_certificates_flower_accepts(tmp_path: Path) -> 
     assert san.get_values_for_type(x509.DNSName) == ["localhost"]
 
 
+DEMO_CONFIG = {
+    "scenario": "demo",
+    # three clients: two on partitions of the scenario, one on its own data file
+    "set": "scenario.cohorts.majority.share=0.5; scenario.cohorts.minority.share=0.5",
+    "strategy.name": "bounded",
+    "federation.num_clients": NUM_NODES,
+    "federation.sample_rate": 1.0,
+    "training.rounds": 3,
+}
+
+INTERNAL_ONLY = re.compile(
+    r"sampled|accepted|dropped|missing|unexpected|clipped_fraction|norm_|nonfinite|seconds"
+)
+"""Names of values DP does not cover: exact counts, diagnostics, timings."""
+
+
+def _keys(value: object) -> set[str]:
+    """Every key of a JSON document, at any depth."""
+    if isinstance(value, dict):
+        return set(value) | {key for item in value.values() for key in _keys(item)}
+    if isinstance(value, list):
+        return {key for item in value for key in _keys(item)}
+    return set()
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(not _fairclip_apps_present(), reason="fairclip's ServerApp/ClientApp are not there yet")
-def test_fairclip_run_over_tls_with_authenticated_supernodes(
+def test_a_deployment_publishes_only_what_dp_covers(
     tmp_path: Path, app_dir: Path, record_property: pytest.RecordProperty
 ) -> None:
+    """Issue 17: TLS, node authentication, partition nodes and a data-path node, as the README
+    shows. The server receives contributions and report bits only (no diagnostics, no cohort
+    label for `bounded`), and its public outputs and INFO log hold no exact count."""
     started = time.monotonic()
     out = tmp_path / "out"
+    data_file = tmp_path / "client.npz"
+    rng = np.random.default_rng(0)
+    np.savez(data_file, x=rng.normal(size=(24, 10)).astype(np.float32), y=rng.integers(0, 2, 24))
+    node_configs = [
+        _node_config(0),
+        _node_config(1),
+        {**_node_config(2), "data-path": str(data_file), "cohort": "minority"},
+    ]
     with deployment(tmp_path / "deploy") as dep:
         dep.start_superlink()
         keys = [make_node_keys(tmp_path / "keys", f"supernode-{i}") for i in range(NUM_NODES)]
         registered = {dep.register_supernode(k) for k in keys}
-        for i, k in enumerate(keys):
-            dep.start_supernode(f"supernode-{i}", keys=k, node_config=_node_config(i))
+        for i, (k, node_config) in enumerate(zip(keys, node_configs, strict=True)):
+            dep.start_supernode(f"supernode-{i}", keys=k, node_config=node_config)
         online = dep.wait_for_nodes(NUM_NODES)
         assert {int(str(n["node-id"])) for n in online} == registered
 
-        result = dep.run_app(app_dir, {**RUN_CONFIG, "out": str(out)}, timeout=150)
+        result = dep.run_app(app_dir, {**DEMO_CONFIG, "out": str(out)}, timeout=240)
         context = f"{result.submit}\n--- run log ---\n{result.logs}\n{dep.log_tail()}"
         assert result.status == "finished:completed", context
     wall = time.monotonic() - started
     record_property("deployment_wall_seconds", round(wall, 1))
     print(f"deployment test wall time: {wall:.1f} s")
 
+    # the public release: only values DP covers, ε with its parameters, secure noise by default
+    rounds = list(csv.DictReader((out / "rounds.csv").open()))
+    assert len(rounds) == DEMO_CONFIG["training.rounds"]
+    public_columns = set(rounds[0])
+    assert not {c for c in public_columns if INTERNAL_ONLY.search(c)}, public_columns
+    assert {"clip_bound", "noise_std", "epsilon", "noisy_report_0", "minority/accuracy"} <= public_columns
+    per_round = [float(row["epsilon"]) for row in rounds]
+    assert all(math.isfinite(e) for e in per_round) and per_round == sorted(per_round)
     summary = json.loads((out / "summary.json").read_text())
-    epsilon = float(summary["epsilon"])
-    assert math.isfinite(epsilon) and epsilon > 0, summary
-    assert summary["rounds_completed"] == RUN_CONFIG["training.rounds"]
-    with (out / "rounds.csv").open() as f:
-        rows = list(csv.DictReader(f))
-    assert len(rows) == RUN_CONFIG["training.rounds"]
-    per_round = [float(row["epsilon"]) for row in rows]
-    assert all(math.isfinite(e) for e in per_round)
-    assert per_round == sorted(per_round)
-    assert per_round[-1] == pytest.approx(epsilon)
-    # DESIGN section 6: a deployment without a seed draws its DP noise from OS entropy, and says so
-    assert "operating-system entropy" in result.logs, result.logs
+    assert summary["rounds_completed"] == DEMO_CONFIG["training.rounds"]
+    assert per_round[-1] == pytest.approx(float(summary["epsilon"]))
+    assert {"delta", "accountant", "sample_rate", "rounds", "noise_multiplier"} <= set(summary["privacy"])
+    assert not {key for key in _keys(summary) if INTERNAL_ONLY.search(key)}, summary
+    assert "OpenDP" in summary["noise_source"], summary["noise_source"]
+
+    # what the server received and keeps to itself: every reply accepted -- so none carried
+    # diagnostics or anything beyond its contribution and report bit -- and no cohort label
+    internal = out / "server-internal"
+    assert "NOT DP-PROTECTED" in (internal / "README.txt").read_text()
+    internal_rounds = list(csv.DictReader((internal / "rounds.csv").open()))
+    for row in internal_rounds:
+        assert (row["accepted_replies"], row["dropped_replies"], row["unexpected_replies"]) == ("3", "0", "0")
+        assert row["sampled_clients"] == "3"
+        assert row["clipped_fraction"] == "" and row["minority/norm_before"] == "", row
+    assert list(csv.DictReader((internal / "replies.csv").open())) == []
+    nodes = list(csv.DictReader((internal / "nodes.csv").open()))
+    assert sorted(int(n["client"]) for n in nodes) == [0, 1, 2]
+    assert {int(n["node"]) for n in nodes} == registered
+    assert all(n["cohort"] == "" for n in nodes), "bounded must not learn cohorts"
+
+    # the ServerApp's log: no exact count at INFO, and Flower's MetricRecords public only
+    logs = result.logs
+    assert "operating-system entropy" in logs and "OpenDP" in logs, logs
+    assert not INTERNAL_ONLY.search(logs.replace("server-internal", "")), logs
+    records = re.findall(r"Aggregated MetricRecord: \{([^}]*)\}", logs)
+    assert records, logs
+    for record in records:
+        names = set(re.findall(r"'([^']+)':", record))
+        assert names and names <= public_columns, names - public_columns
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not _fairclip_apps_present(), reason="fairclip's ServerApp/ClientApp are not there yet")
+def test_nodes_claiming_one_partition_are_refused(tmp_path: Path, app_dir: Path) -> None:
+    """Issue 17, point 7: an authenticated node is trusted about its partition, so a partition
+    claimed by two nodes refuses both (here every node: the run ends with exit status 2)."""
+    with deployment(tmp_path / "deploy") as dep:
+        dep.start_superlink()
+        nodes = {}
+        for i in range(2):
+            keys = make_node_keys(tmp_path / "keys", f"supernode-{i}")
+            nodes[dep.register_supernode(keys)] = i
+            dep.start_supernode(f"supernode-{i}", keys=keys, node_config=_node_config(0, 2))
+        dep.wait_for_nodes(2)
+        config = {**RUN_CONFIG, "federation.num_clients": 2, "training.rounds": 1, "out": str(tmp_path / "o")}
+        result = dep.run_app(app_dir, config, timeout=150)
+        assert result.status.startswith("finished:") and result.status != "finished:completed", result.status
+    for node in nodes:
+        assert re.search(rf"refused node {node}: partition-id=0 is also claimed by node \d+", result.logs), (
+            result.logs
+        )
+    assert "fairclip: error: every node was refused" in result.logs, result.logs
+
+
+@pytest.mark.slow
+def test_a_revoked_supernode_can_no_longer_join(tmp_path: Path) -> None:
+    """Issue 17, point 7: `flwr supernode unregister` takes a registered, online node out of the
+    federation, and its key cannot bring it back."""
+    with deployment(tmp_path) as dep:
+        dep.start_superlink()
+        keys = make_node_keys(tmp_path / "keys", "revoked")
+        node_id = dep.register_supernode(keys)
+        first = dep.start_supernode("revoked", keys=keys, node_config=_node_config(0, 1))
+        assert [int(str(n["node-id"])) for n in dep.wait_for_nodes(1)] == [node_id]
+
+        dep.flwr("supernode", "unregister", str(node_id), dep.connection)
+        status = {int(str(n["node-id"])): n["status"] for n in dep.list_supernodes()}
+        assert status == {node_id: "unregistered"}, status
+        first.wait(timeout=30)
+        assert not [n for n in dep.list_supernodes() if n.get("status") == "online"]
+
+        again = dep.start_supernode("revoked-again", keys=keys, node_config=_node_config(0, 1))
+        exit_status = again.wait(timeout=60)
+        assert exit_status not in (None, 0), dep.log_tail()
+        assert "Failed to activate SuperNode" in again.log(), again.log()
+        assert not [n for n in dep.list_supernodes() if n.get("status") == "online"]
 
 
 @pytest.mark.slow
@@ -211,6 +322,9 @@ def test_compose_file_wires_tls_auth_and_one_partition_per_supernode() -> None:
         node_port = _option(command, "--port")
         assert _option(clientapp["command"], "--runtime-api-address") == f"{name}:{node_port}"
     assert sorted(partitions) == list(range(len(supernodes)))
+    # a deployment never turns on the simulation diagnostics, nor turns secure noise off
+    text = (REPO / "docker" / "compose.yml").read_text()
+    assert "simulation-diagnostics" not in text and "secure_noise" not in text
 
 
 @pytest.mark.slow

@@ -1,0 +1,157 @@
+"""Which connected node is which client: the *identify* exchange at the start of a run.
+
+The server waits for ``federation.num_clients`` nodes and asks each for its identity
+(:func:`fairclip.client.protocol.identity_content`): its ``partition-id`` and ``num-partitions``,
+and its cohort only where the policy needs it (``per-cohort``, ``reweight``; DESIGN section 3).
+A node whose answer is anything else -- an error, a missing record, a value that is not an integer
+in range, a cohort label the policy does not need, a partition another node claims too -- is
+*refused*: one clear log line, and the run goes on without it (its client never replies, like a
+client that is never sampled, which costs utility but not privacy). Where two nodes claim one
+partition, both are refused: the server cannot tell which is honest.
+
+What the server can verify is only what it is told: an authenticated node (TLS, SuperNode key)
+is trusted about its partition and its cohort.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from logging import INFO, WARNING
+from typing import Any
+
+import numpy as np
+from flwr.app import ConfigRecord, Message, MessageType, RecordDict
+from flwr.common import log
+from flwr.serverapp import Grid
+
+from fairclip.client.protocol import COHORT, IDENTIFY, NUM_PARTITIONS, PARTITION_ID
+
+NODE_COLUMNS = ["node", "client", "cohort"]
+"""Columns of the internal record of the nodes that joined (``cohort`` only where needed)."""
+
+
+class FederationError(RuntimeError):
+    """The connected nodes do not form the configured federation."""
+
+
+class IdentityError(ValueError):
+    """An identity answer the server refuses."""
+
+
+@dataclass
+class Federation:
+    """The nodes that joined, by client id, and those that were refused."""
+
+    nodes: dict[int, int]
+    """client id -> node id."""
+    cohorts: np.ndarray | None
+    """Each client's cohort index (-1 for a client without a node), only where the policy needs it."""
+    refused: dict[int, str] = field(default_factory=dict)
+    """node id -> why it was refused."""
+
+    def table(self) -> list[dict[str, Any]]:
+        """One row per joined node for the server's internal record."""
+        return [
+            {
+                "node": node,
+                "client": client,
+                "cohort": None if self.cohorts is None else int(self.cohorts[client]),
+            }
+            for client, node in sorted(self.nodes.items())
+        ]
+
+
+def read_identity(
+    content: Any, num_clients: int, num_cohorts: int, needs_cohort: bool
+) -> tuple[int, int | None]:
+    """(client id, cohort or ``None``) from an identity answer, or :class:`IdentityError`."""
+    try:
+        configs = dict(content.config_records)
+        others = set(content.array_records) | set(content.metric_records)
+    except AttributeError:
+        raise IdentityError("the answer is not a record dictionary") from None
+    if set(configs) != {IDENTIFY} or others:
+        raise IdentityError(
+            f"the answer holds records {sorted(set(configs) | others)}, expected [{IDENTIFY!r}]"
+        )
+    identity = dict(configs[IDENTIFY])
+    expected = {PARTITION_ID, NUM_PARTITIONS} | ({COHORT} if needs_cohort else set())
+    if COHORT in identity and not needs_cohort:
+        raise IdentityError("it sent a cohort label, which this run's policy does not need")
+    if set(identity) != expected:
+        raise IdentityError(f"its identity holds {sorted(identity)}, expected {sorted(expected)}")
+    for key, value in identity.items():
+        if type(value) is not int:
+            raise IdentityError(f"{key} must be an integer (got {value!r})")
+    client, total = identity[PARTITION_ID], identity[NUM_PARTITIONS]
+    if total != num_clients:
+        raise IdentityError(f"num-partitions={total}, but federation.num_clients={num_clients}")
+    if not 0 <= client < num_clients:
+        raise IdentityError(f"partition-id={client} outside 0..{num_clients - 1}")
+    cohort = identity.get(COHORT)
+    if cohort is not None and not 0 <= cohort < num_cohorts:
+        raise IdentityError(f"cohort={cohort} outside 0..{num_cohorts - 1}")
+    return client, cohort
+
+
+def identify_nodes(
+    grid: Grid, num_clients: int, num_cohorts: int, wait_seconds: float, needs_cohorts: bool
+) -> Federation:
+    """Wait for ``num_clients`` nodes, ask each who it is, and refuse those that answer wrongly.
+
+    Raises :class:`FederationError` when not exactly ``num_clients`` nodes connect in
+    ``wait_seconds``, or when every node is refused.
+    """
+    deadline = time.monotonic() + wait_seconds
+    node_ids = list(grid.get_node_ids())
+    while len(node_ids) < num_clients and time.monotonic() < deadline:
+        time.sleep(1.0)
+        node_ids = list(grid.get_node_ids())
+    if len(node_ids) != num_clients:
+        raise FederationError(f"{len(node_ids)} nodes connected, but federation.num_clients={num_clients}")
+    query = [
+        Message(RecordDict({IDENTIFY: ConfigRecord({})}), dst_node_id=node, message_type=MessageType.QUERY)
+        for node in node_ids
+    ]
+    claims: dict[int, list[tuple[int, int | None]]] = {}
+    refused: dict[int, str] = {}
+    answered: set[int] = set()
+    for reply in grid.send_and_receive(query, timeout=wait_seconds):
+        node = int(reply.metadata.src_node_id)
+        try:
+            if node in answered:
+                raise IdentityError("it answered twice")
+            answered.add(node)
+            if reply.has_error():
+                raise IdentityError(f"its ClientApp failed: {reply.error.reason}")
+            client, cohort = read_identity(reply.content, num_clients, num_cohorts, needs_cohorts)
+            claims.setdefault(client, []).append((node, cohort))
+        except IdentityError as error:
+            refused[node] = str(error)
+    for node in node_ids:
+        if node not in answered:
+            refused[node] = f"no answer within {wait_seconds:g} s"
+    nodes: dict[int, int] = {}
+    cohorts = np.full(num_clients, -1, dtype=np.int64) if needs_cohorts else None
+    for client, claimants in sorted(claims.items()):
+        if len(claimants) > 1:
+            for node, _ in claimants:
+                others = ", ".join(str(other) for other, _ in claimants if other != node)
+                refused[node] = f"partition-id={client} is also claimed by node {others}"
+            continue
+        node, cohort = claimants[0]
+        if node in refused:  # answered twice: its claim does not count
+            continue
+        nodes[client] = node
+        if cohorts is not None:
+            cohorts[client] = cohort
+    for node, reason in sorted(refused.items()):
+        log(WARNING, "fairclip: refused node %s: %s", node, reason)
+    if not nodes:
+        raise FederationError(f"every node was refused ({len(refused)} of {len(node_ids)}); see the log")
+    missing = sorted(set(range(num_clients)) - set(nodes))
+    if missing:
+        log(WARNING, "fairclip: no node for partition-id(s) %s: those clients never reply", missing)
+    log(INFO, "fairclip: %d of %d nodes joined", len(nodes), len(node_ids))
+    return Federation(nodes, cohorts, refused)
