@@ -14,14 +14,33 @@ import numpy as np
 import pandas as pd
 
 
+def process_umask() -> int:
+    """The process's umask, read without changing it where Linux tells it (``/proc``); elsewhere
+    set and restored at once."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except OSError:
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Replace ``path`` with ``data`` so that readers see the old file or the new one, never half."""
+    """Replace ``path`` with ``data`` so that readers see the old file or the new one, never half.
+
+    The file gets the mode a plain ``open`` would give it (0666 less the umask), not the 0600 of
+    the temporary file, so colleagues can read results on a shared machine.
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
     descriptor, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(descriptor, "wb") as handle:
             handle.write(data)
             handle.flush()
+            os.fchmod(handle.fileno(), 0o666 & ~process_umask())
             os.fsync(handle.fileno())
         os.replace(temporary, path)
     except BaseException:

@@ -42,7 +42,7 @@ from typing import Any, ClassVar, Protocol
 
 import numpy as np
 
-from fairclip.strategies import reports
+from fairclip.strategies import checks, reports
 from fairclip.strategies.clipping import clip_rows_with_norms, row_norms
 from fairclip.strategies.errors import PolicyConfigError
 
@@ -164,7 +164,7 @@ class Policy(ABC):
         if num_cohorts < 1:
             raise PolicyConfigError(f"num_cohorts must be >= 1 (got {num_cohorts})")
         self.num_cohorts = int(num_cohorts)
-        self.normalize = bool(normalize)
+        self.normalize = checks.flag("normalize", normalize)
 
     # ----- what a policy defines -------------------------------------------------------
     @abstractmethod

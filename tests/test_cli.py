@@ -326,3 +326,44 @@ def test_python_dash_m_entry_point_exits_2_without_traceback(tmp_path):
 def test_scenarios_lists_bimodal_mean(cli):
     status, out, _ = cli("scenarios")
     assert status == 0 and "bimodal-mean" in out
+
+
+@pytest.mark.parametrize("value", ["False", "maybe", "'true'", "1", "0"])
+def test_boolean_keys_take_true_or_false_only(cli, tmp_path, value):
+    """Issue 18, point 1: `strategy.normalize=False` ran *with* normalisation (bool("False"))."""
+    for key in ("strategy.normalize", "strategy.adaptive", "privacy.secure_noise", "scenario.balance"):
+        strategy = ["--set", "strategy.name=soft"] if key == "strategy.adaptive" else []
+        scenario = "adult" if key == "scenario.balance" else "bimodal-mean"
+        args = ["run", "--scenario", scenario, *strategy, "--set", f"{key}={value}"]
+        status, _, err = cli(*args, "--out", str(tmp_path / "x"))
+        assert status == 2, (key, value, err)
+        assert len(err.strip().splitlines()) == 1 and key.split(".")[-1] in err, err
+        assert not (tmp_path / "x").exists()
+
+
+def test_normalize_true_and_false_run(cli, tmp_path):
+    for value in ("true", "false"):
+        out = tmp_path / value
+        status, _, err = cli(
+            "run", "--scenario", "bimodal-mean", "--set", "training.rounds=1",
+            "--set", f"strategy.normalize={value}", "--out", str(out),
+        )  # fmt: skip
+        assert status == 0, err
+        summary = json.loads((out / "summary.json").read_text())
+        assert summary["config"]["strategy"]["normalize"] is (value == "true")
+
+
+def test_result_files_honour_the_umask(cli, tmp_path):
+    """Issue 18, point 5: results were created 0600 (mkstemp), unreadable by colleagues."""
+    import os
+
+    previous = os.umask(0o022)
+    try:
+        status, _, err = cli(
+            "run", "--scenario", "bimodal-mean", "--set", "training.rounds=1", "--out", str(tmp_path)
+        )
+    finally:
+        os.umask(previous)
+    assert status == 0, err
+    for name in ("rounds.csv", "summary.json", "model.npy"):
+        assert (tmp_path / name).stat().st_mode & 0o777 == 0o644, name

@@ -26,6 +26,8 @@ import urllib.request
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
+from fairclip.sims.outputs import process_umask
+
 from .errors import DataError
 
 ENV_VAR = "FAIRCLIP_DATA"
@@ -200,6 +202,7 @@ def _download(url: str, target: Path, expected: str, timeout: float) -> None:
             while chunk := source.read(1 << 20):
                 digest.update(chunk)
                 sink.write(chunk)
+            os.fchmod(sink.fileno(), 0o666 & ~process_umask())  # not mkstemp's 0600
         if digest.hexdigest() != expected:
             raise ValueError(f"SHA-256 {digest.hexdigest()[:16]}… where {expected[:16]}… is expected")
         os.replace(temporary, target)
