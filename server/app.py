@@ -123,9 +123,12 @@ def run_federation(grid: Grid, context: Context) -> None:
             num_rounds=server.rounds_to_run,
             timeout=REPLY_TIMEOUT_SECONDS,
         )
-    finally:
-        server.finish()
+    except BaseException:
+        server.finish(interrupted=True)
         write_outputs()
+        raise
+    server.finish()
+    write_outputs()
     if result.stop_reason:
         log(INFO, "fairclip: %s", result.stop_reason)
     claim = result.summary["privacy"]

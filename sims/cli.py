@@ -9,7 +9,9 @@ from __future__ import annotations
 import json
 import math
 import os
+import signal
 import sys
+import threading
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
@@ -23,9 +25,8 @@ from rich.table import Table
 from fairclip.sims.config import builtin_scenarios, load_config, read_toml
 from fairclip.sims.data import DataError
 from fairclip.sims.errors import ConfigError
-from fairclip.sims.outputs import write_run
+from fairclip.sims.outputs import check_output_folder, write_run
 from fairclip.strategies import NoiseMultipliers, PolicyConfigError
-from fairclip.strategies.accounting import PrivacyClaim, calibrate, check_privacy_parameters
 
 app = typer.Typer(
     name="fairclip",
@@ -36,6 +37,28 @@ app = typer.Typer(
 )
 console = Console(stderr=True)
 stdout = Console()
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        from importlib.metadata import version
+
+        typer.echo(f"fairclip {version('fairclip')}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    version: Annotated[
+        bool,
+        typer.Option("--version", callback=_print_version, is_eager=True, help="Print the version and exit."),
+    ] = False,
+) -> None:
+    """Who pays for differentially private clipping in federated learning.
+
+    The command line imports torch, Opacus and Ray only in the commands that need them, so
+    ``--help``, ``--version`` and ``scenarios`` answer at once.
+    """
 
 
 class Backend(StrEnum):
@@ -100,6 +123,7 @@ def run(
         raise ConfigError("--workers applies to the local backend; the ray backend takes --actors")
     run_config = load_config(scenario, config, overrides or [])
     out = out or Path("runs") / f"{run_config.scenario.name}-{run_config.strategy.name}"
+    check_output_folder(out)
     task = build_task(run_config, data_dir)
     executor_factory = lambda task, policy: LocalExecutor(task, policy, workers)  # noqa: E731
     if backend is Backend.ray:
@@ -117,18 +141,17 @@ def run(
         console=console,
         transient=True,
     )
+
+    def finished_round(_row: dict) -> None:
+        progress.advance(bar)
+        write_run(out, result.rows, result.summary, result.model)  # a kill loses this round at most
+
     try:
         with progress:
             bar = progress.add_task("rounds", total=run_config.training.rounds)
-            simulate(
-                run_config,
-                task,
-                executor_factory,
-                on_round=lambda _row: progress.advance(bar),
-                result=result,
-            )
+            simulate(run_config, task, executor_factory, on_round=finished_round, result=result)
     finally:
-        # Finished rounds are written even when the run is interrupted.
+        # An interrupted run's summary describes its last finished round (status "interrupted").
         if result.rows or result.summary:
             write_run(out, result.rows, result.summary, result.model)
     if result.stop_reason:
@@ -176,6 +199,7 @@ def compare(
     runs = sweep.plan_runs(raw, names, sweep.parse_epsilons(epsilons), seeds)
     base = sweep.validate(raw)
     out = out or Path("runs") / f"compare-{base.scenario.name}"
+    check_output_folder(out)
     if base.scenario.task == "classification" and base.scenario.dataset != "synthetic":
         from fairclip.sims.data import resolve_data_dir
 
@@ -248,6 +272,7 @@ def reproduce(
     repro.load_setup(name)  # an unknown name fails before the data are read
     data_dir = resolve_data_dir(data_dir)
     out = out or Path("runs") / f"reproduce-{name}"
+    check_output_folder(out)
     with Progress(
         TextColumn(f"[bold]reproduce[/bold] {name}"),
         BarColumn(),
@@ -372,6 +397,8 @@ def privacy(
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
     """ε of T rounds of user-level DP-FedAvg, or the noise for a target ε."""
+    from fairclip.strategies.accounting import PrivacyClaim, calibrate, check_privacy_parameters
+
     if (noise_multiplier is None) == (target_epsilon is None):
         raise ConfigError("give exactly one of --noise-multiplier or --target-epsilon")
     check_privacy_parameters(sample_rate, rounds, delta, accountant.value)
@@ -423,24 +450,54 @@ def scenarios() -> None:
     stdout.print(table)
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (``kill``, ``timeout``, ``docker stop``, Slurm), handled like Ctrl-C."""
+
+
+_signals_received: list[int] = []
+"""SIGTERMs seen by :func:`_terminate` (typer turns any KeyboardInterrupt into exit code 130)."""
+
+
+def _terminate(signum: int, _frame: object) -> None:
+    _signals_received.append(signum)
+    raise Terminated
+
+
 def main(argv: list[str] | None = None) -> None:
-    """Entry point: run the app and turn every input error into one line and exit status 2."""
+    """Entry point: run the app and turn every input error into one line and exit status 2.
+
+    SIGTERM stops a command the way Ctrl-C does: finished results are written, and the exit
+    status is 143 (130 for Ctrl-C). A file that cannot be read or written mid-run (a full disk)
+    is one line naming it, and status 1.
+    """
+    in_main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _terminate) if in_main_thread else None
+    _signals_received.clear()
     try:
         # Without standalone mode click returns the exit status of --help, Ctrl-C and the like.
         status = app(args=argv, prog_name="fairclip", standalone_mode=False)
     except click.exceptions.Exit as done:
         sys.exit(done.exit_code)
-    except click.exceptions.Abort:
-        console.print("aborted")
-        sys.exit(130)
+    except click.exceptions.Abort as abort:
+        status = 143 if isinstance(abort.__cause__, Terminated) else 130
     except click.ClickException as error:
         _fail(error.format_message())
     except (ConfigError, PolicyConfigError, DataError) as error:
         _fail(str(error))
+    except Terminated:
+        status = 143
     except KeyboardInterrupt:
         status = 130
-    if status == 130:
-        console.print("interrupted; finished rounds were written")
+    except OSError as error:
+        print(f"fairclip: error: {error}", file=sys.stderr)
+        sys.exit(1)
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+    if status == 130 and _signals_received:
+        status = 143
+    if status in (130, 143):
+        console.print(f"{'terminated' if status == 143 else 'interrupted'}; finished results were written")
     if isinstance(status, int) and status != 0:
         sys.exit(status)
 

@@ -21,7 +21,6 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from fairclip.sims.errors import ConfigError
 from fairclip.strategies import POLICIES, PolicyConfigError, build_policy, policy_parameters
-from fairclip.strategies.accounting import ACCOUNTANTS
 
 SCENARIO_DIR = Path(__file__).parent / "scenarios"
 
@@ -210,12 +209,20 @@ def builtin_scenarios() -> dict[str, Path]:
 
 
 def read_toml(path: Path) -> dict[str, Any]:
-    """Parse a TOML file; a missing or malformed file is a :class:`ConfigError`."""
+    """Parse a TOML file; a missing, unreadable, non-UTF-8 or malformed file is a :class:`ConfigError`."""
     try:
         with path.open("rb") as handle:
             return tomllib.load(handle)
     except FileNotFoundError:
         raise ConfigError(f"config file not found: {path}") from None
+    except IsADirectoryError:
+        raise ConfigError(f"config file {path} is a folder") from None
+    except OSError as error:
+        raise ConfigError(f"config file {path} cannot be read: {error.strerror or error}") from None
+    except UnicodeDecodeError as error:
+        raise ConfigError(
+            f"{path}: not UTF-8 text, as TOML must be ({error.reason} at byte {error.start})"
+        ) from None
     except tomllib.TOMLDecodeError as error:
         raise ConfigError(f"{path}: invalid TOML ({error})") from None
 
@@ -337,4 +344,4 @@ def _first_error(error: ValidationError) -> str:
     return f"{location}: {message}{suffix}"
 
 
-__all__ = ["ACCOUNTANTS", "ConfigError", "RunConfig", "load_config", "validate"]
+__all__ = ["ConfigError", "RunConfig", "load_config", "validate"]

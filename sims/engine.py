@@ -13,8 +13,11 @@ One round t:
 
 from __future__ import annotations
 
+import contextlib
+import datetime as dt
 import math
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -28,6 +31,7 @@ from fairclip.server.optimizer import ServerSGD
 from fairclip.sims.config import RunConfig
 from fairclip.sims.errors import ConfigError
 from fairclip.sims.privacy_plan import json_number, plan_privacy
+from fairclip.sims.provenance import provenance
 from fairclip.sims.randomness import Stream, poisson_sample, rng
 from fairclip.sims.tasks import Task
 from fairclip.strategies import Policy, build_policy
@@ -230,6 +234,7 @@ class RunServer:
 
             self._secure_sampler = ExactGaussian()
         self.rounds_completed = 0
+        self._started = (dt.datetime.now(dt.UTC), time.perf_counter())
         self._final_claim = in_background(self.plan.claim, self.rounds_to_run)
         """ε after the last round, computed while the rounds run (PRV for W1's 5 rounds: 0.025 s
         of CPU since the accountants share their RDP work, 0.15 s before; when the summary
@@ -284,7 +289,6 @@ class RunServer:
         self.model = self.optimizer.step(self.model, server.estimate, server.server_lr_factor)
         self.state = server.state
         self.rounds_completed = round_number
-        self.result.model = self.model
         overall: dict[str, float] = {}
         per_cohort: dict[str, dict[str, float]] = {}
         epsilon = math.nan
@@ -299,11 +303,12 @@ class RunServer:
         self.result.rows.append(row)
         return row
 
-    def finish(self) -> RunResult:
+    def finish(self, interrupted: bool = False) -> RunResult:
         """The result, with the budget message when the budget cut the run short.
 
         The summary describes the model after the last completed round, evaluated here if that
-        round was not a reporting round (a run stopped early).
+        round was not a reporting round (a run stopped early or ``interrupted``), and its
+        ``status`` says ``finished`` or ``interrupted``.
         """
         if self.result.summary.get("rounds_completed") != self.rounds_completed:
             self._evaluate()
@@ -311,6 +316,7 @@ class RunServer:
         if budget_cut and self.rounds_completed >= self.plan.rounds_allowed:
             self.result.stop_reason = self.plan.budget_message(self.rounds_completed)
         self.result.summary["stopped_early"] = self.result.stop_reason
+        self.result.summary["status"] = "interrupted" if interrupted else "finished"
         return self.result
 
     def _reports(self, round_number: int) -> bool:
@@ -321,9 +327,11 @@ class RunServer:
         return round_number % every == 0 or round_number >= self.rounds_to_run
 
     def _evaluate(self) -> tuple[dict[str, float], dict[str, dict[str, float]]]:
-        """Evaluate the current model per cohort and refresh the summary (ε included)."""
+        """Evaluate the current model per cohort and refresh the summary (ε included); the
+        result's ``model`` is then the model the summary describes."""
         overall, per_cohort = self.task.evaluate(self.model)
         self.result.summary = self._summary(overall, per_cohort)
+        self.result.model = self.model
         return overall, per_cohort
 
     def _summary(self, overall, per_cohort) -> dict[str, Any]:
@@ -331,6 +339,7 @@ class RunServer:
         finished = self.rounds_completed == self.rounds_to_run
         claim = (self._final_claim.result() if finished else plan.claim(self.rounds_completed)).as_dict()
         return {
+            "status": "running",
             "scenario": config.scenario.name,
             "strategy": config.strategy.name,
             "seed": config.seed,
@@ -345,6 +354,7 @@ class RunServer:
             "overall": overall,
             **self.task.summary(self.model),
             "config": config.as_dict(),
+            "provenance": provenance(self._started[0], time.perf_counter() - self._started[1]),
         }
 
 
@@ -356,15 +366,21 @@ def simulate(
     result: RunResult | None = None,
 ) -> RunResult:
     """Run every round of ``config``. Rows are appended to ``result`` as rounds finish, so a
-    caller that is interrupted still holds every finished round."""
+    caller that is interrupted still holds every finished round, and an interrupted run's summary
+    describes its last finished round with ``status = "interrupted"``."""
     server = RunServer(config, task, result)
     execute = executor_factory(task, server.policy)
-    for round_number in range(1, server.rounds_to_run + 1):
-        client_ids = server.sample(round_number)
-        sums = execute(server.model, client_ids, round_number, server.broadcast())
-        row = server.finish_round(round_number, sums)
-        if on_round is not None:
-            on_round(row)
+    try:
+        for round_number in range(1, server.rounds_to_run + 1):
+            client_ids = server.sample(round_number)
+            sums = execute(server.model, client_ids, round_number, server.broadcast())
+            row = server.finish_round(round_number, sums)
+            if on_round is not None:
+                on_round(row)
+    except BaseException:
+        with contextlib.suppress(Exception):  # the interruption, not this, is what the caller sees
+            server.finish(interrupted=True)
+        raise
     return server.finish()
 
 

@@ -13,6 +13,32 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from fairclip.sims.errors import ConfigError
+
+
+def check_output_folder(out: Path) -> None:
+    """Check, before any work starts, that the folder ``out`` can be created and written:
+    :class:`ConfigError` names the folder and why not (a file of that name or on its path, no
+    permission, a read-only file system, an impossible path). Nothing is left behind: a folder
+    that does not exist yet is not created (the first result creates it), the check writes a
+    nameless temporary file in ``out`` or in its nearest existing parent."""
+    try:
+        existing = out
+        while not existing.exists() and existing != existing.parent:
+            existing = existing.parent
+        problem = None
+        if existing == out and not out.is_dir():
+            problem = "is a file"
+        elif not existing.is_dir():
+            problem = f"cannot be created: {existing} is a file"
+        else:
+            with tempfile.TemporaryFile(dir=existing, prefix=".fairclip-write-check-"):
+                pass
+    except (OSError, ValueError) as error:
+        problem = f"cannot be written: {getattr(error, 'strerror', None) or error}"
+    if problem:
+        raise ConfigError(f"output folder {out} {problem}")
+
 
 def process_umask() -> int:
     """The process's umask, read without changing it where Linux tells it (``/proc``); elsewhere
@@ -130,11 +156,17 @@ def write_server_run(
 ) -> None:
     """The files of a ServerApp run: the public release (``rounds.csv`` with the public columns
     only, ``summary.json``, ``model.npy``) and, in :data:`SERVER_INTERNAL`, the internal record:
-    ``rounds.csv`` (the other columns) and each of ``internal_tables`` (name -> (rows, columns))."""
+    ``rounds.csv`` (the other columns), ``provenance.json`` (with the run's wall time, left out of
+    the public summary) and each of ``internal_tables`` (name -> (rows, columns))."""
     public_rows, internal_rows = split_rows(rows, public_columns)
-    write_run(out, public_rows, summary, model)
+    public_summary = dict(summary)
+    if "provenance" in summary:  # the run's wall time depends on who took part: internal
+        public_summary["provenance"] = {k: v for k, v in summary["provenance"].items() if k != "wall_seconds"}
+    write_run(out, public_rows, public_summary, model)
     folder = out / SERVER_INTERNAL
     write_csv(folder / "rounds.csv", internal_rows)
+    if "provenance" in summary:
+        write_json(folder / "provenance.json", summary["provenance"])
     for name, (table, columns) in internal_tables.items():
         write_csv(folder / f"{name}.csv", table, columns)
     note = folder / "README.txt"

@@ -196,7 +196,10 @@ def test_interrupted_run_keeps_finished_rounds(cli, tmp_path, monkeypatch):
     status, _, _ = _run(cli, tmp_path)
     assert status == 130
     assert list(pd.read_csv(tmp_path / "rounds.csv")["round"]) == [1, 2, 3]
-    assert json.loads((tmp_path / "summary.json").read_text())["rounds_completed"] == 3
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["rounds_completed"] == 3 and summary["status"] == "interrupted"
+    assert summary["privacy"]["rounds"] == 3
+    np.testing.assert_array_equal(np.load(tmp_path / "model.npy"), summary["estimate"])
 
 
 BAD_INPUTS = [
@@ -367,3 +370,37 @@ def test_result_files_honour_the_umask(cli, tmp_path):
     assert status == 0, err
     for name in ("rounds.csv", "summary.json", "model.npy"):
         assert (tmp_path / name).stat().st_mode & 0o777 == 0o644, name
+
+
+def test_summary_records_its_provenance(cli, tmp_path):
+    """Issue 18, point 6: version, commit, libraries, machine, start and wall time."""
+    status, _, err = _run(cli, tmp_path)
+    assert status == 0, err
+    provenance = json.loads((tmp_path / "summary.json").read_text())["provenance"]
+    assert provenance["fairclip_version"] == "0.1.0"
+    assert set(provenance["libraries"]) >= {"torch", "flwr", "opacus", "ray"}
+    assert provenance["libraries"]["torch"].startswith("2.13.0")
+    assert provenance["machine"]["cores"] >= 1 and "gpu" in provenance["machine"]
+    assert provenance["started"].endswith("+00:00") and provenance["wall_seconds"] > 0
+    commit = provenance["git_commit"]
+    assert commit is None or len(commit.removesuffix("+dirty")) == 40
+
+
+@pytest.mark.parametrize("args", [["--help"], ["--version"], ["scenarios"], ["run", "--help"]])
+def test_help_version_and_scenarios_import_no_heavy_library(args):
+    """Issue 18, point 14: `fairclip --help` took 10-14 s importing torch and Opacus."""
+    probe = (
+        "import sys\n"
+        "from fairclip.sims.cli import main\n"
+        "try:\n"
+        f"    main({args!r})\n"
+        "except SystemExit as done:\n"
+        "    assert not done.code, done.code\n"
+        "heavy = sorted(m for m in ('torch', 'opacus', 'ray', 'flwr', 'opendp') if m in sys.modules)\n"
+        "print('HEAVY', heavy, file=sys.stderr)\n"
+    )
+    completed = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert completed.returncode == 0, completed.stderr
+    assert "HEAVY []" in completed.stderr, completed.stderr
+    if args == ["--version"]:
+        assert completed.stdout.strip() == "fairclip 0.1.0"
