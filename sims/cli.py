@@ -159,73 +159,110 @@ def run(
     _print_run_summary(result.summary, out)
 
 
+ResumeOption = Annotated[
+    bool, typer.Option("--resume", help="Continue the sweep stored in --out, keeping its finished runs.")
+]
+ExtendOption = Annotated[
+    bool, typer.Option("--extend", help="Add these runs to the sweep stored in --out (keeps its runs).")
+]
+ReplaceOption = Annotated[
+    bool, typer.Option("--replace", help="Delete the sweep stored in --out and run this one instead.")
+]
+
+
 @app.command()
 def compare(
     scenario: ScenarioOption = None,
     config: ConfigOption = None,
     overrides: SetOption = None,
     strategies: Annotated[
-        str, typer.Option("--strategies", help="Comma-separated strategies; `none` always runs too.")
-    ] = "constant,adaptive,bounded",
+        str | None,
+        typer.Option(
+            "--strategies", help="Comma-separated strategies [constant,adaptive,bounded]; `none` always runs."
+        ),
+    ] = None,
     epsilons: Annotated[
         str | None,
         typer.Option("--epsilons", help="Comma-separated target ε [the scenario's privacy settings]."),
     ] = None,
     seeds: Annotated[
-        int, typer.Option("--seeds", min=1, help="Number of seeds (scenario seed, +1, ...).")
-    ] = 1,
+        int | None, typer.Option("--seeds", min=1, help="Number of seeds: scenario seed, +1, ... [1].")
+    ] = None,
     out: Annotated[
         Path | None, typer.Option("--out", help="Output folder [runs/compare-<scenario>].")
     ] = None,
-    resume: Annotated[
-        bool, typer.Option("--resume", help="Keep finished runs in --out; compute the rest.")
-    ] = False,
+    resume: ResumeOption = False,
+    extend: ExtendOption = False,
+    replace: ReplaceOption = False,
     address: Annotated[
         str | None, typer.Option("--address", help="An existing Ray cluster to run on.")
     ] = None,
     workers: RunWorkersOption = 1,
     data_dir: DataDirOption = None,
 ) -> None:
-    """Compare strategies across target ε and seeds on Ray; write summary.csv, report.md and plots."""
+    """Compare strategies across target ε and seeds on Ray; write summary.csv, report.md and plots.
+
+    The sweep's specification is stored in --out: --resume alone continues it.
+    """
     import time
 
     from fairclip.sims import compare as sweep
+    from fairclip.sims import sweep_folder
     from fairclip.sims.config import apply_overrides, scenario_source
     from fairclip.sims.report import PLOTS, write_report
 
     started = time.perf_counter()
-    raw = apply_overrides(scenario_source(scenario, config), overrides or [])
-    names = [name.strip() for name in strategies.split(",") if name.strip()]
-    runs = sweep.plan_runs(raw, names, sweep.parse_epsilons(epsilons), seeds)
-    base = sweep.validate(raw)
-    out = out or Path("runs") / f"compare-{base.scenario.name}"
+    mode = sweep_folder.mode_of(resume, extend, replace)
+    given = sweep.compare_spec(
+        apply_overrides(scenario_source(scenario, config), overrides or [])
+        if scenario or config or overrides or mode is not sweep_folder.Mode.RESUME
+        else None,
+        strategies,
+        epsilons,
+        seeds,
+        explicit_only=mode is sweep_folder.Mode.RESUME,
+    )
+    if mode is not sweep_folder.Mode.RESUME:
+        sweep.plan_from_spec(given)  # every run validated before any work (a resumed one: below)
+    if out is None:
+        if "config" not in given:
+            raise ConfigError("--resume without --scenario or --config needs --out")
+        out = Path("runs") / f"compare-{sweep.validate(given['config']).scenario.name}"
     check_output_folder(out)
-    if base.scenario.task == "classification" and base.scenario.dataset != "synthetic":
-        from fairclip.sims.data import resolve_data_dir
-
-        data_dir = resolve_data_dir(data_dir)  # fail before starting Ray
-    todo = sweep.pending_runs(raw, runs, out, resume)
-    console.print(f"{len(runs)} runs, {len(runs) - len(todo)} already finished; results in {out}")
-    with Progress(
-        TextColumn("[bold]compare[/bold] {task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=console,
-    ) as progress:
-        bar = progress.add_task(base.scenario.name, total=len(todo))
-        sweep.execute(
-            raw,
-            todo,
-            out,
-            data_dir=data_dir,
-            address=address,
-            workers=workers,
-            on_finished=lambda _run: progress.advance(bar),
+    with sweep_folder.locked(out):
+        spec = sweep_folder.settle(
+            out, given, mode, merge=sweep.merge_specs, results=("runs", "summary.csv", "report.md", *PLOTS)
         )
-    table, rounds, keys = sweep.load_results(out, runs)
-    sweep.write_summary(out, table)
-    write_report(out, table, rounds, keys, f"fairclip compare: {base.scenario.name}")
+        raw, runs = sweep.plan_from_spec(spec)
+        base = sweep.validate(raw)
+        if base.scenario.task == "classification" and base.scenario.dataset != "synthetic":
+            from fairclip.sims.data import resolve_data_dir
+
+            data_dir = resolve_data_dir(data_dir)  # fail before starting Ray
+        todo = sweep.pending_runs(
+            raw, runs, out, mode in (sweep_folder.Mode.RESUME, sweep_folder.Mode.EXTEND)
+        )
+        console.print(f"{len(runs)} runs, {len(runs) - len(todo)} already finished; results in {out}")
+        with Progress(
+            TextColumn("[bold]compare[/bold] {task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=console,
+        ) as progress:
+            bar = progress.add_task(base.scenario.name, total=len(todo))
+            sweep.execute(
+                raw,
+                todo,
+                out,
+                data_dir=data_dir,
+                address=address,
+                workers=workers,
+                on_finished=lambda _run: progress.advance(bar),
+            )
+        table, rounds, keys = sweep.load_results(out, runs)
+        sweep.write_summary(out, table)
+        write_report(out, table, rounds, keys, f"fairclip compare: {base.scenario.name}")
     stdout.print((out / "report.md").read_text(), markup=False, highlight=False)
     stdout.print(f"wall time {time.perf_counter() - started:.1f} s")
     stdout.print(f"report: {out / 'report.md'}")
@@ -236,12 +273,15 @@ def compare(
 @app.command()
 def reproduce(
     name: Annotated[str | None, typer.Argument(help="A reproduction setup (see --list).")] = None,
-    seeds: Annotated[int, typer.Option("--seeds", min=1, help="Number of seeds (setup seed, +1, ...).")] = 2,
+    seeds: Annotated[
+        int | None, typer.Option("--seeds", min=1, help="Number of seeds: setup seed, +1, ... [2].")
+    ] = None,
     out: Annotated[Path | None, typer.Option("--out", help="Output folder [runs/reproduce-<name>].")] = None,
     list_setups: Annotated[bool, typer.Option("--list", help="Name the setups and exit.")] = False,
     full_grid: Annotated[
-        bool, typer.Option("--full-grid", help="The paper's hyper-parameter grid (default: a reduced one).")
-    ] = False,
+        bool | None,
+        typer.Option("--full-grid/--reduced-grid", help="The paper's hyper-parameter grid [reduced]."),
+    ] = None,
     overrides: SetOption = None,
     max_rounds: Annotated[
         int | None, typer.Option("--max-rounds", min=1, help="Cap every run's rounds (smoke tests only).")
@@ -253,14 +293,20 @@ def reproduce(
     address: Annotated[
         str | None, typer.Option("--address", help="An existing Ray cluster to run on.")
     ] = None,
-    resume: Annotated[
-        bool, typer.Option("--resume", help="Keep finished runs in --out; compute the rest.")
+    resume: ResumeOption = False,
+    extend: Annotated[
+        bool, typer.Option("--extend", help="Add seeds to the reproduction stored in --out (keeps its runs).")
     ] = False,
+    replace: ReplaceOption = False,
     workers: RunWorkersOption = 1,
     data_dir: DataDirOption = None,
 ) -> None:
-    """Reproduce a seed paper's centralised experiment; write reproduction.csv and reproduction.md."""
+    """Reproduce a seed paper's centralised experiment; write reproduction.csv and reproduction.md.
+
+    The reproduction's specification is stored in --out: --resume alone continues it.
+    """
     from fairclip.sims import reproduce as repro
+    from fairclip.sims import sweep_folder
     from fairclip.sims.data import resolve_data_dir
 
     if list_setups:
@@ -270,30 +316,50 @@ def reproduce(
     if name is None:
         raise ConfigError("give a reproduction NAME (see `fairclip reproduce --list`)")
     repro.load_setup(name)  # an unknown name fails before the data are read
+    mode = sweep_folder.mode_of(resume, extend, replace)
+    given = repro.reproduce_spec(
+        name,
+        seeds,
+        full_grid,
+        grid_limit,
+        max_rounds,
+        overrides,
+        explicit_only=mode is sweep_folder.Mode.RESUME,
+    )
     data_dir = resolve_data_dir(data_dir)
     out = out or Path("runs") / f"reproduce-{name}"
     check_output_folder(out)
-    with Progress(
-        TextColumn(f"[bold]reproduce[/bold] {name}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=console,
-        transient=True,  # an error (a --resume conflict, say) stays the only line on stderr
-    ) as progress:
+    with (
+        sweep_folder.locked(out),
+        Progress(
+            TextColumn(f"[bold]reproduce[/bold] {name}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=console,
+            transient=True,  # an error (a --resume conflict, say) stays the only line on stderr
+        ) as progress,
+    ):
+        spec = sweep_folder.settle(
+            out,
+            given,
+            mode,
+            merge=repro.merge_specs,
+            results=("runs", "reproduction.csv", "reproduction.md", "chosen.json"),
+        )
         bar = progress.add_task(name, total=None)
         _rows, wall = repro.reproduce(
-            name,
-            seeds,
+            spec["name"],
+            spec["seeds"],
             out,
             data_dir=data_dir,
-            full_grid=full_grid,
-            grid_limit=grid_limit,
-            max_rounds=max_rounds,
-            overrides=overrides or [],
+            full_grid=spec["full_grid"],
+            grid_limit=spec["grid_limit"],
+            max_rounds=spec["max_rounds"],
+            overrides=spec["overrides"],
             address=address,
             workers=workers,
-            resume=resume,
+            resume=mode in (sweep_folder.Mode.RESUME, sweep_folder.Mode.EXTEND),
             on_finished=lambda _run: progress.advance(bar),
             on_plan=lambda total: progress.update(bar, total=total),
         )

@@ -69,6 +69,57 @@ def plan_runs(
     return runs
 
 
+DEFAULT_STRATEGIES = "constant,adaptive,bounded"
+DEFAULT_SEEDS = 1
+
+
+def compare_spec(
+    raw: dict[str, Any] | None,
+    strategies: str | None,
+    epsilons: str | None,
+    seeds: int | None,
+    *,
+    explicit_only: bool = False,
+) -> dict[str, Any]:
+    """The specification of a sweep (what :mod:`fairclip.sims.sweep_folder` stores): the
+    scenario's raw configuration and the strategies, target ε and number of seeds, with the
+    defaults filled in -- or, ``explicit_only`` (``--resume``), only what was given."""
+    spec: dict[str, Any] = {"command": "compare"}
+    if raw is not None:
+        spec["config"] = raw
+    if strategies is not None or not explicit_only:
+        text = DEFAULT_STRATEGIES if strategies is None else strategies
+        spec["strategies"] = [name.strip() for name in text.split(",") if name.strip()]
+    if epsilons is not None or not explicit_only:
+        spec["epsilons"] = parse_epsilons(epsilons)
+    if seeds is not None or not explicit_only:
+        spec["seeds"] = DEFAULT_SEEDS if seeds is None else seeds
+    return spec
+
+
+def plan_from_spec(spec: dict[str, Any]) -> tuple[dict[str, Any], list[RunSpec]]:
+    """(raw configuration, runs) of a complete sweep specification; validates every run."""
+    raw = spec["config"]
+    return raw, plan_runs(raw, list(spec["strategies"]), list(spec["epsilons"]), int(spec["seeds"]))
+
+
+def merge_specs(stored: dict[str, Any], given: dict[str, Any]) -> dict[str, Any]:
+    """``--extend``: the stored sweep with the given strategies, ε and seeds added (same scenario)."""
+    from fairclip.sims.sweep_folder import union
+
+    if stored.get("config") != given.get("config"):
+        raise ConfigError(
+            "--extend adds strategies, ε or seeds over the same scenario settings, and these differ; "
+            "use --replace or another --out"
+        )
+    return {
+        **stored,
+        "strategies": union(stored["strategies"], given["strategies"]),
+        "epsilons": union(stored["epsilons"], given["epsilons"]),
+        "seeds": max(stored["seeds"], given["seeds"]),
+    }
+
+
 def finished_summary(folder: Path, config: RunConfig) -> dict[str, Any] | None:
     """The summary of the run finished in ``folder`` (its ``summary.json`` is written last,
     atomically), or None when it is not finished.

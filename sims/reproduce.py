@@ -513,6 +513,43 @@ def reproduce(
     return rows, wall
 
 
+DEFAULT_SEEDS = 2
+
+
+def reproduce_spec(
+    name: str,
+    seeds: int | None,
+    full_grid: bool | None,
+    grid_limit: int | None,
+    max_rounds: int | None,
+    overrides: list[str] | None,
+    *,
+    explicit_only: bool = False,
+) -> dict[str, Any]:
+    """The specification of a reproduction (what :mod:`fairclip.sims.sweep_folder` stores), with
+    the defaults filled in -- or, ``explicit_only`` (``--resume``), only what was given."""
+    spec: dict[str, Any] = {"command": "reproduce", "name": name}
+    options = {
+        "seeds": (seeds, DEFAULT_SEEDS),
+        "full_grid": (full_grid, False),
+        "grid_limit": (grid_limit, None),
+        "max_rounds": (max_rounds, None),
+        "overrides": (overrides or None, []),
+    }
+    for key, (value, default) in options.items():
+        if value is not None or not explicit_only:
+            spec[key] = default if value is None else value
+    return spec
+
+
+def merge_specs(stored: dict[str, Any], given: dict[str, Any]) -> dict[str, Any]:
+    """``--extend``: the stored reproduction with more seeds (everything else the same)."""
+    differ = sorted(key for key in stored if key != "seeds" and stored[key] != given.get(key))
+    if differ:
+        raise ConfigError(f"--extend adds seeds to the same reproduction; {', '.join(differ)} differ")
+    return {**stored, "seeds": max(stored["seeds"], given["seeds"])}
+
+
 def setup_titles() -> dict[str, str]:
     return {name: read_toml(path)["setup"]["title"] for name, path in builtin_setups().items()}
 

@@ -135,3 +135,67 @@ def test_bad_compare_arguments_are_one_line(cli, tmp_path):
         status, _, err = cli("compare", "--scenario", "demo", *args, "--out", str(tmp_path))
         assert status == 2, args
         assert len(err.strip().splitlines()) == 1 and err.startswith("fairclip: error:")
+
+
+def _keys_and_stamps(out):
+    return {path.parent.name: path.stat().st_mtime_ns for path in out.glob("runs/*/summary.json")}
+
+
+def test_a_sweep_is_stored_and_resume_alone_continues_it(ray_session, cli, tmp_path):
+    """Issue 18, point 2: `--resume` without the original options ran a different sweep and
+    overwrote the results; a different sweep on the same folder replaced the other's runs."""
+    first = ("compare", "--scenario", "demo", *SHORT, "--strategies", "bounded", "--epsilons", "4")
+    status, _, err = cli(*first, "--seeds", "2", "--out", str(tmp_path))
+    assert status == 0, err
+    spec = json.loads((tmp_path / "sweep.json").read_text())
+    assert (spec["strategies"], spec["epsilons"], spec["seeds"]) == (["bounded"], [4.0], 2)
+    stamps = _keys_and_stamps(tmp_path)
+    assert len(stamps) == 4  # none and bounded, 2 seeds each
+    lost = sorted(stamps)[0]
+    for path in (tmp_path / "runs" / lost).iterdir():
+        path.unlink()
+
+    status, _, err = cli("compare", "--out", str(tmp_path), "--resume")
+    assert status == 0, err
+    after = _keys_and_stamps(tmp_path)
+    assert set(after) == set(stamps) and all(after[k] == stamps[k] for k in stamps if k != lost)
+    assert sorted(pd.read_csv(tmp_path / "summary.csv")["seed"].unique()) == [0, 1]
+
+    for options in (["--seeds", "1"], ["--seeds", "2", "--resume", "--strategies", "constant"]):
+        status, _, err = cli(*first, *options, "--out", str(tmp_path))
+        assert status == 2 and len(err.strip().splitlines()) == 1, err
+        assert "--extend" in err and "--replace" in err
+    assert _keys_and_stamps(tmp_path) == after, "a refused sweep must not touch the folder"
+
+    status, _, err = cli(*first[:-4], "--strategies", "constant", "--epsilons", "4", "--seeds", "1",
+                         "--extend", "--out", str(tmp_path))  # fmt: skip
+    assert status == 0, err
+    spec = json.loads((tmp_path / "sweep.json").read_text())
+    assert (spec["strategies"], spec["seeds"]) == (["bounded", "constant"], 2)
+    extended = _keys_and_stamps(tmp_path)
+    assert len(extended) == 6 and all(extended[k] == after[k] for k in after)
+
+    status, _, err = cli(*first, "--seeds", "1", "--replace", "--out", str(tmp_path))
+    assert status == 0, err
+    assert len(_keys_and_stamps(tmp_path)) == 2
+    assert json.loads((tmp_path / "sweep.json").read_text())["seeds"] == 1
+
+
+def test_a_folder_in_use_is_refused(cli, tmp_path):
+    from fairclip.sims.sweep_folder import locked
+
+    with locked(tmp_path):
+        status, _, err = cli("compare", "--scenario", "demo", *SHORT, "--out", str(tmp_path))
+    assert status == 2 and err.strip() == (
+        f"fairclip: error: {tmp_path} is in use by another fairclip process (pid {os.getpid()}); wait for it"
+    )
+    assert not (tmp_path / "runs").exists()
+    with locked(tmp_path):  # released when its holder is done
+        pass
+
+
+def test_resume_needs_a_stored_sweep(cli, tmp_path):
+    status, _, err = cli("compare", "--out", str(tmp_path), "--resume")
+    assert status == 2 and "holds no stored sweep" in err and len(err.strip().splitlines()) == 1
+    status, _, err = cli("compare", "--resume", "--extend", "--out", str(tmp_path))
+    assert status == 2 and "at most one of" in err

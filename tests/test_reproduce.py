@@ -155,7 +155,7 @@ def test_resume_reuses_finished_runs_and_refuses_other_settings(ray_session, cli
     other_rounds = [*args[:rounds_at], "2", *args[rounds_at + 1 :]]
     status, _stdout, err = cli(*other_rounds, "--resume")
     assert status == 2
-    assert err.strip().count("\n") == 0 and "another configuration" in err
+    assert err.strip().count("\n") == 0 and "max_rounds differ" in err
 
 
 def test_markdown_says_what_was_compared():
@@ -180,3 +180,34 @@ def test_markdown_says_what_was_compared():
     text = repro.markdown(setup, [row(0.76, True), row("", False)], 1.0, [])
     assert "1 of 1 numbers with a paper value lie outside" in text
     assert "**outside**" in text
+
+
+def test_a_reproduction_is_stored_and_resumed_extended_or_replaced(tmp_path):
+    """Issue 18, point 2, for `reproduce`: the stored specification decides what --resume runs."""
+    from fairclip.sims import sweep_folder
+    from fairclip.sims.errors import ConfigError
+    from fairclip.sims.sweep_folder import Mode, settle
+
+    def spec(explicit_only=False, **options):
+        values = {"seeds": None, "full_grid": None, "grid_limit": None, "max_rounds": None, "overrides": None}
+        values.update(options)
+        return repro.reproduce_spec("zhao-dutch", **values, explicit_only=explicit_only)
+
+    results = ("runs", "reproduction.csv")
+    first = settle(tmp_path, spec(max_rounds=3), Mode.NEW, merge=repro.merge_specs, results=results)
+    assert first["seeds"] == 2 and first["max_rounds"] == 3
+    assert settle(tmp_path, spec(explicit_only=True), Mode.RESUME) == first
+    with pytest.raises(ConfigError, match="max_rounds differ"):
+        settle(tmp_path, spec(explicit_only=True, max_rounds=4), Mode.RESUME)
+    with pytest.raises(ConfigError, match="holds another sweep"):
+        settle(tmp_path, spec(seeds=3, max_rounds=3), Mode.NEW)
+    extended = settle(tmp_path, spec(seeds=3, max_rounds=3), Mode.EXTEND, merge=repro.merge_specs)
+    assert extended["seeds"] == 3
+    with pytest.raises(ConfigError, match="max_rounds differ"):
+        settle(tmp_path, spec(seeds=4), Mode.EXTEND, merge=repro.merge_specs)
+    (tmp_path / "runs" / "a").mkdir(parents=True)
+    (tmp_path / "reproduction.csv").write_text("x")
+    replaced = settle(tmp_path, spec(seeds=1), Mode.REPLACE, results=results)
+    assert replaced["seeds"] == 1 and not (tmp_path / "runs").exists()
+    assert not (tmp_path / "reproduction.csv").exists()
+    assert sweep_folder.stored_spec(tmp_path) == replaced
