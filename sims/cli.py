@@ -121,6 +121,8 @@ def run(
 
     if workers > 1 and backend is not Backend.local:
         raise ConfigError("--workers applies to the local backend; the ray backend takes --actors")
+    if address and backend is Backend.ray:
+        _check_cluster(address, 1)
     run_config = load_config(scenario, config, overrides or [])
     out = out or Path("runs") / f"{run_config.scenario.name}-{run_config.strategy.name}"
     check_output_folder(out)
@@ -224,6 +226,7 @@ def compare(
     )
     if mode is not sweep_folder.Mode.RESUME:
         sweep.plan_from_spec(given)  # every run validated before any work (a resumed one: below)
+    _check_cluster(address, workers)
     if out is None:
         if "config" not in given:
             raise ConfigError("--resume without --scenario or --config needs --out")
@@ -327,6 +330,7 @@ def reproduce(
         explicit_only=mode is sweep_folder.Mode.RESUME,
     )
     data_dir = resolve_data_dir(data_dir)
+    _check_cluster(address, workers)
     out = out or Path("runs") / f"reproduce-{name}"
     check_output_folder(out)
     with (
@@ -419,6 +423,22 @@ def data(
 
 def _cpu_count() -> int:
     return len(os.sched_getaffinity(0))
+
+
+def _check_cluster(address: str | None, workers: int) -> None:
+    """Before any work: a cluster ``address`` must answer (in seconds, not Ray's minutes of
+    retries), and without one ``--workers`` must fit the CPUs Ray would start with here."""
+    if address:
+        from fairclip.sims.ray_engine import check_reachable
+
+        check_reachable(address)
+        return
+    import ray
+
+    if not ray.is_initialized() and workers > _cpu_count():
+        raise ConfigError(
+            f"--workers {workers} is more than the {_cpu_count()} CPUs Ray would start with here"
+        )
 
 
 def _print_run_summary(summary: dict, out: Path) -> None:

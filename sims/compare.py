@@ -64,8 +64,21 @@ def plan_runs(
         for epsilon in epsilons
         for seed in seed_values
     ]
-    for run in runs:
-        run.config(raw)  # fail fast, before any work, on a strategy or ε the scenario rejects
+    from fairclip.strategies import PolicyConfigError
+    from fairclip.strategies.accounting import check_privacy_parameters
+
+    for run in runs:  # fail fast, before any work, on a strategy, ε or size the scenario rejects
+        config = run.config(raw)
+        if run.strategy != REFERENCE:
+            try:
+                check_privacy_parameters(
+                    config.federation.sample_rate,
+                    config.training.rounds,
+                    config.privacy.delta,
+                    config.privacy.accountant,
+                )
+            except PolicyConfigError as error:
+                raise ConfigError(f"privacy: {error}") from None
     return runs
 
 

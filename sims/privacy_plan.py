@@ -19,6 +19,7 @@ from fairclip.strategies.accounting import (
     DEFAULT_COUNT_RATIO,
     PrivacyClaim,
     calibrate,
+    check_privacy_parameters,
     effective_noise_multiplier,
     epsilon,
     rounds_within_budget,
@@ -90,6 +91,8 @@ def plan_privacy(config: RunConfig, policy: Policy, dimension: int) -> PrivacyPl
     q = config.federation.sample_rate
     releases_reports = policy.report_size(dimension) > 0
     try:
+        if policy.private:  # what the accountant cannot compute is refused before any work
+            check_privacy_parameters(q, rounds, privacy.delta, privacy.accountant)
         if not policy.private:
             noise = NoiseMultipliers(0.0, 0.0)
         elif privacy.target_epsilon is not None:

@@ -12,6 +12,7 @@ the driver adds the block sums in block order, so a seed gives the same result o
 from __future__ import annotations
 
 import os
+import socket
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,8 +24,28 @@ import ray
 from fairclip.client.contributions import SUM_SHARDS, RoundSums, add_in_order, shard_ids
 from fairclip.sims.config import RunConfig, validate
 from fairclip.sims.engine import balance, build_task, group_blocks, groups_sums
+from fairclip.sims.errors import ConfigError
 from fairclip.sims.tasks import Task
 from fairclip.strategies import Policy, build_policy
+
+ADDRESS_TIMEOUT_SECONDS = 10.0
+"""How long :func:`check_reachable` waits for a Ray cluster's address to accept a connection."""
+
+
+def check_reachable(address: str, timeout: float = ADDRESS_TIMEOUT_SECONDS) -> None:
+    """Raise :class:`ConfigError` naming ``address`` (``HOST:PORT`` of a cluster's GCS) when nothing
+    accepts a TCP connection there within ``timeout`` seconds: ``ray.init`` would retry for
+    minutes. ``auto`` and ``ray://`` addresses are left to Ray."""
+    if address == "auto" or "://" in address:
+        return
+    host, separator, port = address.rpartition(":")
+    if not separator or not port.isdigit():
+        raise ConfigError(f"--address {address!r}: expected HOST:PORT of a Ray cluster")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
+    except OSError as error:
+        reason = getattr(error, "strerror", None) or str(error) or type(error).__name__
+        raise ConfigError(f"--address {address}: no Ray cluster reachable there ({reason})") from None
 
 
 def ensure_ray(address: str | None = None, num_cpus: int | None = None) -> None:
@@ -34,6 +55,7 @@ def ensure_ray(address: str | None = None, num_cpus: int | None = None) -> None:
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
     os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
     if address:
+        check_reachable(address)
         ray.init(address=address, include_dashboard=False, log_to_driver=False)
     else:
         ray.init(

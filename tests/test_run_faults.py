@@ -146,3 +146,49 @@ def test_unreadable_config_files_are_one_line(cli, tmp_path):
     for path, message in ((binary, "not UTF-8"), (tmp_path, "is a folder")):
         status, _, err = cli("run", "--config", str(path))
         assert status == 2 and len(err.strip().splitlines()) == 1 and message in err, err
+
+
+def test_what_no_accountant_can_compute_is_refused_before_any_work(cli, tmp_path):
+    """Issue 18, point 7: 10^12 rounds hung, then died of a 63 PiB MemoryError in PRV."""
+    huge = "1000000000000"
+    status, _, err = cli(
+        "privacy", "--noise-multiplier", "1", "--sample-rate", "0.01", "--rounds", huge, "--delta", "1e-5"
+    )
+    assert status == 2 and "at most 100,000 rounds" in err and "rdp" in err
+    for command in ("run", "compare"):
+        status, _, err = cli(command, "--scenario", "demo", "--set", f"training.rounds={huge}",
+                             "--out", str(tmp_path / command))  # fmt: skip
+        assert status == 2 and len(err.strip().splitlines()) == 1 and "at most 100,000 rounds" in err, err
+        assert not (tmp_path / command).exists()
+    status, out, err = cli(
+        "privacy", "--noise-multiplier", "1", "--sample-rate", "0.01", "--rounds", huge, "--delta", "1e-5",
+        "--accountant", "rdp", "--json",
+    )  # fmt: skip
+    assert status == 0 and json.loads(out)["rounds"] == int(huge), err
+
+
+def test_an_unreachable_cluster_or_too_many_workers_is_refused_at_once(cli, tmp_path):
+    """Issue 18, point 7: `--address 127.0.0.1:1` retried for minutes; `--workers 1000` was
+    refused only after Ray had started."""
+    import socket
+
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        closed = f"127.0.0.1:{probe.getsockname()[1]}"
+    for args in (
+        ["compare", "--scenario", "demo", "--address", closed],
+        ["run", "--scenario", "demo", "--backend", "ray", "--address", closed],
+        ["compare", "--scenario", "demo", "--address", "no-port-here"],
+    ):
+        status, _, err = cli(*args, "--out", str(tmp_path / "o"))
+        assert status == 2 and len(err.strip().splitlines()) == 1, err
+        assert "--address" in err and args[-1] in err, err
+        assert not (tmp_path / "o").exists()
+    import ray
+
+    if not ray.is_initialized():  # with a Ray session of its own the cluster's CPUs decide
+        status, _, err = cli(
+            "compare", "--scenario", "demo", "--workers", "1000", "--out", str(tmp_path / "o")
+        )
+        assert status == 2 and "--workers 1000 is more than the" in err, err
+        assert not ray.is_initialized(), "refused before Ray started"
