@@ -186,8 +186,10 @@ def _flower_project(folder: Path) -> Path:
 
 def run_flower(quick: bool) -> Measurement:
     from fairclip.sims.flower_local import (
+        LOCAL_CONNECTION,
         kill_sessions_mentioning,
         local_simulation_env,
+        simulation_options,
         write_local_simulation,
     )
 
@@ -199,7 +201,7 @@ def run_flower(quick: bool) -> Measurement:
             tmp_path = Path(tmp)
             home = tmp_path / "flwr-home"
             home.mkdir()
-            write_local_simulation(home, size["num_clients"])
+            write_local_simulation(home)
             project = _flower_project(tmp_path / "project")
             out = tmp_path / "out"
             assignments = "; ".join(a.replace('"', "'") for a in settings(quick))
@@ -216,7 +218,8 @@ def run_flower(quick: bool) -> Measurement:
             )
             env = local_simulation_env(home, binaries)
             command = [
-                str(binaries / "flwr"), "run", str(project), "local-simulation", "--stream",
+                str(binaries / "flwr"), "run", str(project), LOCAL_CONNECTION,
+                *simulation_options(size["num_clients"]), "--stream",
                 "--run-config", run_config,
             ]  # fmt: skip
             started = time.perf_counter()

@@ -33,10 +33,12 @@ from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 
 from fairclip.client.contributions import contribute
+from fairclip.client.flower_logging import drop_opacus_root_handler
 from fairclip.client.protocol import identity_content, read_train, reply_content
 from fairclip.strategies import Policy, build_policy
 
 app = ClientApp()
+drop_opacus_root_handler()  # else Flower prints every line twice
 
 
 @dataclass

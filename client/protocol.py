@@ -4,7 +4,7 @@ Three exchanges:
 
 - **identify** (``query``): the server asks every node which client it is; the reply holds the
   node's ``partition-id`` (its client id) and ``num-partitions`` (N), and its cohort index only
-  where the run's policy needs it (``per-cohort``, ``reweight``; DESIGN section 3). For every
+  where the run's policy needs it (``per-cohort``, ``reweight``; docs/design.md, section 3). For every
   other policy the cohort -- for ``adult`` and ``dutch`` the protected attribute -- never leaves
   the node.
 - **train** (``train``): the server sends θ_t (``model``), the policy's public parameters of the

@@ -18,7 +18,7 @@
 Nothing exact goes to the log at INFO level or into the MetricRecords Flower logs and keeps.
 The DP noise comes from OpenDP's exact sampler unless ``privacy.secure_noise = false``; client
 sampling (and, without secure noise, the noise) follows a seed only where the run configuration
-gives one, and the log says which applies (DESIGN section 6).
+gives one, and the log says which applies (docs/design.md, section 6).
 
 The app is a composition root: it reads scenarios and writes results through
 :mod:`fairclip.sims` (the only ``server/`` module that does).
@@ -34,11 +34,13 @@ from flwr.common import log
 from flwr.serverapp import Grid, ServerApp
 from flwr.supercore.exit import ExitCode
 
+from fairclip.client.flower_logging import drop_opacus_root_handler
 from fairclip.client.protocol import MODEL
 from fairclip.server.nodes import NODE_COLUMNS, FederationError, identify_nodes
 from fairclip.server.strategy import EVENT_COLUMNS, PolicyStrategy
 
 app = ServerApp()
+drop_opacus_root_handler()  # else Flower prints every line twice
 
 REPLY_TIMEOUT_SECONDS = 600.0
 """How long a round waits for replies; a client that has not answered by then is left out."""
@@ -143,7 +145,7 @@ def run_federation(grid: Grid, context: Context) -> None:
 
 
 def log_randomness(run, noise_source: str) -> None:
-    """Say where client sampling and DP noise come from (DESIGN section 6)."""
+    """Say where client sampling and DP noise come from (docs/design.md, section 6)."""
     if run.seeded:
         log(
             INFO,

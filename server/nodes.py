@@ -2,7 +2,7 @@
 
 The server waits for ``federation.num_clients`` nodes and asks each for its identity
 (:func:`fairclip.client.protocol.identity_content`): its ``partition-id`` and ``num-partitions``,
-and its cohort only where the policy needs it (``per-cohort``, ``reweight``; DESIGN section 3).
+and its cohort only where the policy needs it (``per-cohort``, ``reweight``; docs/design.md, section 3).
 A node whose answer is anything else -- an error, a missing record, a value that is not an integer
 in range, a cohort label the policy does not need, a partition another node claims too -- is
 *refused*: one clear log line, and the run goes on without it (its client never replies, like a

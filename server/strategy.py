@@ -21,7 +21,7 @@ Flower forwards a ServerApp's log, DEBUG lines included, to ``flwr log``.
 
 Flower's own ``DifferentialPrivacy*AdaptiveClipping`` wrappers are deliberately not used: they
 weight by number of examples, count clipped updates but apply the rule for unclipped ones, and
-noise with the updated bound (DESIGN section 2). Evaluation is centralised on the server's
+noise with the updated bound (docs/design.md, section 2). Evaluation is centralised on the server's
 per-cohort test sets, so no evaluation messages are sent to clients.
 """
 

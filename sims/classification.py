@@ -165,7 +165,7 @@ class ClassificationTask:
 
     def local_updates(self, model: np.ndarray, client_ids: np.ndarray, round_number: int) -> np.ndarray:
         if self.one_step:
-            # The sample-level special case (DESIGN section 2): no shuffling to draw, so no
+            # The sample-level special case (docs/design.md, section 2): no shuffling to draw, so no
             # per-client generator; all sampled clients' gradients at once.
             if len(client_ids) == 0:
                 return np.empty((0, model.shape[0]))

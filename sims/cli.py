@@ -1,4 +1,4 @@
-"""The ``fairclip`` command line (DESIGN section 5).
+"""The ``fairclip`` command line (docs/design.md, section 5).
 
 Every invalid input (configuration, scenario file, command-line value) ends with one line on
 standard error naming the problem and exit status 2; no traceback.

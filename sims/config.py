@@ -1,4 +1,4 @@
-"""Scenario configuration: TOML files, ``--set`` overrides and validation (DESIGN section 5).
+"""Scenario configuration: TOML files, ``--set`` overrides and validation (docs/design.md, section 5).
 
 A configuration has the tables ``[scenario]``, ``[federation]``, ``[training]``,
 ``[strategy]`` and ``[privacy]`` and a top-level ``seed``. Keys directly under ``[strategy]``

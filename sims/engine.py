@@ -1,4 +1,4 @@
-"""The round loop of a simulation (DESIGN section 2), shared by every backend.
+"""The round loop of a simulation (docs/design.md, section 2), shared by every backend.
 
 One round t:
 
@@ -200,7 +200,7 @@ class RunServer:
     Ray engines and the Flower ``ServerApp`` share one implementation of sampling, noise, bound
     updates, the server optimizer, accounting and evaluation.
 
-    ``seeded=False`` (a deployment without a configured seed, DESIGN section 6) draws client
+    ``seeded=False`` (a deployment without a configured seed, docs/design.md, section 6) draws client
     sampling and DP noise from operating-system entropy instead of the run's seed.
     """
 

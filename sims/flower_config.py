@@ -11,7 +11,7 @@ Flower only lets ``--run-config`` override keys declared under ``[tool.flwr.app.
   contribution and report bits only, and the server drops any reply that carries more. Turn it
   on for Flower's simulation runtime only, never in a deployment,
 - ``set``: further ``KEY=VALUE`` assignments separated by ``;`` (exactly what ``--set`` takes),
-- every configuration key of DESIGN section 5 (``strategy.name``, ``training.rounds``, ``seed``,
+- every configuration key of docs/design.md, section 5 (``strategy.name``, ``training.rounds``, ``seed``,
   ...) with the default ``""``, which means "keep the scenario's value".
 
 So ``flwr run . --run-config "strategy.name='bounded' training.rounds=5"`` and
@@ -22,7 +22,7 @@ A run is *seeded* when the run configuration gives a seed -- the ``seed`` key, a
 ``set``, or a top-level ``seed`` in ``config-file`` -- and :attr:`FlowerRun.seed_source` says
 which. Then client sampling and (unless ``privacy.secure_noise`` draws it from OpenDP, which
 cannot be seeded) the DP noise follow the seed, as in a simulation: for test runs only.
-Otherwise they come from operating-system entropy (DESIGN section 6); a built-in scenario's own
+Otherwise they come from operating-system entropy (docs/design.md, section 6); a built-in scenario's own
 seed still fixes the data partition, which every node must agree on.
 """
 

@@ -1,11 +1,14 @@
 """A throw-away Flower home for ``flwr run`` on Flower's local simulation runtime.
 
-``flwr run APP local-simulation`` reads its connection from ``$FLWR_HOME/config.toml`` and
-starts a detached local SuperLink in a session of its own, which outlives the command. The tests
-and the W1 benchmark run fairclip's apps that way: :func:`local_simulation_env` gives the
-environment of an isolated home (its own ports, no telemetry, no dependency installation),
-:func:`write_local_simulation` its connection, and :func:`kill_sessions_mentioning` ends what the
-run left behind.
+``flwr run APP local`` reads its connection from ``$FLWR_HOME/config.toml`` (Flower 1.41 writes
+``[superlink.local]`` with ``address = ":local:"`` there by default) and starts a detached local
+SuperLink in a session of its own, which outlives the command; the number of simulated nodes
+is a per-run option, ``--federation-config "num-supernodes=N"`` (the ``options.num-supernodes``
+of a connection is deprecated in 1.41). The tests and the W1 benchmark run fairclip's apps that
+way: :func:`local_simulation_env` gives the environment of an isolated home (its own ports, no
+telemetry, no dependency installation), :func:`write_local_simulation` its connection,
+:func:`simulation_options` the per-run options, and :func:`kill_sessions_mentioning` ends what
+the run left behind.
 """
 
 from __future__ import annotations
@@ -38,12 +41,20 @@ def local_simulation_env(home: Path, binaries: Path) -> dict[str, str]:
     }
 
 
-def write_local_simulation(home: Path, num_supernodes: int) -> None:
-    """Make ``local-simulation`` (``num_supernodes`` simulated nodes) the default connection."""
+LOCAL_CONNECTION = "local"
+
+
+def write_local_simulation(home: Path) -> None:
+    """Make ``local`` (Flower's local simulation runtime) the default connection of ``home``."""
+    name = LOCAL_CONNECTION
     (home / "config.toml").write_text(
-        '[superlink]\ndefault = "local-simulation"\n\n'
-        f'[superlink.local-simulation]\naddress = ":local:"\noptions.num-supernodes = {num_supernodes}\n'
+        f'[superlink]\ndefault = "{name}"\n\n[superlink.{name}]\naddress = ":local:"\n'
     )
+
+
+def simulation_options(num_supernodes: int) -> list[str]:
+    """The ``flwr run`` options of a local simulation with ``num_supernodes`` nodes."""
+    return ["--federation-config", f"num-supernodes={int(num_supernodes)}"]
 
 
 def kill_sessions_mentioning(text: str) -> None:

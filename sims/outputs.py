@@ -1,4 +1,4 @@
-"""Atomic result files: write to a temporary file in the same folder, then rename (DESIGN 7)."""
+"""Atomic result files: a temporary file in the same folder, then a rename (docs/design.md, section 7)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The privacy side of a run: noise multipliers, ε per round and the budget that stops it.
 
-Resolution of ``[privacy]`` (DESIGN section 5): ``target_epsilon`` (when set) calibrates σ_Δ and
+Resolution of ``[privacy]`` (docs/design.md, section 5): ``target_epsilon`` (when set) calibrates σ_Δ and
 σ_b for the configured number of rounds; otherwise σ_Δ = ``noise_multiplier`` and
 σ_b = ``count_noise_multiplier`` (default 10 σ_Δ). The budget is ``epsilon_budget``, or the
 target when calibrating; a run stops before the first round whose ε would exceed it.

@@ -1,4 +1,4 @@
-"""One seed fixes everything (DESIGN section 6): named, independent random streams.
+"""One seed fixes everything (docs/design.md, section 6): named, independent random streams.
 
 Each stream is keyed by (seed, purpose, round, ...) rather than drawn from one sequential
 generator, so the draws of a round do not depend on how many draws an engine made before it,

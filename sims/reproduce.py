@@ -6,7 +6,7 @@ bounds) and the paper's numbers. DP-SGD with Poisson batches of expected size b 
 examples is the special case of user-level DP-FedAvg where every example is a client
 (``scenario.partition = "per-example"``) that takes one step with client learning rate 1, so
 that its update is Δ_i = −∇ℓ_i and the paper's learning rate is the server learning rate
-(DESIGN section 2). So a setup runs with
+(docs/design.md, section 2). So a setup runs with
 
     federation.num_clients = N (of that seed's data),  q = b / N (q = 1 for "full" batches),
     training.rounds = ceil(epochs · N / b).

@@ -163,7 +163,7 @@ def rounds_within_budget(
 
 @dataclass(frozen=True)
 class PrivacyClaim:
-    """An ε together with everything it came from (DESIGN section 7)."""
+    """An ε together with everything it came from (docs/design.md, section 7)."""
 
     epsilon: float
     delta: float

@@ -10,7 +10,7 @@ A policy is split the way pfl-research splits a privacy mechanism
 * **server side** -- :meth:`Policy.server_side` takes the *sums* Σ Δ̄_i and Σ a_i, adds
   Gaussian noise, forms the update estimate and moves the policy state.
 
-Notation (DESIGN section 2)::
+Notation (docs/design.md, section 2)::
 
     Δ_i        raw model update of client i (a flat float vector)
     Δ̄_i        its contribution after the policy's client transform
@@ -310,7 +310,7 @@ def geometric_update(
 ) -> float:
     """C_{t+1} = max(C_LB, C_t · exp(η_C · (b̃ − γ))), with b̃ clamped to [0, 1] first.
 
-    b̃ is the noisy fraction of updates above τ·C_t (DESIGN section 2, step 4); clamping it to
+    b̃ is the noisy fraction of updates above τ·C_t (docs/design.md, section 2, step 4); clamping it to
     its valid range is post-processing. The result stays within ``BOUND_FLOOR`` and
     ``BOUND_CEILING`` (:func:`exponential_step`).
     """

@@ -1,4 +1,4 @@
-"""The exact shapes an honest client's report vector a_i can take (DESIGN section 2).
+"""The exact shapes an honest client's report vector a_i can take (docs/design.md, section 2).
 
 A policy's server side only noises the *sum* of reports with the multiplier σ_b, which covers any
 report of L2 norm at most 1. A server that receives reports one by one (the Flower path) checks

@@ -1,6 +1,6 @@
 """Privacy accounting: fairclip's ε is Opacus' ε, calibration round-trips, budgets stop in time.
 
-DESIGN section 2, step 5: each round is a sampled Gaussian mechanism with
+docs/design.md, section 2, step 5: each round is a sampled Gaussian mechanism with
 σ_eff = (σ_Δ^−2 + σ_b^−2)^−1/2 when the policy also releases reports; ε comes from Opacus' RDP
 or PRV accountant with history [(σ_eff, q, T)], never from a hand-written formula.
 """
@@ -179,7 +179,7 @@ def test_a_round_with_reports_is_accounted_with_the_effective_multiplier(account
     assert alone.epsilon == pytest.approx(opacus_epsilon(accountant, 1.1, q, rounds, delta), rel=1e-9)
     # the count release costs privacy: the same σ_Δ with a count gives a strictly larger ε
     assert claim.epsilon > alone.epsilon * 1.001
-    # the claim names everything it came from (DESIGN section 7)
+    # the claim names everything it came from (docs/design.md, section 7)
     record = claim.as_dict()
     assert record["delta"] == delta
     assert record["accountant"] == accountant

@@ -35,7 +35,7 @@ def test_sparse_evaluation_changes_no_training_result():
     for column in ("accuracy", "epsilon", "minority/accuracy", "majority/loss"):
         np.testing.assert_allclose(thin.loc[evaluated, column], dense.loc[evaluated, column], err_msg=column)
     np.testing.assert_array_equal(sparse.model, every_round.model)
-    drop = ("config",)
+    drop = ("config", "provenance")
     assert {k: v for k, v in sparse.summary.items() if k not in drop} == {
         k: v for k, v in every_round.summary.items() if k not in drop
     }

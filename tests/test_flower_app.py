@@ -16,7 +16,13 @@ from flwr.app import ConfigRecord, Message, RecordDict
 from fairclip.client.protocol import CONTRIBUTION, DIAGNOSTICS, REPORTS, UPDATE, train_content
 from fairclip.sims.config import ConfigError, load_config
 from fairclip.sims.flower_config import flower_run
-from fairclip.sims.flower_local import kill_sessions_mentioning, local_simulation_env, write_local_simulation
+from fairclip.sims.flower_local import (
+    LOCAL_CONNECTION,
+    kill_sessions_mentioning,
+    local_simulation_env,
+    simulation_options,
+    write_local_simulation,
+)
 
 PROJECT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -24,7 +30,7 @@ BIN = Path(sys.executable).parent
 
 @pytest.fixture
 def flower_home(tmp_path):
-    """A throw-away FLWR_HOME with a `local-simulation` connection, and the env to use it.
+    """A throw-away FLWR_HOME with a `local` simulation connection, and the env to use it.
 
     `flwr run` starts a detached local SuperLink (its own session); on teardown every process of
     that session is killed, so nothing outlives the test.
@@ -39,12 +45,13 @@ def flower_home(tmp_path):
 def _flwr_run(
     home: Path, env: dict[str, str], num_nodes: int, run_config: str
 ) -> subprocess.CompletedProcess:
-    write_local_simulation(home, num_nodes)
+    write_local_simulation(home)
     command = [
         str(BIN / "flwr"),
         "run",
         str(PROJECT),
-        "local-simulation",
+        LOCAL_CONNECTION,
+        *simulation_options(num_nodes),
         "--stream",
         "--run-config",
         run_config,
@@ -117,7 +124,8 @@ def test_flwr_run_matches_local_backend(flower_home, tmp_path, cli):
     summary = json.loads((flower_out / "summary.json").read_text())
     assert summary["rounds_completed"] == SETTINGS["training.rounds"]
     assert np.isfinite(summary["epsilon"]) and summary["epsilon"] > 0
-    assert "client sampling follows seed=5, given by run-config key seed" in log
+    assert log.count("client sampling follows seed=5, given by run-config key seed") == 1, "each line once"
+    assert "deprecated" not in log, log
     assert "numpy's Gaussian sampler, seed 5" in log
 
 

@@ -1,4 +1,4 @@
-"""Statistics of the server step, with fixed seeds (DESIGN section 2, steps 3 and 4).
+"""Statistics of the server step, with fixed seeds (docs/design.md, section 2, steps 3 and 4).
 
 * The sum is noised with standard deviation σ_Δ · s_t, where s_t is the sensitivity of the round
   that produced the updates -- not the bound after this round's update (Flower 1.41's adaptive

@@ -8,7 +8,7 @@ with arbitrary sums and noisy reports (including huge and negative noisy counts)
   noises with, and is finite; every report vector has norm at most 1;
 * bounds stay in their allowed range (C_t >= C_LB, > 0 and finite; per-cohort bounds >= C_0;
   reweighting weights finite and > 0; the global-adapt threshold finite and > 0);
-* report bits mean what DESIGN section 3 says (for example b_i = 1[||Δ_i|| > τ·C_t]) and the
+* report bits mean what docs/design.md, section 3 says (for example b_i = 1[||Δ_i|| > τ·C_t]) and the
   bound moves the right way: a noisy fraction above γ makes it grow, below γ makes it shrink.
 
 Parameter validation is checked at the end: every bad value raises one
@@ -187,7 +187,7 @@ def check_state(name: str, policy, state, expected_clients: float | None) -> Non
         assert bounds.shape == (policy.num_cohorts,)
         assert np.all(bounds >= policy.initial_bound)
         assert np.all(np.isfinite(bounds))
-        if expected_clients is not None:  # C_k <= C_0 (1 + m̂), DESIGN decision in per_cohort.py
+        if expected_clients is not None:  # C_k <= C_0 (1 + m̂), a decision in per_cohort.py
             assert np.all(bounds <= policy.initial_bound * (1 + max(expected_clients, 1.0)) * (1 + 1e-12))
         assert sensitivity == bounds.max()
     if name == "reweight":
@@ -201,7 +201,7 @@ def check_state(name: str, policy, state, expected_clients: float | None) -> Non
 
 
 def check_semantics(name: str, policy, params: dict, updates: np.ndarray, cohorts: np.ndarray, out) -> None:
-    """Contributions and reports of the finite rows are the transform DESIGN section 3 names."""
+    """Contributions and reports of the finite rows are the transform docs/design.md, section 3 names."""
     finite = np.isfinite(updates).all(axis=1)
     rows, contributions, reports = updates[finite], out.contributions[finite], out.reports[finite]
     norms = reference_norms(rows)
@@ -676,7 +676,7 @@ def test_cohort_labels_out_of_range_are_rejected(name):
 
 
 def test_documented_defaults():
-    """DESIGN section 3: adaptive and bounded share their defaults so they differ only in C_LB."""
+    """docs/design.md, section 3: adaptive and bounded share their defaults so they differ only in C_LB."""
     for name in ("adaptive", "bounded"):
         defaults = policy_parameters(name)
         assert defaults["initial_bound"] == 1.0

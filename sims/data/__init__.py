@@ -1,4 +1,7 @@
-"""Benchmark data: file checks and downloads, dataset loaders and client partitioners (DESIGN §4)."""
+"""Benchmark data: file checks and downloads, dataset loaders and client partitioners.
+
+See docs/design.md, section 4.
+"""
 
 from .datasets import (
     DATASETS,

@@ -10,7 +10,7 @@ given to two clients) and the cohort of each client.
   IID. Clients left with fewer than ``min_size`` examples then receive random examples taken from
   the currently largest client, so that every client can train.
 * :func:`by_cohort`: cohorts of clients with their own share of the population and their own
-  data (DESIGN section 4). Cohort k gets ``round(share_k·N)`` clients (half rounds up), the last
+  data (docs/design.md, section 4). Cohort k gets ``round(share_k·N)`` clients (half rounds up), the last
   cohort the remainder; every cohort needs at least one. Its data follow one rule:
 
   - ``attribute=a``: the cohort takes every example whose protected attribute equals ``a``. Either
@@ -356,7 +356,7 @@ def per_example(
     *,
     group_names: Sequence[str] = (),
 ) -> Partition:
-    """One client per training example (the sample-level special case, DESIGN section 2).
+    """One client per training example (the sample-level special case, docs/design.md, section 2).
 
     Client i holds example i. Its cohort is the cohort whose rule claims the example: the one
     naming the example's protected attribute, or the one whose ``class_fractions`` names the
