@@ -36,7 +36,8 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 console = Console(stderr=True)
-stdout = Console()
+stdout = Console(soft_wrap=True)
+"""Standard output never wraps lines: piped into a file, a markdown table must stay a table."""
 
 
 def _print_version(value: bool) -> None:
@@ -82,7 +83,7 @@ SetOption = Annotated[
 
 
 DataDirOption = Annotated[
-    Path | None, typer.Option("--data-dir", help="Folder of the real datasets [env FAIRCLIP_DATA].")
+    Path | None, typer.Option("--data-dir", help="Folder of the real datasets \\[env FAIRCLIP_DATA].")
 ]
 
 
@@ -102,7 +103,7 @@ def run(
     config: ConfigOption = None,
     overrides: SetOption = None,
     out: Annotated[
-        Path | None, typer.Option("--out", help="Output folder [runs/<scenario>-<strategy>].")
+        Path | None, typer.Option("--out", help="Output folder \\[runs/<scenario>-<strategy>].")
     ] = None,
     backend: Annotated[Backend, typer.Option("--backend", help="Where clients run.")] = Backend.local,
     data_dir: DataDirOption = None,
@@ -110,7 +111,7 @@ def run(
         str | None, typer.Option("--address", help="Ray cluster address (ray backend).")
     ] = None,
     actors: Annotated[
-        int | None, typer.Option("--actors", min=1, help="Ray actors (ray backend) [cores].")
+        int | None, typer.Option("--actors", min=1, help="Ray actors (ray backend) \\[cores].")
     ] = None,
     workers: Annotated[
         int, typer.Option("--workers", min=1, help="Threads of the local backend (same result).")
@@ -180,18 +181,19 @@ def compare(
     strategies: Annotated[
         str | None,
         typer.Option(
-            "--strategies", help="Comma-separated strategies [constant,adaptive,bounded]; `none` always runs."
+            "--strategies",
+            help="Comma-separated strategies \\[constant,adaptive,bounded]; `none` always runs.",
         ),
     ] = None,
     epsilons: Annotated[
         str | None,
-        typer.Option("--epsilons", help="Comma-separated target ε [the scenario's privacy settings]."),
+        typer.Option("--epsilons", help="Comma-separated target ε \\[the scenario's privacy settings]."),
     ] = None,
     seeds: Annotated[
-        int | None, typer.Option("--seeds", min=1, help="Number of seeds: scenario seed, +1, ... [1].")
+        int | None, typer.Option("--seeds", min=1, help="Number of seeds: scenario seed, +1, ... \\[1].")
     ] = None,
     out: Annotated[
-        Path | None, typer.Option("--out", help="Output folder [runs/compare-<scenario>].")
+        Path | None, typer.Option("--out", help="Output folder \\[runs/compare-<scenario>].")
     ] = None,
     resume: ResumeOption = False,
     extend: ExtendOption = False,
@@ -277,13 +279,15 @@ def compare(
 def reproduce(
     name: Annotated[str | None, typer.Argument(help="A reproduction setup (see --list).")] = None,
     seeds: Annotated[
-        int | None, typer.Option("--seeds", min=1, help="Number of seeds: setup seed, +1, ... [2].")
+        int | None, typer.Option("--seeds", min=1, help="Number of seeds: setup seed, +1, ... \\[2].")
     ] = None,
-    out: Annotated[Path | None, typer.Option("--out", help="Output folder [runs/reproduce-<name>].")] = None,
+    out: Annotated[
+        Path | None, typer.Option("--out", help="Output folder \\[runs/reproduce-<name>].")
+    ] = None,
     list_setups: Annotated[bool, typer.Option("--list", help="Name the setups and exit.")] = False,
     full_grid: Annotated[
         bool | None,
-        typer.Option("--full-grid/--reduced-grid", help="The paper's hyper-parameter grid [reduced]."),
+        typer.Option("--full-grid/--reduced-grid", help="The paper's hyper-parameter grid \\[reduced]."),
     ] = None,
     overrides: SetOption = None,
     max_rounds: Annotated[
@@ -375,7 +379,7 @@ def reproduce(
 @app.command()
 def bench(
     workloads: Annotated[
-        list[str] | None, typer.Argument(help="Workloads among w1 w2 w3 w4 [all].", show_default=False)
+        list[str] | None, typer.Argument(help="Workloads among w1 w2 w3 w4 \\[all].", show_default=False)
     ] = None,
     quick: Annotated[
         bool, typer.Option("--quick", help="Tiny sizes: a smoke test, no timing claims.")
@@ -399,7 +403,7 @@ def data(
     data_dir: DataDirOption = None,
     datasets: Annotated[
         str | None,
-        typer.Option("--datasets", help="Comma-separated: mnist, fashion-mnist, adult, dutch [all]."),
+        typer.Option("--datasets", help="Comma-separated: mnist, fashion-mnist, adult, dutch \\[all]."),
     ] = None,
     verify_only: Annotated[
         bool, typer.Option("--verify-only", help="Check the files; download nothing.")
@@ -441,6 +445,13 @@ def _check_cluster(address: str | None, workers: int) -> None:
         )
 
 
+def _number(value: object) -> str:
+    """A number of the run summary with 4 significant digits (the files keep every digit)."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return f"{value:.4g}"
+    return "-" if value is None else str(value)
+
+
 def _print_run_summary(summary: dict, out: Path) -> None:
     privacy = summary["privacy"]
     table = Table(title=f"{summary['strategy']} on {summary['scenario']} (seed {summary['seed']})")
@@ -454,10 +465,11 @@ def _print_run_summary(summary: dict, out: Path) -> None:
     if "estimate" in summary:
         stdout.print(f"estimate: {', '.join(f'{v:.4f}' for v in summary['estimate'])}")
     stdout.print(
-        f"epsilon = {privacy['epsilon']} at delta = {privacy['delta']:g} ({privacy['accountant']}, "
+        f"epsilon = {_number(privacy['epsilon'])} at delta = {privacy['delta']:g} ({privacy['accountant']}, "
         f"q = {privacy['sample_rate']:g}, T = {privacy['rounds']}, "
-        f"sigma = {privacy['noise_multiplier']:.4g}, "
-        f"sigma_b = {privacy['count_noise_multiplier']}); final clip bound {summary['final_clip_bound']}"
+        f"sigma = {_number(privacy['noise_multiplier'])}, "
+        f"sigma_b = {_number(privacy['count_noise_multiplier'])}); "
+        f"final clip bound {_number(summary['final_clip_bound'])}"
     )
     stdout.print(f"wrote {out / 'rounds.csv'} and {out / 'summary.json'}")
 

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+import os
+import re
 import subprocess
 import sys
 
 import numpy as np
 import pandas as pd
 import pytest
+import typer
 from opacus.accountants import PRVAccountant, RDPAccountant
 
 QUICK = ["--set", "federation.num_clients=500", "--set", "training.rounds=8"]
@@ -404,3 +407,46 @@ def test_help_version_and_scenarios_import_no_heavy_library(args):
     assert "HEAVY []" in completed.stderr, completed.stderr
     if args == ["--version"]:
         assert completed.stdout.strip() == "fairclip 0.1.0"
+
+
+def _commands_and_bracketed_help():
+    from fairclip.sims.cli import app
+
+    command = typer.main.get_command(app)
+    for name, sub in command.commands.items():
+        for param in sub.params:
+            help_text = getattr(param, "help", None) or ""
+            for bracketed in re.findall(r"\\\[([^\]]*)\]", help_text):
+                yield name, f"[{bracketed}]"
+
+
+def test_help_shows_every_bracketed_default():
+    """Issue 18, point 15: Rich took `[runs/<scenario>-<strategy>]` for markup and dropped it."""
+    found = list(_commands_and_bracketed_help())
+    assert len(found) >= 10
+    env = {**os.environ, "COLUMNS": "400"}
+    for name in sorted({name for name, _ in found}):
+        shown = subprocess.run(
+            [sys.executable, "-m", "fairclip", name, "--help"],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=120,
+        ).stdout
+        for command, bracketed in found:
+            if command == name:
+                assert bracketed in shown, (name, bracketed)
+
+
+def test_piped_output_is_not_wrapped_and_numbers_are_rounded(tmp_path):
+    completed = subprocess.run(
+        [sys.executable, "-m", "fairclip", "run", "--scenario", "bimodal-mean", "--set", "training.rounds=2",
+         "--set", "privacy.noise_multiplier=1", "--out", str(tmp_path)],
+        capture_output=True, text=True, timeout=300, env={**os.environ, "COLUMNS": "80"},
+    )  # fmt: skip
+    assert completed.returncode == 0, completed.stderr
+    claim = [line for line in completed.stdout.splitlines() if line.startswith("epsilon = ")]
+    assert len(claim) == 1 and claim[0].endswith(tuple("0123456789")), completed.stdout
+    assert len(claim[0]) > 80, "one unwrapped line"
+    epsilon = json.loads((tmp_path / "summary.json").read_text())["epsilon"]
+    assert claim[0].startswith(f"epsilon = {epsilon:.4g} at delta"), claim[0]
