@@ -104,7 +104,8 @@ def test_a_failed_write_is_one_line_and_keeps_what_was_written(cli, tmp_path, mo
     assert status == 1 and err.strip().splitlines() == [
         f"fairclip: error: [Errno 28] No space left on device: '{tmp_path / 'rounds.csv'}'"
     ]
-    assert list(pd.read_csv(tmp_path / "rounds.csv")["round"]) == [1, 2, 3]
+    written = list(pd.read_csv(tmp_path / "rounds.csv")["round"])
+    assert 1 <= len(written) <= 3 and written == list(range(1, len(written) + 1)), written
 
 
 def _bad_outs(tmp_path: Path) -> dict[str, Path]:
