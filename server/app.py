@@ -27,6 +27,7 @@ The app is a composition root: it reads scenarios and writes results through
 from __future__ import annotations
 
 from logging import ERROR, INFO
+from typing import TYPE_CHECKING
 
 from flwr.app import Array, ArrayRecord, Context
 from flwr.app.exception import AppExitException
@@ -38,6 +39,9 @@ from fairclip.client.flower_logging import drop_opacus_root_handler
 from fairclip.client.protocol import MODEL
 from fairclip.server.nodes import NODE_COLUMNS, FederationError, identify_nodes
 from fairclip.server.strategy import EVENT_COLUMNS, PolicyStrategy
+
+if TYPE_CHECKING:
+    from fairclip.sims.flower_config import FlowerRun
 
 app = ServerApp()
 drop_opacus_root_handler()  # else Flower prints every line twice
@@ -144,7 +148,7 @@ def run_federation(grid: Grid, context: Context) -> None:
     )
 
 
-def log_randomness(run, noise_source: str) -> None:
+def log_randomness(run: FlowerRun, noise_source: str) -> None:
     """Say where client sampling and DP noise come from (docs/design.md, section 6)."""
     if run.seeded:
         log(

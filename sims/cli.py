@@ -562,17 +562,15 @@ def scenarios() -> None:
     stdout.print(table)
 
 
-class Terminated(KeyboardInterrupt):
-    """SIGTERM (``kill``, ``timeout``, ``docker stop``, Slurm), handled like Ctrl-C."""
-
-
 _signals_received: list[int] = []
-"""SIGTERMs seen by :func:`_terminate` (typer turns any KeyboardInterrupt into exit code 130)."""
+"""SIGTERMs seen by :func:`_terminate`: typer turns every KeyboardInterrupt into exit code 130,
+so this is how :func:`main` tells a SIGTERM (143) from Ctrl-C (130)."""
 
 
 def _terminate(signum: int, _frame: object) -> None:
+    """SIGTERM (``kill``, ``timeout``, ``docker stop``, Slurm), handled like Ctrl-C."""
     _signals_received.append(signum)
-    raise Terminated
+    raise KeyboardInterrupt
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -590,15 +588,11 @@ def main(argv: list[str] | None = None) -> None:
         status = app(args=argv, prog_name="fairclip", standalone_mode=False)
     except click.exceptions.Exit as done:
         sys.exit(done.exit_code)
-    except click.exceptions.Abort as abort:
-        status = 143 if isinstance(abort.__cause__, Terminated) else 130
     except click.ClickException as error:
         _fail(error.format_message())
     except (ConfigError, PolicyConfigError, DataError) as error:
         _fail(str(error))
-    except Terminated:
-        status = 143
-    except KeyboardInterrupt:
+    except (click.exceptions.Abort, KeyboardInterrupt):
         status = 130
     except OSError as error:
         print(f"fairclip: error: {error}", file=sys.stderr)

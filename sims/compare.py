@@ -64,21 +64,12 @@ def plan_runs(
         for epsilon in epsilons
         for seed in seed_values
     ]
-    from fairclip.strategies import PolicyConfigError
-    from fairclip.strategies.accounting import check_privacy_parameters
+    from fairclip.sims.privacy_plan import check_accountable
 
     for run in runs:  # fail fast, before any work, on a strategy, ε or size the scenario rejects
         config = run.config(raw)
         if run.strategy != REFERENCE:
-            try:
-                check_privacy_parameters(
-                    config.federation.sample_rate,
-                    config.training.rounds,
-                    config.privacy.delta,
-                    config.privacy.accountant,
-                )
-            except PolicyConfigError as error:
-                raise ConfigError(f"privacy: {error}") from None
+            check_accountable(config)
     return runs
 
 
@@ -97,17 +88,16 @@ def compare_spec(
     """The specification of a sweep (what :mod:`fairclip.sims.sweep_folder` stores): the
     scenario's raw configuration and the strategies, target ε and number of seeds, with the
     defaults filled in -- or, ``explicit_only`` (``--resume``), only what was given."""
-    spec: dict[str, Any] = {"command": "compare"}
-    if raw is not None:
-        spec["config"] = raw
-    if strategies is not None or not explicit_only:
-        text = DEFAULT_STRATEGIES if strategies is None else strategies
-        spec["strategies"] = [name.strip() for name in text.split(",") if name.strip()]
-    if epsilons is not None or not explicit_only:
-        spec["epsilons"] = parse_epsilons(epsilons)
-    if seeds is not None or not explicit_only:
-        spec["seeds"] = DEFAULT_SEEDS if seeds is None else seeds
-    return spec
+    from fairclip.sims.sweep_folder import specification
+
+    names = None if strategies is None else [name.strip() for name in strategies.split(",") if name.strip()]
+    options = {
+        "strategies": (names, [name.strip() for name in DEFAULT_STRATEGIES.split(",")]),
+        "epsilons": (None if epsilons is None else parse_epsilons(epsilons), parse_epsilons(None)),
+        "seeds": (seeds, DEFAULT_SEEDS),
+    }
+    fixed = {} if raw is None else {"config": raw}
+    return specification("compare", fixed, options, explicit_only)
 
 
 def plan_from_spec(spec: dict[str, Any]) -> tuple[dict[str, Any], list[RunSpec]]:

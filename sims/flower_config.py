@@ -60,11 +60,6 @@ class FlowerRun:
         """Whether sampling and (numpy) DP noise follow the configuration's seed."""
         return self.seed_source is not None
 
-    @property
-    def secure_noise(self) -> bool:
-        """Whether the DP noise comes from OpenDP's exact sampler (default on for the ServerApp)."""
-        return self.config.privacy.secure_noise is not False
-
 
 def flower_run(run_config: dict[str, Any]) -> FlowerRun:
     """Resolve Flower's flat run configuration into a validated fairclip configuration."""

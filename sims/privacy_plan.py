@@ -84,15 +84,27 @@ class PrivacyPlan:
         )
 
 
+def check_accountable(config: RunConfig) -> None:
+    """Refuse, before any work, privacy parameters that no accountant can take or compute (for
+    example PRV beyond :data:`PRV_MAX_ROUNDS` rounds): one :class:`ConfigError` line."""
+    privacy = config.privacy
+    try:
+        check_privacy_parameters(
+            config.federation.sample_rate, config.training.rounds, privacy.delta, privacy.accountant
+        )
+    except PolicyConfigError as error:
+        raise ConfigError(f"privacy: {error}") from None
+
+
 def plan_privacy(config: RunConfig, policy: Policy, dimension: int) -> PrivacyPlan:
     """Resolve the noise multipliers and the budget of a run."""
     privacy = config.privacy
     rounds = config.training.rounds
     q = config.federation.sample_rate
     releases_reports = policy.report_size(dimension) > 0
+    if policy.private:
+        check_accountable(config)
     try:
-        if policy.private:  # what the accountant cannot compute is refused before any work
-            check_privacy_parameters(q, rounds, privacy.delta, privacy.accountant)
         if not policy.private:
             noise = NoiseMultipliers(0.0, 0.0)
         elif privacy.target_epsilon is not None:

@@ -528,7 +528,8 @@ def reproduce_spec(
 ) -> dict[str, Any]:
     """The specification of a reproduction (what :mod:`fairclip.sims.sweep_folder` stores), with
     the defaults filled in -- or, ``explicit_only`` (``--resume``), only what was given."""
-    spec: dict[str, Any] = {"command": "reproduce", "name": name}
+    from fairclip.sims.sweep_folder import specification
+
     options = {
         "seeds": (seeds, DEFAULT_SEEDS),
         "full_grid": (full_grid, False),
@@ -536,10 +537,7 @@ def reproduce_spec(
         "max_rounds": (max_rounds, None),
         "overrides": (overrides or None, []),
     }
-    for key, (value, default) in options.items():
-        if value is not None or not explicit_only:
-            spec[key] = default if value is None else value
-    return spec
+    return specification("reproduce", {"name": name}, options, explicit_only)
 
 
 def merge_specs(stored: dict[str, Any], given: dict[str, Any]) -> dict[str, Any]:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
 import os
 import shutil
 from collections.abc import Callable, Iterator
@@ -74,8 +75,6 @@ def stored_spec(out: Path) -> dict[str, Any] | None:
     path = out / SPEC_FILE
     if not path.is_file():
         return None
-    import json
-
     try:
         return json.loads(path.read_text())
     except (OSError, ValueError) as error:
@@ -145,6 +144,23 @@ def mode_of(resume: bool, extend: bool, replace: bool) -> Mode:
     if len(chosen) > 1:
         raise ConfigError("give at most one of --resume, --extend and --replace")
     return chosen[0] if chosen else Mode.NEW
+
+
+def specification(
+    command: str,
+    fixed: dict[str, Any],
+    options: dict[str, tuple[Any, Any]],
+    explicit_only: bool,
+) -> dict[str, Any]:
+    """A sweep's specification: ``command``, the ``fixed`` entries, and each option
+    (name -> (value given or ``None``, default)) with its default filled in -- or, with
+    ``explicit_only`` (``--resume``), only the options that were given, for :func:`settle` to
+    check against the stored sweep."""
+    spec = {"command": command, **fixed}
+    for key, (value, default) in options.items():
+        if value is not None or not explicit_only:
+            spec[key] = default if value is None else value
+    return spec
 
 
 def union(first: list[Any], second: list[Any]) -> list[Any]:

@@ -157,7 +157,7 @@ def test_run_config_resolves_like_set():
         "demo", None, ["training.client_lr=0.2", "seed=9", "strategy.name=adaptive", "training.rounds=4"]
     )
     assert run.config == expected and run.out == Path("x")
-    assert not run.simulation_diagnostics and run.secure_noise
+    assert not run.simulation_diagnostics and run.config.privacy.secure_noise is None  # on in a ServerApp
 
 
 def test_a_seed_counts_wherever_the_run_configuration_gives_it(tmp_path):
@@ -178,7 +178,7 @@ def test_a_seed_counts_wherever_the_run_configuration_gives_it(tmp_path):
 
 def test_secure_noise_and_diagnostics_are_read_strictly():
     run = flower_run({"scenario": "demo", "privacy.secure_noise": False, "simulation-diagnostics": True})
-    assert not run.secure_noise and run.simulation_diagnostics
+    assert run.config.privacy.secure_noise is False and run.simulation_diagnostics
     for bad in ("false", "yes", 1):
         with pytest.raises(ConfigError, match="simulation-diagnostics"):
             flower_run({"scenario": "demo", "simulation-diagnostics": bad})
