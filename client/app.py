@@ -129,7 +129,23 @@ def _use_data_file(task, client_id: int, path: Path, cohort_name: str) -> int:
 
 @app.query()
 def identify(message: Message, context: Context) -> Message:
-    """Tell the server which client this node is (and its cohort, only where the policy needs it)."""
+    """Tell the server which client this node is (and its cohort, only where the policy needs it).
+
+    A node whose ``num-partitions`` differs from the run's ``federation.num_clients`` answers
+    with its partition numbers alone, before building anything: the server refuses it, and
+    stops at once where every connected node says so (a local simulation of another size)."""
+    from fairclip.sims.flower_config import flower_run
+
+    node = dict(context.node_config)
+    try:
+        partition, partitions = int(node["partition-id"]), int(node["num-partitions"])
+    except (KeyError, TypeError, ValueError):  # local_client names what is wrong
+        partition = partitions = None
+    if (
+        partitions is not None
+        and partitions != flower_run(dict(context.run_config)).config.federation.num_clients
+    ):
+        return Message(identity_content(partition, partitions, None), reply_to=message)
     client = local_client(context)
     cohort = client.cohort if client.policy.needs_cohorts else None
     return Message(identity_content(client.client_id, client.num_clients, cohort), reply_to=message)

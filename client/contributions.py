@@ -19,26 +19,38 @@ from fairclip.strategies.base import Broadcast
 
 @dataclass
 class CohortDiagnostics:
-    """Simulation-only sums per cohort (arrays of length K)."""
+    """Simulation-only sums per cohort (arrays of length K), and each cohort's update norms
+    before clipping (``norms[k]``, one value per client; ``()`` where they are not known) for
+    the per-cohort median, which no sum gives."""
 
     sampled: np.ndarray
     exceeded: np.ndarray
     nonfinite: np.ndarray
     norm_before: np.ndarray
     norm_after: np.ndarray
+    norms: tuple[np.ndarray, ...] = ()
 
     @classmethod
     def zeros(cls, num_cohorts: int) -> CohortDiagnostics:
-        return cls(*(np.zeros(num_cohorts) for _ in range(5)))
+        return cls(*(np.zeros(num_cohorts) for _ in range(5)), tuple(np.empty(0) for _ in range(num_cohorts)))
 
     def __add__(self, other: CohortDiagnostics) -> CohortDiagnostics:
+        known = bool(self.norms) and bool(other.norms)
         return CohortDiagnostics(
             self.sampled + other.sampled,
             self.exceeded + other.exceeded,
             self.nonfinite + other.nonfinite,
             self.norm_before + other.norm_before,
             self.norm_after + other.norm_after,
+            tuple(map(np.concatenate, zip(self.norms, other.norms, strict=True))) if known else (),
         )
+
+    def median_norm(self, cohort: int) -> float:
+        """Median update norm (before clipping) of cohort ``cohort``'s clients; NaN where none
+        were sampled or the norms are not known."""
+        if not self.norms or self.norms[cohort].size == 0:
+            return float("nan")
+        return float(np.median(self.norms[cohort]))
 
 
 @dataclass
@@ -76,6 +88,7 @@ def contribute(
         nonfinite=per_cohort(reports.nonfinite),
         norm_before=per_cohort(reports.norms),
         norm_after=per_cohort(reports.contribution_norms),
+        norms=tuple(np.asarray(reports.norms, dtype=np.float64)[cohorts == k] for k in range(num_cohorts)),
     )
     return RoundSums(
         contribution_sum=reports.contributions.sum(axis=0),

@@ -140,9 +140,9 @@ def run_federation(grid: Grid, context: Context) -> None:
     claim = result.summary["privacy"]
     log(
         INFO,
-        "fairclip: finished %d rounds; epsilon=%s at delta=%s (%s)",
+        "fairclip: finished %d rounds; epsilon=%.4g at delta=%s (%s)",
         server.rounds_completed,
-        claim["epsilon"],
+        float(claim["epsilon"]),
         claim["delta"],
         claim["accountant"],
     )

@@ -31,6 +31,11 @@ NODE_COLUMNS = ["node", "client", "cohort"]
 """Columns of the internal record of the nodes that joined (``cohort`` only where needed)."""
 
 
+PROBE_SECONDS = 30.0
+"""At least this long the first node connected may take to answer whether the federation has
+another size (a simulated node starts its ClientApp first), however short the node wait."""
+
+
 class FederationError(RuntimeError):
     """The connected nodes do not form the configured federation."""
 
@@ -95,6 +100,31 @@ def read_identity(
     return client, cohort
 
 
+def check_federation_size(grid: Grid, node_ids: list[int], num_clients: int, timeout: float) -> None:
+    """Fail at once, rather than after the whole wait, where the nodes already connected form a
+    complete federation of another size: one of them says it is a partition of
+    ``num-partitions`` = the number of nodes connected, which differs from ``num_clients`` (a
+    local simulation with another ``num-supernodes``). In a deployment, where nodes join one by
+    one, a node's answer that disagrees is left to the identify exchange, which refuses it."""
+    query = Message(
+        RecordDict({IDENTIFY: ConfigRecord({})}), dst_node_id=node_ids[0], message_type=MessageType.QUERY
+    )
+    for reply in grid.send_and_receive([query], timeout=timeout):
+        if reply.has_error():
+            continue
+        try:
+            total = dict(reply.content.config_records[IDENTIFY]).get(NUM_PARTITIONS)
+        except (AttributeError, KeyError, TypeError):
+            continue
+        if type(total) is int and total == len(node_ids) and total != num_clients:
+            raise FederationError(
+                f"the federation has {total} nodes (num-partitions={total}), but "
+                f"federation.num_clients={num_clients}: run as many nodes as clients (a local "
+                f'simulation: --federation-config "num-supernodes={num_clients}") or set '
+                f"federation.num_clients={total}"
+            )
+
+
 def identify_nodes(
     grid: Grid, num_clients: int, num_cohorts: int, wait_seconds: float, needs_cohorts: bool
 ) -> Federation:
@@ -105,7 +135,13 @@ def identify_nodes(
     """
     deadline = time.monotonic() + wait_seconds
     node_ids = list(grid.get_node_ids())
+    probed = False
     while len(node_ids) < num_clients and time.monotonic() < deadline:
+        if node_ids and not probed:
+            check_federation_size(
+                grid, node_ids, num_clients, max(PROBE_SECONDS, deadline - time.monotonic())
+            )
+            probed = True
         time.sleep(1.0)
         node_ids = list(grid.get_node_ids())
     if len(node_ids) != num_clients:

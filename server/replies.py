@@ -124,6 +124,7 @@ def check_reply(
             diagnostics.norm_after,
         ):
             field[:] = np.nan
+        diagnostics.norms = ()  # not known: no cohort's median either
         if cohort is not None:
             diagnostics.sampled[:] = 0.0
             diagnostics.sampled[cohort] = 1.0
@@ -171,7 +172,8 @@ def read_diagnostics(content: RecordDict, num_cohorts: int, cohort: int | None) 
     for name in ("exceeded", "nonfinite"):
         if not np.isin(values[name], (0.0, 1.0)).all() or (values[name] > sampled).any():
             raise ReplyError(f"diagnostics field {name!r} is not a bit of the client's cohort")
-    return CohortDiagnostics(*(values[name] for name in DIAGNOSTIC_FIELDS))
+    norms = tuple(values["norm_before"][k : k + 1] if k == own else np.empty(0) for k in range(num_cohorts))
+    return CohortDiagnostics(*(values[name] for name in DIAGNOSTIC_FIELDS), norms=norms)
 
 
 def sum_replies(

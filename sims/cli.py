@@ -26,6 +26,7 @@ from rich.table import Table
 from fairclip.sims.config import builtin_scenarios, load_config, read_toml
 from fairclip.sims.data import DataError
 from fairclip.sims.errors import ConfigError
+from fairclip.sims.memory import check_memory
 from fairclip.sims.outputs import check_output_folder, write_run
 from fairclip.strategies import NoiseMultipliers, PolicyConfigError
 
@@ -93,6 +94,22 @@ DataDirOption = Annotated[
 ]
 
 
+TensorBoardOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--tensorboard",
+        help="Also log every round to TensorBoard event files in this folder (one subfolder a run).",
+    ),
+]
+MLflowOption = Annotated[
+    str | None,
+    typer.Option(
+        "--mlflow",
+        help="Also log every round to this MLflow experiment (MLflow's tracking URI; needs mlflow).",
+    ),
+]
+
+
 RunWorkersOption = Annotated[
     int,
     typer.Option(
@@ -122,17 +139,23 @@ def run(
     workers: Annotated[
         int, typer.Option("--workers", min=1, help="Threads of the local backend (same result).")
     ] = 1,
+    tensorboard: TensorBoardOption = None,
+    mlflow: MLflowOption = None,
 ) -> None:
     """Run one simulation; write rounds.csv and summary.json."""
     from fairclip.sims.engine import LocalExecutor, RunResult, build_task, simulate
+    from fairclip.sims.tracking import log_rounds, require_packages, round_loggers
 
     if workers > 1 and backend is not Backend.local:
         raise ConfigError("--workers applies to the local backend; the ray backend takes --actors")
     if address and backend is Backend.ray:
         _check_cluster(address, 1)
     run_config = load_config(scenario, config, overrides or [])
+    require_packages(tensorboard is not None, mlflow is not None)
     out = out or Path("runs") / f"{run_config.scenario.name}-{run_config.strategy.name}"
     check_output_folder(out)
+    local_actors = (actors or _cpu_count()) if backend is Backend.ray and not address else 0
+    check_memory(run_config, copies=1 + local_actors)  # the driver's task and each local actor's
     task = build_task(run_config, data_dir)
     executor_factory = lambda task, policy: LocalExecutor(task, policy, workers)  # noqa: E731
     if backend is Backend.ray:
@@ -152,12 +175,15 @@ def run(
     )
 
     writes = {"ended": -math.inf, "cost": 0.0}
+    loggers = round_loggers(tensorboard, mlflow, out.name, run_config.as_dict())
+    log_round = log_rounds(loggers)
 
-    def finished_round(_row: dict) -> None:
+    def finished_round(row: dict) -> None:
         """Write the finished rounds -- after every round, unless rounds come faster than that:
         then as often as keeps writing within WRITE_SHARE of the run (a kill -9 loses at most
         that share of the time run so far; Ctrl-C and SIGTERM lose nothing)."""
         progress.advance(bar)
+        log_round(row)
         started = time.monotonic()
         if started - writes["ended"] >= writes["cost"] / WRITE_SHARE:
             write_run(out, result.rows, result.summary, result.model)
@@ -172,6 +198,8 @@ def run(
         # An interrupted run's summary describes its last finished round (status "interrupted").
         if result.rows or result.summary:
             write_run(out, result.rows, result.summary, result.model)
+        for logger in loggers:
+            logger.close(result.summary)
     if result.stop_reason:
         console.print(f"[yellow]{result.stop_reason}[/yellow]")
     _print_run_summary(result.summary, out)
@@ -218,6 +246,8 @@ def compare(
     ] = None,
     workers: RunWorkersOption = 1,
     data_dir: DataDirOption = None,
+    tensorboard: TensorBoardOption = None,
+    mlflow: MLflowOption = None,
 ) -> None:
     """Compare strategies across target ε and seeds on Ray; write summary.csv, report.md and plots.
 
@@ -227,7 +257,9 @@ def compare(
     from fairclip.sims import compare as sweep
     from fairclip.sims import sweep_folder
     from fairclip.sims.config import apply_overrides, scenario_source
-    from fairclip.sims.report import PLOTS, write_report
+    from fairclip.sims.plots import PLOTS
+    from fairclip.sims.report import write_report
+    from fairclip.sims.tracking import log_finished_run, require_packages
 
     started = time.perf_counter()
     mode = sweep_folder.mode_of(resume, extend, replace)
@@ -240,9 +272,10 @@ def compare(
         seeds,
         explicit_only=mode is sweep_folder.Mode.RESUME,
     )
-    if mode is not sweep_folder.Mode.RESUME:
-        sweep.plan_from_spec(given)  # every run validated before any work (a resumed one: below)
+    if mode is not sweep_folder.Mode.RESUME:  # every run validated before any work (a resumed one: below)
+        _check_sweep_memory(*sweep.plan_from_spec(given), address, workers)
     _check_cluster(address, workers)
+    require_packages(tensorboard is not None, mlflow is not None)
     if out is None:
         if "config" not in given:
             raise ConfigError("--resume without --scenario or --config needs --out")
@@ -253,6 +286,7 @@ def compare(
             out, given, mode, merge=sweep.merge_specs, results=("runs", "summary.csv", "report.md", *PLOTS)
         )
         raw, runs = sweep.plan_from_spec(spec)
+        _check_sweep_memory(raw, runs, address, workers)
         base = sweep.validate(raw)
         if base.scenario.task == "classification" and base.scenario.dataset != "synthetic":
             from fairclip.sims.data import resolve_data_dir
@@ -278,15 +312,16 @@ def compare(
                 address=address,
                 workers=workers,
                 on_finished=lambda _run: progress.advance(bar),
+                on_result=lambda run, result: log_finished_run(tensorboard, mlflow, run.key, result),
             )
         table, rounds, keys = sweep.load_results(out, runs)
         sweep.write_summary(out, table)
-        write_report(out, table, rounds, keys, f"fairclip compare: {base.scenario.name}")
+        drawn = write_report(out, table, rounds, keys, f"fairclip compare: {base.scenario.name}")
     stdout.print((out / "report.md").read_text(), markup=False, highlight=False)
     stdout.print(f"wall time {time.perf_counter() - started:.1f} s")
     stdout.print(f"report: {out / 'report.md'}")
     stdout.print(f"table:  {out / 'summary.csv'}")
-    stdout.print("plots:  " + ", ".join(str(out / name) for name in PLOTS))
+    stdout.print("plots:  " + (", ".join(str(out / name) for name in drawn) or "none (see report.md)"))
 
 
 @app.command()
@@ -459,6 +494,15 @@ def _check_cluster(address: str | None, workers: int) -> None:
         )
 
 
+def _check_sweep_memory(raw: dict, runs: list, address: str | None, workers: int) -> None:
+    """Without a cluster, the runs held at once on this machine (one process and task each, every
+    ``workers`` CPUs) must fit in its memory."""
+    if address is None:
+        from fairclip.sims.config import validate
+
+        check_memory(validate(raw), copies=max(1, min(len(runs), _cpu_count() // workers)))
+
+
 def _number(value: object) -> str:
     """A number of the run summary with 4 significant digits (the files keep every digit)."""
     if isinstance(value, int | float) and not isinstance(value, bool):
@@ -549,6 +593,34 @@ def privacy(
         f"{'-' if claim.count_noise_multiplier is None else f'{claim.count_noise_multiplier:.4f}'}, "
         f"sigma_eff = {claim.effective_noise_multiplier:.4f})"
     )
+
+
+FLOWER_HELP = (
+    "`flwr run ARGS --stream` (ARGS exactly as `flwr run` takes them), exiting 1 unless the run "
+    "completed.\n\nFlower's own `flwr run` exits 0 for every run it submitted, failed or not; this "
+    "passes its output through, then asks `flwr ls` how the run ended and exits 0 only for "
+    "`finished:completed`."
+)
+
+
+@app.command(
+    help=FLOWER_HELP,
+    context_settings={
+        "allow_extra_args": True,
+        "ignore_unknown_options": True,
+        "help_option_names": ["--help"],
+    },
+)
+def flower(context: typer.Context) -> int:
+    """:func:`fairclip.sims.flower_status.run_flower_app` with the exit status of the run."""
+    from fairclip.sims.flower_status import run_flower_app
+
+    status = run_flower_app(list(context.args))
+    if status.succeeded:
+        stdout.print(status.message())
+        return 0
+    print(f"fairclip: error: {status.message()}", file=sys.stderr)
+    return 1
 
 
 @app.command()

@@ -205,11 +205,15 @@ def execute(
     address: str | None,
     workers: int = 1,
     on_finished: Callable[[RunSpec], None] | None = None,
+    on_result: Callable[[RunSpec, dict[str, Any]], None] | None = None,
 ) -> None:
-    """Run ``pending`` on Ray, writing each run into ``out/runs/<key>/`` as it finishes."""
+    """Run ``pending`` on Ray, writing each run into ``out/runs/<key>/`` as it finishes; then
+    ``on_result(run, {"rows": ..., "summary": ...})`` and ``on_finished(run)``."""
     jobs = [(run, run.config(raw).as_dict()) for run in pending]
     for run, result in simulate_on_ray(jobs, data_dir=data_dir, address=address, workers=workers):
         save_run(out / "runs" / run.key, result)
+        if on_result is not None:
+            on_result(run, result)
         if on_finished is not None:
             on_finished(run)
 

@@ -424,6 +424,7 @@ def _round_row(
         internal[f"{name}/clipped_fraction"] = _ratio(diagnostics.exceeded[index], count)
         internal[f"{name}/norm_before"] = _ratio(diagnostics.norm_before[index], count)
         internal[f"{name}/norm_after"] = _ratio(diagnostics.norm_after[index], count)
+        internal[f"{name}/median_norm"] = diagnostics.median_norm(index)
         for metric, value in per_cohort.get(name, {}).items():
             public[f"{name}/{metric}"] = value
     return public, internal

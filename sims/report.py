@@ -14,16 +14,15 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
-import numpy as np
 import pandas as pd
+from scipy import stats
 
 from fairclip.sims.outputs import atomic_write_text
+from fairclip.sims.plots import PLOTS, RunKeys, strategy_styles, write_plots
 
-PLOTS = ("accuracy_vs_epsilon.png", "clip_bound_rounds.png", "cohort_accuracy_rounds.png")
+CONFIDENCE = 0.95
+"""A strategy is named best for the worst cohort only where its lead over every other is clear:
+the lower end of the two-sided 95 % t interval of the paired (same seed) difference is above 0."""
 
 
 def mean_se(values: pd.Series) -> tuple[float, float]:
@@ -56,6 +55,45 @@ def gaps(table: pd.DataFrame) -> pd.DataFrame:
     ).reset_index()
 
 
+def best_for_worst_cohort(per_run: pd.DataFrame, seeds: int) -> str:
+    """The sentence of ``report.md`` on the best strategy for the worst cohort, from one row per
+    private run (strategy, seed, worst_cohort_accuracy) at one target ε.
+
+    The strategy with the highest mean is *best* only where, against every other strategy, the
+    paired differences over seeds d_s = a_s(best) − a_s(other) have a clear lead:
+    mean(d) − t_{0.975, n−1} · se(d) > 0. Otherwise the strategies it does not clearly beat are
+    named as tied. One seed gives no interval, so no best is named.
+    """
+    scores = per_run.pivot_table(index="seed", columns="strategy", values="worst_cohort_accuracy")
+    scores = scores.dropna(axis=1, how="all")
+    if scores.empty:
+        return ""
+    order = scores.mean().sort_values(ascending=False)
+    leader = str(order.index[0])
+    value = f"{order.iloc[0]:.3f}"
+    if seeds < 2 or len(scores) < 2:
+        return (
+            f"Highest worst-cohort accuracy: `{leader}` ({value}); with one seed there is no "
+            "uncertainty estimate, so no strategy is named best (run --seeds 2 or more)."
+        )
+    tied = []
+    for other in order.index[1:]:
+        difference = (scores[leader] - scores[other]).dropna()
+        mean = difference.mean()
+        se = difference.sem() if len(difference) > 1 else math.inf
+        lower = mean - stats.t.ppf(0.5 + CONFIDENCE / 2, len(difference) - 1) * se if se > 0 else mean
+        if not lower > 0:
+            tied.append(str(other))
+    if not tied:
+        return f"Best strategy for the worst cohort: **`{leader}`** (worst-cohort accuracy {value})."
+    names = ", ".join(f"`{name}`" for name in tied)
+    return (
+        f"No clear best for the worst cohort: `{leader}` has the highest worst-cohort accuracy "
+        f"({value}) but is tied with {names} (over {len(scores)} seeds, the {CONFIDENCE:.0%} interval "
+        "of its paired lead over each of them includes 0)."
+    )
+
+
 def _epsilon_label(value: float) -> str:
     if math.isinf(value):
         return "∞ (non-private)"
@@ -64,8 +102,9 @@ def _epsilon_label(value: float) -> str:
     return f"{value:g}"
 
 
-def markdown_report(table: pd.DataFrame, title: str) -> str:
-    """``report.md``: one section per target ε, best strategy for the worst cohort."""
+def markdown_report(table: pd.DataFrame, title: str, left_out: dict[str, str] | None = None) -> str:
+    """``report.md``: one section per target ε, the best strategy for the worst cohort (or the
+    tie, :func:`best_for_worst_cohort`) and the plots, with the reason for any left out."""
     cohorts = list(dict.fromkeys(table["cohort"]))
     per_run = gaps(table)
     reference = table[table["strategy"] == "none"]
@@ -78,6 +117,7 @@ def markdown_report(table: pd.DataFrame, title: str) -> str:
         "",
     ]
     private = table[table["strategy"] != "none"]
+    order = list(strategy_styles(table["strategy"]))
     for target, block in private.groupby("target_epsilon", dropna=False, sort=True):
         lines += [f"## target ε = {_epsilon_label(target)}", ""]
         header = ["strategy", "ε spent"]
@@ -89,8 +129,7 @@ def markdown_report(table: pd.DataFrame, title: str) -> str:
             per_run["strategy"].isin(rows["strategy"].unique())
             & ((per_run["target_epsilon"] == target) | (per_run["strategy"] == "none") | pd.isna(target))
         ]
-        best, best_value = None, -math.inf
-        for strategy in dict.fromkeys(rows["strategy"]):
+        for strategy in [name for name in order if name in set(rows["strategy"])]:
             mine = rows[rows["strategy"] == strategy]
             mine_gaps = run_gaps[run_gaps["strategy"] == strategy]
             cells = [f"`{strategy}`", _fmt(*mean_se(mine_gaps["epsilon"]), digits=2)]
@@ -102,109 +141,22 @@ def markdown_report(table: pd.DataFrame, title: str) -> str:
                 _fmt(*mean_se(mine_gaps["worst_cohort_accuracy"])),
             ]
             lines.append("| " + " | ".join(cells) + " |")
-            worst = mean_se(mine_gaps["worst_cohort_accuracy"])[0]
-            if strategy != "none" and not math.isnan(worst) and worst > best_value:
-                best, best_value = strategy, worst
         lines.append("")
-        if best is not None:
-            lines += [
-                f"Best strategy for the worst cohort at ε = {_epsilon_label(target)}: "
-                f"**`{best}`** (worst-cohort accuracy {best_value:.3f}).",
-                "",
-            ]
-    lines += ["## Plots", ""] + [f"![{name}]({name})" for name in PLOTS] + [""]
-    return "\n".join(lines)
-
-
-def plot_accuracy_vs_epsilon(table: pd.DataFrame, path: Path) -> None:
-    """Per-cohort accuracy against target ε, one line per strategy; `none` dashed."""
-    cohorts = list(dict.fromkeys(table["cohort"]))
-    figure, axes = plt.subplots(1, len(cohorts), figsize=(5 * len(cohorts), 4), squeeze=False)
-    for axis, cohort in zip(axes[0], cohorts, strict=True):
-        mine = table[table["cohort"] == cohort]
-        for strategy, block in mine.groupby("strategy", sort=False):
-            if strategy == "none":
-                axis.axhline(block["accuracy"].mean(), color="black", linestyle="--", label="none")
-                continue
-            stats = block.groupby("target_epsilon")["accuracy"].agg(["mean", "sem"]).fillna(0.0)
-            axis.errorbar(
-                stats.index, stats["mean"], yerr=stats["sem"], marker="o", capsize=3, label=strategy
-            )
-        if mine[mine["strategy"] != "none"]["target_epsilon"].nunique() > 1:
-            axis.set_xscale("log")
-        axis.set(title=f"cohort {cohort}", xlabel="target ε", ylabel="accuracy")
-        axis.grid(alpha=0.3)
-    axes[0][0].legend()
-    _save(figure, path)
-
-
-def plot_over_rounds(
-    table: pd.DataFrame,
-    rounds: dict[str, pd.DataFrame],
-    keys: dict[str, tuple[str, float]],
-    path: Path,
-    column_of: callable,
-    ylabel: str,
-    per_cohort: bool,
-) -> None:
-    """One subplot per (target ε[, cohort]); one line per strategy, mean over seeds."""
-    epsilons = sorted(
-        {eps for _, eps in keys.values() if not math.isinf(eps)}, key=lambda e: (math.isnan(e), e)
-    )
-    cohorts = list(dict.fromkeys(table["cohort"])) if per_cohort else [None]
-    figure, axes = plt.subplots(
-        max(len(epsilons), 1),
-        len(cohorts),
-        figsize=(5 * len(cohorts), 3.5 * max(len(epsilons), 1)),
-        squeeze=False,
-    )
-    for row, epsilon in enumerate(epsilons):
-        for col, cohort in enumerate(cohorts):
-            axis = axes[row][col]
-            for strategy in dict.fromkeys(s for s, _ in keys.values()):
-                selected = [
-                    frame
-                    for key, frame in rounds.items()
-                    if keys[key][0] == strategy and (strategy == "none" or _same(keys[key][1], epsilon))
-                ]
-                column = column_of(cohort)
-                series = [frame.set_index("round")[column] for frame in selected if column in frame]
-                if not series:
-                    continue
-                # Rounds that were not evaluated (training.eval_every) hold NaN.
-                mean = pd.concat(series, axis=1).mean(axis=1).dropna()
-                if np.isfinite(mean).any():
-                    axis.plot(
-                        mean.index, mean.values, label=strategy, linestyle="--" if strategy == "none" else "-"
-                    )
-            title = f"ε = {_epsilon_label(epsilon)}" + (f", cohort {cohort}" if cohort else "")
-            axis.set(title=title, xlabel="round", ylabel=ylabel)
-            axis.grid(alpha=0.3)
-            axis.legend(fontsize="small")
-    _save(figure, path)
-
-
-def _same(a: float, b: float) -> bool:
-    return (math.isnan(a) and math.isnan(b)) or a == b
-
-
-def _save(figure, path: Path) -> None:
-    figure.tight_layout()
-    temporary = path.with_name(f".{path.name}.tmp.png")
-    figure.savefig(temporary, dpi=110)
-    plt.close(figure)
-    temporary.replace(path)
+        verdict = best_for_worst_cohort(run_gaps[run_gaps["strategy"] != "none"], seeds)
+        if verdict:
+            lines += [f"At ε = {_epsilon_label(target)}: {verdict}", ""]
+    left_out = left_out or {}
+    lines += ["## Plots", ""]
+    lines += [f"![{name}]({name})" for name in PLOTS if name not in left_out]
+    lines += [f"`{name}` is not drawn: {reason}." for name, reason in left_out.items()]
+    return "\n".join([*lines, ""])
 
 
 def write_report(
-    out: Path,
-    table: pd.DataFrame,
-    rounds: dict[str, pd.DataFrame],
-    keys: dict[str, tuple[str, float]],
-    title: str,
-) -> None:
-    """``report.md`` and the PNG plots into ``out``."""
-    plot_accuracy_vs_epsilon(table, out / PLOTS[0])
-    plot_over_rounds(table, rounds, keys, out / PLOTS[1], lambda _c: "clip_bound", "clipping bound", False)
-    plot_over_rounds(table, rounds, keys, out / PLOTS[2], lambda c: f"{c}/accuracy", "accuracy", True)
-    atomic_write_text(out / "report.md", markdown_report(table, title))
+    out: Path, table: pd.DataFrame, rounds: dict[str, pd.DataFrame], keys: RunKeys, title: str
+) -> list[str]:
+    """``report.md`` and the PNG plots (:mod:`fairclip.sims.plots`) into ``out``; returns the
+    plots drawn."""
+    left_out = write_plots(out, table, rounds, keys)
+    atomic_write_text(out / "report.md", markdown_report(table, title, left_out))
+    return [name for name in PLOTS if name not in left_out]

@@ -33,3 +33,15 @@ def server_task_identity(monkeypatch):
 
     for attribute, value in (("_run_id", 1), ("_node_id", 0), ("_task_id", 1)):
         monkeypatch.setattr(TaskIdentity, attribute, value)
+
+
+@pytest.fixture(scope="module")
+def ray_session():
+    """A local Ray of 2 CPUs for the tests of one module (shut down after them)."""
+    import ray
+
+    from fairclip.sims.ray_engine import ensure_ray
+
+    ensure_ray(num_cpus=2)
+    yield ray
+    ray.shutdown()

@@ -11,17 +11,6 @@ from fairclip.sims.config import load_config
 from fairclip.sims.engine import LocalExecutor, RunServer, build_task, group_blocks, groups_sums, simulate
 
 
-@pytest.fixture(scope="module")
-def ray_session():
-    import ray
-
-    from fairclip.sims.ray_engine import ensure_ray
-
-    ensure_ray(num_cpus=2)
-    yield ray
-    ray.shutdown()
-
-
 def test_blocks_partition_the_sampled_clients():
     ids = np.array([0, 3, 124, 125, 499, 500, 998, 999])
     blocks = shard_ids(ids, 1000)

@@ -136,7 +136,51 @@ def test_flwr_run_bad_configuration_fails_with_one_line(flower_home, tmp_path):
         home, env, 2, f"federation.num_clients=3 training.rounds=1 node-wait=3.0 out='{tmp_path}'"
     )
     log = completed.stdout + completed.stderr
-    assert "fairclip: error: 2 nodes connected, but federation.num_clients=3" in log, log[-3000:]
+    assert (
+        "fairclip: error: the federation has 2 nodes (num-partitions=2), but federation.num_clients=3" in log
+    ), log[-3000:]
+
+
+def _fairclip_flower(
+    env: dict[str, str], cwd: Path, *arguments: str
+) -> tuple[subprocess.CompletedProcess, float]:
+    started = time.perf_counter()
+    done = subprocess.run(
+        [str(BIN / "fairclip"), "flower", str(PROJECT), *arguments],
+        env=env,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
+    return done, time.perf_counter() - started
+
+
+@pytest.mark.slow
+def test_a_bare_flwr_run_completes_on_flowers_default_local_simulation(flower_home, tmp_path):
+    """Issue 18, point 13: the app's defaults run on the connection Flower creates by itself
+    (2 simulated nodes), and `fairclip flower` says so with exit status 0."""
+    _home, env = flower_home  # no connection written: Flower writes its default on first use
+    done, _ = _fairclip_flower(env, tmp_path)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    assert "finished:completed" in done.stdout
+    summary = json.loads((tmp_path / "runs" / "flwr" / "summary.json").read_text())
+    assert summary["config"]["scenario"]["name"] == "flower-local"
+    assert summary["rounds_completed"] == summary["config"]["training"]["rounds"]
+
+
+@pytest.mark.slow
+def test_a_node_count_mismatch_fails_at_once_with_a_nonzero_status(flower_home, tmp_path):
+    """The demo's 200 clients on Flower's 2 default nodes: refused as soon as the nodes answer
+    (not after the 300 s node wait), in one line, and `fairclip flower` exits 1."""
+    _home, env = flower_home
+    done, wall = _fairclip_flower(env, tmp_path, "--run-config", "scenario='demo'")
+    assert done.returncode == 1, (done.stdout + done.stderr)[-3000:]
+    errors = done.stderr.strip().splitlines()
+    assert len(errors) == 1 and errors[0].startswith("fairclip: error: Flower run "), done.stderr
+    assert "finished:failed" in errors[0] and "the federation has 2 nodes" in errors[0]
+    assert "num-supernodes=200" in errors[0] and "federation.num_clients=2" in errors[0]
+    assert wall < 150, f"took {wall:.0f} s: the mismatch waited for the node timeout"
 
 
 # ----- run configuration ----------------------------------------------------------------------

@@ -22,17 +22,6 @@ DATA_DIR = Path(os.environ.get("FAIRCLIP_DATA") or Path(__file__).resolve().pare
 DATASET_OF = {"adult": "adult", "dutch": "dutch", "skewed-mnist": "mnist"}
 
 
-@pytest.fixture(scope="module")
-def ray_session():
-    import ray
-
-    from fairclip.sims.ray_engine import ensure_ray
-
-    ensure_ray(num_cpus=2)
-    yield
-    ray.shutdown()
-
-
 def skip_without_data(setup: repro.Setup) -> None:
     """Skip, with the reason, when a dataset file of ``setup`` is absent."""
     for relative in DATASET_FILES[DATASET_OF[setup.scenario]]:

@@ -105,3 +105,23 @@ def test_every_node_refused_or_the_wrong_number_connected_is_an_error(server_tas
         identify_nodes(FakeGrid({10: RecordDict(), 11: RecordDict()}), 2, 1, 1.0, needs_cohorts=False)
     with pytest.raises(FederationError, match=r"1 nodes connected, but federation\.num_clients=2"):
         identify_nodes(FakeGrid({10: _identity(0, total=2)}), 2, 1, 0.1, needs_cohorts=False)
+
+
+def test_a_complete_federation_of_another_size_is_refused_at_once(server_task_identity):
+    """Issue 18, point 13: Flower's default local simulation (2 nodes, each a partition of 2)
+    against a scenario of 1000 clients fails as soon as a node answers, not after the wait."""
+    import time
+
+    grid = FakeGrid({10: _identity(0, total=2), 11: _identity(1, total=2)})
+    started = time.monotonic()
+    with pytest.raises(FederationError, match=r"the federation has 2 nodes .*num-supernodes=1000"):
+        identify_nodes(grid, 1000, 2, 300.0, needs_cohorts=False)
+    assert time.monotonic() - started < 5
+
+
+def test_a_node_of_a_deployment_still_joining_does_not_end_the_wait(server_task_identity):
+    """One node of three connected, saying it is a partition of 3: the server keeps waiting
+    (here until its short wait ends) instead of judging the federation by the first node."""
+    grid = FakeGrid({10: _identity(0, total=3)})
+    with pytest.raises(FederationError, match=r"1 nodes connected, but federation\.num_clients=3"):
+        identify_nodes(grid, 3, 2, 1.5, needs_cohorts=False)
