@@ -30,6 +30,7 @@ from fairclip.client.contributions import RoundSums, add_in_order, contribute, s
 from fairclip.server.optimizer import ServerSGD
 from fairclip.sims.config import RunConfig
 from fairclip.sims.errors import ConfigError
+from fairclip.sims.interrupts import interrupts_deferred
 from fairclip.sims.privacy_plan import json_number, plan_privacy
 from fairclip.sims.provenance import provenance
 from fairclip.sims.randomness import Stream, poisson_sample, rng
@@ -286,21 +287,22 @@ class RunServer:
             noise=self.plan.noise,
             rng=noise_rng,
         )
-        self.model = self.optimizer.step(self.model, server.estimate, server.server_lr_factor)
-        self.state = server.state
-        self.rounds_completed = round_number
-        overall: dict[str, float] = {}
-        per_cohort: dict[str, dict[str, float]] = {}
-        epsilon = math.nan
-        if self._reports(round_number):
-            overall, per_cohort = self._evaluate()
-            epsilon = self.result.summary["epsilon"]
-        public, internal = _round_row(
-            round_number, server, sums, epsilon, overall, per_cohort, self.task.cohort_names
-        )
-        self.result.public_columns.update(public)
-        row = {**public, **internal, **(extra or {})}
-        self.result.rows.append(row)
+        with interrupts_deferred():  # the model, state, summary and rows move together
+            self.model = self.optimizer.step(self.model, server.estimate, server.server_lr_factor)
+            self.state = server.state
+            self.rounds_completed = round_number
+            overall: dict[str, float] = {}
+            per_cohort: dict[str, dict[str, float]] = {}
+            epsilon = math.nan
+            if self._reports(round_number):
+                overall, per_cohort = self._evaluate()
+                epsilon = self.result.summary["epsilon"]
+            public, internal = _round_row(
+                round_number, server, sums, epsilon, overall, per_cohort, self.task.cohort_names
+            )
+            self.result.public_columns.update(public)
+            row = {**public, **internal, **(extra or {})}
+            self.result.rows.append(row)
         return row
 
     def finish(self, interrupted: bool = False) -> RunResult:

@@ -71,6 +71,8 @@ def best_for_worst_cohort(per_run: pd.DataFrame, seeds: int) -> str:
     order = scores.mean().sort_values(ascending=False)
     leader = str(order.index[0])
     value = f"{order.iloc[0]:.3f}"
+    if len(order) == 1:
+        return f"Only `{leader}` ran here (worst-cohort accuracy {value}): nothing to compare."
     if seeds < 2 or len(scores) < 2:
         return (
             f"Highest worst-cohort accuracy: `{leader}` ({value}); with one seed there is no "

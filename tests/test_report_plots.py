@@ -65,7 +65,8 @@ def figures(monkeypatch):
         saved[path.name] = figure
 
     monkeypatch.setattr(plots, "save", keep)
-    return saved
+    yield saved
+    plots.plt.close("all")
 
 
 def _lines(figure) -> dict[str, list]:
@@ -194,6 +195,11 @@ def test_a_best_strategy_is_named_only_where_its_lead_is_clear():
     assert "**`a`**" in best_for_worst_cohort(paired, seeds=3)
     shuffled = _per_run({"a": [0.70, 0.80, 0.90], "b": [0.79, 0.89, 0.69]})
     assert best_for_worst_cohort(shuffled, seeds=3).startswith("No clear best")
+
+
+def test_a_strategy_alone_is_not_named_best():
+    verdict = best_for_worst_cohort(_per_run({"bounded": [0.7, 0.8, 0.75]}), seeds=3)
+    assert verdict.startswith("Only `bounded` ran here") and "**" not in verdict
 
 
 def test_one_seed_names_no_best():

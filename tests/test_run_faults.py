@@ -73,6 +73,28 @@ def test_sigterm_stops_a_run_like_ctrl_c_and_keeps_every_finished_round(tmp_path
     assert state["completed"] == state["rows"] >= 5
 
 
+def test_sigterm_during_a_rounds_evaluation_leaves_that_round_whole(cli, tmp_path, monkeypatch):
+    """The race behind a CI failure: SIGTERM while round 3 was being evaluated left a summary and
+    model of 3 rounds beside a rounds.csv of 2. The round in flight is now finished first."""
+    from fairclip.sims.mean_estimation import MeanEstimationTask
+
+    evaluate = MeanEstimationTask.evaluate
+    calls = []
+
+    def terminated_during_round_three(self, model):
+        calls.append(1)
+        if len(calls) == 3:
+            signal.raise_signal(signal.SIGTERM)  # the CLI's handler runs now, or is held
+        return evaluate(self, model)
+
+    monkeypatch.setattr(MeanEstimationTask, "evaluate", terminated_during_round_three)
+    short = ["--set" if arg == "--set" else arg.replace("100000", "10") for arg in LONG_RUN]  # ε every round
+    status, _, err = cli("run", *short, "--out", str(tmp_path))
+    assert status == 143, err
+    state = _check_consistent(tmp_path, "interrupted")
+    assert state["completed"] == state["rows"] == 3
+
+
 @pytest.mark.slow
 def test_kill_9_leaves_the_finished_rounds_and_a_summary_marked_running(tmp_path):
     process = _start(tmp_path)
