@@ -8,3 +8,17 @@ The component folders are subpackages of this namespace (docs/design.md, section
 """
 
 __version__ = "0.1.0"
+
+__all__ = ["Simulation", "__version__", "simulate"]
+
+_API = ("Simulation", "simulate")
+
+
+def __getattr__(name: str):
+    """``fairclip.simulate`` and ``fairclip.Simulation`` (:mod:`fairclip.api`), imported on first
+    use so that ``import fairclip`` (and the command line's start) stays free of torch."""
+    if name in _API:
+        from fairclip import api
+
+        return getattr(api, name)
+    raise AttributeError(f"module 'fairclip' has no attribute {name!r}")

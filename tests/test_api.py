@@ -1,0 +1,69 @@
+"""Issue 19, a first step: `fairclip.simulate` from Python gives what `fairclip run` writes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import fairclip
+from fairclip.sims.errors import ConfigError
+
+SETTINGS = {
+    "strategy.name": "adaptive",
+    "training.rounds": 5,
+    "federation.num_clients": 100,
+    "privacy.target_epsilon": 4.0,
+    "seed": 3,
+}
+
+
+def test_simulate_returns_what_fairclip_run_writes(cli, tmp_path):
+    seen = []
+    result = fairclip.simulate("demo", overrides=SETTINGS, on_round=lambda row: seen.append(row["round"]))
+    sets = [arg for key, value in SETTINGS.items() for arg in ("--set", f"{key}={value}")]
+    status, _, err = cli("run", "--scenario", "demo", *sets, "--out", str(tmp_path))
+    assert status == 0, err
+
+    assert seen == [1, 2, 3, 4, 5] and list(result.rounds.index) == seen
+    written = pd.read_csv(tmp_path / "rounds.csv").set_index("round")
+    for column in ("clip_bound", "noise_std", "epsilon", "minority/accuracy", "majority/median_norm"):
+        np.testing.assert_allclose(result.rounds[column], written[column], rtol=1e-12, err_msg=column)
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert list(result.cohorts.index) == ["majority", "minority"]
+    for cohort, metrics in summary["cohorts"].items():
+        assert result.cohorts.loc[cohort, "accuracy"] == pytest.approx(metrics["accuracy"], rel=1e-12)
+    np.testing.assert_array_equal(result.model, np.load(tmp_path / "model.npy"))
+    assert result.epsilon == pytest.approx(summary["epsilon"], rel=1e-12) and 3.9 < result.epsilon <= 4.0
+    assert result.privacy["rounds"] == 5 and result.privacy["accountant"] == "prv"
+
+
+def test_overrides_are_typed_and_validated_like_set():
+    with pytest.raises(ConfigError, match=r"training\.rounds"):
+        fairclip.simulate("demo", overrides={"training.rounds": "many"})
+    with pytest.raises(ConfigError, match="no-such-policy"):
+        fairclip.simulate("demo", overrides={"strategy.name": "no-such-policy"})
+    none = fairclip.simulate("bimodal-mean", overrides={"strategy.name": "none", "training.rounds": 2})
+    assert none.epsilon == float("inf")
+
+
+def test_import_fairclip_stays_light():
+    program = "import sys, fairclip; print('torch' in sys.modules, callable(fairclip.simulate))"
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, check=True)
+    assert done.stdout.split() == ["False", "True"]
+
+
+def test_the_readme_example_runs_as_written():
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    section = readme.split("## Python API", 1)[1]
+    example = section.split("```python\n", 1)[1].split("```", 1)[0]
+    namespace: dict = {}
+    exec(compile(example, "README.md (Python API)", "exec"), namespace)
+    result = namespace["result"]
+    assert result.privacy["rounds"] == 20 and result.epsilon <= 4.0
