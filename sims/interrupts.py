@@ -28,11 +28,13 @@ def interrupts_deferred() -> Iterator[None]:
         return
     received: list[tuple[int, FrameType | None]] = []
     previous = {signum: signal.getsignal(signum) for signum in HELD_SIGNALS}
+    # A handler installed outside Python (getsignal gives None) cannot be put back: leave it be.
+    previous = {signum: handler for signum, handler in previous.items() if handler is not None}
 
     def hold(signum: int, frame: FrameType | None) -> None:
         received.append((signum, frame))
 
-    for signum in HELD_SIGNALS:
+    for signum in previous:
         signal.signal(signum, hold)
     try:
         yield
