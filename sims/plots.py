@@ -71,11 +71,13 @@ def strategy_styles(names: Iterable[str]) -> dict[str, Style]:
     return dict(sorted(styles.items(), key=lambda item: item[1].rank))
 
 
-def _epsilon_label(value: float) -> str:
+def epsilon_label(value: float) -> str:
+    """A target ε in titles and headings: ∞ for the reference, "as configured" where the sweep
+    ran the scenario's own privacy settings (no target)."""
     if math.isinf(value):
         return "∞ (non-private)"
     if math.isnan(value):
-        return "the scenario's noise"
+        return "as configured"
     return f"{value:g}"
 
 
@@ -214,7 +216,7 @@ def plot_over_rounds(
                 stats = _curves(_runs_of(rounds, keys, strategy, epsilon), column_of(cohort))
                 if stats is not None:
                     _draw_band(axis, stats, style.colour, style.linestyle, strategy)
-            title = f"ε = {_epsilon_label(epsilon)}" + (f", cohort {cohort}" if cohort else "")
+            title = f"ε = {epsilon_label(epsilon)}" + (f", cohort {cohort}" if cohort else "")
             axis.set(title=title, xlabel="round", ylabel=ylabel)
             axis.grid(alpha=0.3)
             axis.legend(fontsize="small")
@@ -244,7 +246,7 @@ def plot_cohort_norms(
                 if stats is not None:
                     colour = _COHORT_COLOURS[index % len(_COHORT_COLOURS)]
                     _draw_band(axis, stats, colour, ":", f"{cohort} median norm")
-            axis.set(title=f"{strategy}, ε = {_epsilon_label(epsilon)}", xlabel="round", ylabel="update norm")
+            axis.set(title=f"{strategy}, ε = {epsilon_label(epsilon)}", xlabel="round", ylabel="update norm")
             axis.grid(alpha=0.3)
             axis.legend(fontsize="small")
     note = "each cohort's median update norm before clipping against the bound; " + _band_note(

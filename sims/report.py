@@ -18,7 +18,7 @@ import pandas as pd
 from scipy import stats
 
 from fairclip.sims.outputs import atomic_write_text
-from fairclip.sims.plots import PLOTS, RunKeys, strategy_styles, write_plots
+from fairclip.sims.plots import PLOTS, RunKeys, epsilon_label, strategy_styles, write_plots
 
 CONFIDENCE = 0.95
 """A strategy is named best for the worst cohort only where its lead over every other is clear:
@@ -96,14 +96,6 @@ def best_for_worst_cohort(per_run: pd.DataFrame, seeds: int) -> str:
     )
 
 
-def _epsilon_label(value: float) -> str:
-    if math.isinf(value):
-        return "∞ (non-private)"
-    if math.isnan(value):
-        return "as configured"
-    return f"{value:g}"
-
-
 def markdown_report(table: pd.DataFrame, title: str, left_out: dict[str, str] | None = None) -> str:
     """``report.md``: one section per target ε, the best strategy for the worst cohort (or the
     tie, :func:`best_for_worst_cohort`) and the plots, with the reason for any left out."""
@@ -121,7 +113,7 @@ def markdown_report(table: pd.DataFrame, title: str, left_out: dict[str, str] | 
     private = table[table["strategy"] != "none"]
     order = list(strategy_styles(table["strategy"]))
     for target, block in private.groupby("target_epsilon", dropna=False, sort=True):
-        lines += [f"## target ε = {_epsilon_label(target)}", ""]
+        lines += [f"## target ε = {epsilon_label(target)}", ""]
         header = ["strategy", "ε spent"]
         header += [f"{c} accuracy" for c in cohorts] + [f"{c} π" for c in cohorts]
         header += ["π gap", "R gap", "worst-cohort accuracy"]
@@ -146,7 +138,7 @@ def markdown_report(table: pd.DataFrame, title: str, left_out: dict[str, str] | 
         lines.append("")
         verdict = best_for_worst_cohort(run_gaps[run_gaps["strategy"] != "none"], seeds)
         if verdict:
-            lines += [f"At ε = {_epsilon_label(target)}: {verdict}", ""]
+            lines += [f"At ε = {epsilon_label(target)}: {verdict}", ""]
     left_out = left_out or {}
     lines += ["## Plots", ""]
     lines += [f"![{name}]({name})" for name in PLOTS if name not in left_out]
