@@ -9,16 +9,28 @@ The component folders are subpackages of this namespace (docs/design.md, section
 
 __version__ = "0.1.0"
 
-__all__ = ["Simulation", "__version__", "simulate"]
+__all__ = [
+    "Comparison",
+    "FederatedDataset",
+    "Scenario",
+    "Simulation",
+    "__version__",
+    "compare",
+    "simulate",
+]
 
-_API = ("Simulation", "simulate")
+_API = ("Comparison", "Scenario", "Simulation", "compare", "simulate")
 
 
 def __getattr__(name: str):
-    """``fairclip.simulate`` and ``fairclip.Simulation`` (:mod:`fairclip.api`), imported on first
-    use so that ``import fairclip`` (and the command line's start) stays free of torch."""
+    """The public API (:mod:`fairclip.api`, :class:`FederatedDataset`), imported on first use so
+    that ``import fairclip`` (and the command line's start) stays free of torch."""
     if name in _API:
         from fairclip import api
 
         return getattr(api, name)
+    if name == "FederatedDataset":
+        from fairclip.sims.federated_dataset import FederatedDataset
+
+        return FederatedDataset
     raise AttributeError(f"module 'fairclip' has no attribute {name!r}")

@@ -13,13 +13,23 @@ same numbers for the same configuration and seed::
 
 Nothing is written to disk; pass ``on_round`` (for example a logger of
 :mod:`fairclip.sims.tracking`) to see each round as it finishes.
+
+Bring your own data, model and policy: a :class:`Scenario` holds a
+:class:`fairclip.FederatedDataset` (or a loader of one) and a model factory; :func:`compare`
+runs strategies (built-in names, plug-in references, or :class:`fairclip.policies.Policy`
+classes) against the non-private reference, per target ε and seed, and returns the table of
+``fairclip compare``::
+
+    scenario = fairclip.Scenario("mine", dataset=data, model=make_mlp, sample_rate=0.2, rounds=30)
+    comparison = fairclip.compare(scenario, strategies=["constant", "bounded", MyPolicy], epsilons=[2.0])
+    comparison.table          # per run and cohort: accuracy, privacy cost, excessive risk, ε
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -52,8 +62,71 @@ class Simulation:
         return dict(self.summary["privacy"])
 
 
+@dataclass(frozen=True)
+class Scenario:
+    """A scenario of the user's own: their data, model and population, in Python.
+
+    ``dataset``: a :class:`fairclip.FederatedDataset`, a loader ``(num_clients, seed, **options)
+    -> FederatedDataset``, or a plug-in reference (:mod:`fairclip.plugins`). ``model``: a built-in
+    model name, a factory ``(input_shape, num_classes) -> torch.nn.Module``, or a reference.
+    ``num_clients`` defaults to the dataset's. ``settings`` holds any other configuration key
+    (dotted, typed: ``{"training.client_lr": 0.5, "privacy.target_epsilon": 2.0}``); keys not
+    given take the defaults of ``docs/design.md`` (strategy ``none`` until one is chosen).
+
+    Python objects are registered (:func:`fairclip.plugins.register`) under the scenario's name
+    when it runs, so comparisons on Ray find them in their worker processes too.
+    """
+
+    name: str
+    dataset: Any
+    model: Any = "logistic"
+    sample_rate: float = 1.0
+    rounds: int = 10
+    num_clients: int | None = None
+    options: Mapping[str, Any] = field(default_factory=dict)
+    """Keyword arguments of a dataset loader."""
+    settings: Mapping[str, Any] = field(default_factory=dict)
+
+    def raw_config(self) -> dict[str, Any]:
+        """The scenario as a raw configuration (as a TOML file would give it), registering the
+        Python objects it holds."""
+        from fairclip.plugins import register
+        from fairclip.sims.config import set_value
+        from fairclip.sims.errors import ConfigError
+        from fairclip.sims.federated_dataset import FederatedDataset
+
+        dataset, model = self.dataset, self.model
+        if not isinstance(dataset, str):
+            register("dataset", self.name, dataset, replace=True)
+            dataset = self.name
+        if not isinstance(model, str):
+            register("model", self.name, model, replace=True)
+            model = self.name
+        clients = self.num_clients
+        if clients is None:
+            if not isinstance(self.dataset, FederatedDataset):
+                raise ConfigError(f"scenario {self.name!r}: give num_clients (the dataset is a loader)")
+            clients = self.dataset.num_clients
+        raw: dict[str, Any] = {
+            "scenario": {
+                "name": self.name,
+                "task": "federated-dataset",
+                "dataset": dataset,
+                "model": model,
+                "options": dict(self.options),
+            },
+            "federation": {"num_clients": clients, "sample_rate": self.sample_rate},
+            "training": {"rounds": self.rounds},
+            "strategy": {"name": "none"},
+            "privacy": {},
+        }
+        for key, value in self.settings.items():
+            raw = set_value(raw, key, value)
+        return raw
+
+
 def simulate(
-    scenario: str | None = None,
+    scenario: str | Scenario | None = None,
     *,
     config_file: str | Path | None = None,
     overrides: Mapping[str, Any] | None = None,
@@ -63,24 +136,22 @@ def simulate(
 ) -> Simulation:
     """Run one simulation in this process and return its results.
 
-    ``scenario`` names a built-in scenario (``fairclip scenarios``) and ``config_file`` a
-    scenario TOML (one of the two); ``overrides`` sets dotted configuration keys to typed
-    values (``{"strategy.name": "bounded", "privacy.target_epsilon": 2.0}``), validated like
-    ``--set``; ``data_dir`` holds the real datasets (default: ``FAIRCLIP_DATA``); ``workers``
-    threads train the sampled clients (the same result for any number). An invalid
-    configuration raises :class:`fairclip.sims.errors.ConfigError` naming the problem.
+    ``scenario`` names a built-in scenario (``fairclip scenarios``) or is a :class:`Scenario`
+    of your own, and ``config_file`` a scenario TOML (one of the two); ``overrides`` sets
+    dotted configuration keys to typed values (``{"strategy.name": "bounded",
+    "privacy.target_epsilon": 2.0}``), validated like ``--set``; ``data_dir`` holds the real
+    datasets (default: ``FAIRCLIP_DATA``); ``workers`` threads train the sampled clients (the
+    same result for any number). An invalid configuration raises
+    :class:`fairclip.sims.errors.ConfigError` naming the problem.
     """
-    from fairclip.sims.config import scenario_source, set_value, validate
+    from fairclip.sims.config import validate
     from fairclip.sims.engine import LocalExecutor, build_task
     from fairclip.sims.engine import simulate as run_rounds
     from fairclip.sims.errors import ConfigError
 
     if workers < 1:
         raise ConfigError(f"workers must be >= 1 (got {workers})")
-    raw = scenario_source(scenario, Path(config_file) if config_file is not None else None)
-    for key, value in (overrides or {}).items():
-        raw = set_value(raw, key, value)
-    config = validate(raw)
+    config = validate(_raw_config(scenario, config_file, overrides))
     task = build_task(config, Path(data_dir) if data_dir is not None else None)
     result = run_rounds(
         config, task, lambda task, policy: LocalExecutor(task, policy, workers), on_round=on_round
@@ -91,3 +162,118 @@ def simulate(
     cohorts = pd.DataFrame.from_dict(result.summary["cohorts"], orient="index")
     cohorts.index.name = "cohort"
     return Simulation(rounds=rounds, cohorts=cohorts, summary=result.summary, model=np.asarray(result.model))
+
+
+def _raw_config(
+    scenario: str | Scenario | None, config_file: str | Path | None, overrides: Mapping[str, Any] | None
+) -> dict[str, Any]:
+    """The raw configuration of a built-in scenario, a :class:`Scenario` or a TOML file, with
+    ``overrides`` set (typed dotted keys)."""
+    from fairclip.sims.config import scenario_source, set_value
+    from fairclip.sims.errors import ConfigError
+
+    if isinstance(scenario, Scenario):
+        if config_file is not None:
+            raise ConfigError("give a Scenario or a config_file, not both")
+        raw = scenario.raw_config()
+    else:
+        raw = scenario_source(scenario, Path(config_file) if config_file is not None else None)
+    for key, value in (overrides or {}).items():
+        raw = set_value(raw, key, value)
+    return raw
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """What :func:`compare` produced: the rows of ``summary.csv`` and every run's rounds."""
+
+    table: pd.DataFrame
+    """One row per run and cohort: strategy, target ε, ε spent, seed, cohort, accuracy, loss,
+    privacy cost and excessive risk against the `none` reference of the same seed, and more."""
+    rounds: dict[str, pd.DataFrame]
+    """Each run's rounds (the columns of ``rounds.csv``), by run key ``<strategy>__eps-<ε>__seed-<s>``."""
+    summaries: dict[str, dict[str, Any]]
+    """Each run's ``summary.json`` content, by run key."""
+    folder: Path | None
+    """Where the results were written (``out``), or ``None``."""
+
+
+def compare(
+    scenario: str | Scenario | None = None,
+    *,
+    strategies: Sequence[str | type] = ("constant", "adaptive", "bounded"),
+    epsilons: Sequence[float] | None = None,
+    seeds: int = 1,
+    config_file: str | Path | None = None,
+    overrides: Mapping[str, Any] | None = None,
+    data_dir: str | Path | None = None,
+    out: str | Path | None = None,
+    ray: bool = False,
+    address: str | None = None,
+    workers: int = 1,
+    on_run: Callable[[str, dict[str, Any]], None] | None = None,
+) -> Comparison:
+    """Compare clipping strategies on a scenario, as ``fairclip compare`` does.
+
+    ``strategies``: names of built-in policies, plug-in references, or :class:`Policy`
+    subclasses (registered under their ``name``); the non-private ``none`` reference always runs
+    once per seed. ``epsilons``: target ε values (``None``: the scenario's own privacy settings).
+    ``seeds``: the scenario's seed, +1, ... Every run is validated before any work.
+
+    Runs simulate one after the other in this process, or, with ``ray`` (or an ``address`` of a
+    Ray cluster), as parallel Ray tasks of ``workers`` CPUs. ``out``: a folder (new or empty)
+    that receives each run as it finishes (``runs/<key>/``), then ``summary.csv``, ``report.md``
+    and the plots. ``on_run(key, {"rows": ..., "summary": ...})`` is called per finished run.
+    """
+    from fairclip.sims import compare as sweep
+    from fairclip.sims.errors import ConfigError
+    from fairclip.strategies.registry import register
+
+    if workers < 1:
+        raise ConfigError(f"workers must be >= 1 (got {workers})")
+    names = []
+    for strategy in strategies:
+        if isinstance(strategy, type):
+            register(strategy, replace=True)
+            strategy = strategy.name
+        names.append(strategy)
+    raw = _raw_config(scenario, config_file, overrides)
+    targets: list[float | None] = [None] if epsilons is None else [float(e) for e in epsilons]
+    for target in targets:
+        if target is not None and not (math.isfinite(target) and target > 0):
+            raise ConfigError(f"every target ε must be a finite number > 0 (got {target})")
+    runs = sweep.plan_runs(raw, names, targets, seeds)
+    folder = Path(out) if out is not None else None
+    if folder is not None:
+        if folder.exists() and (not folder.is_dir() or any(folder.iterdir())):
+            raise ConfigError(f"out: {folder} exists and is not an empty folder")
+        folder.mkdir(parents=True, exist_ok=True)
+    results: dict[str, dict[str, Any]] = {}
+    by_key = {run.key: run for run in runs}
+
+    def finished(key: str, result: dict[str, Any]) -> None:
+        results[key] = result
+        if folder is not None:
+            sweep.save_run(folder / "runs" / key, result)
+        if on_run is not None:
+            on_run(key, result)
+
+    jobs = [(run.key, run.config(raw).as_dict()) for run in runs]
+    local_data = str(data_dir) if data_dir is not None else None
+    if ray or address is not None:
+        for key, result in sweep.simulate_on_ray(
+            jobs, data_dir=Path(data_dir) if data_dir else None, address=address, workers=workers
+        ):
+            finished(key, result)
+    else:
+        for key, run_raw in jobs:
+            finished(key, sweep.run_simulation(run_raw, local_data, workers))
+    summaries = {key: result["summary"] for key, result in results.items()}
+    rounds = {key: pd.DataFrame(result["rows"]) for key, result in results.items()}
+    table, rounds, keys = sweep.results_table(list(by_key.values()), summaries, rounds)
+    if folder is not None:
+        from fairclip.sims.report import write_report
+
+        sweep.write_summary(folder, table)
+        write_report(folder, table, rounds, keys, f"fairclip compare: {runs[0].config(raw).scenario.name}")
+    return Comparison(table=table, rounds=rounds, summaries=summaries, folder=folder)

@@ -49,14 +49,14 @@ class ImageTask(_classification_task_class()):
     """fairclip's classification task on synthetic 28×28 images with a benchmark model."""
 
     def __init__(self, config, model_name: str):
-        from fairclip.sims.classification import FederatedData
+        from fairclip.sims.federated_dataset import FederatedDataset
 
         num_clients, per_client = config.federation.num_clients, config.scenario.examples_per_client
         data = synthetic_images(
             num_clients, per_client, config.scenario.test_examples_per_cohort, config.seed
         )
         cohort_names = ["majority", "minority"]
-        federated = FederatedData(
+        federated = FederatedDataset(
             train_x=data["train_x"],
             train_y=data["train_y"],
             client_indices=[np.arange(i * per_client, (i + 1) * per_client) for i in range(num_clients)],
@@ -69,7 +69,11 @@ class ImageTask(_classification_task_class()):
             num_classes=NUM_CLASSES,
         )
         self._hold(
-            federated, cohort_names, config.training, config.seed, lambda: build_bench_model(model_name)
+            federated,
+            cohort_names,
+            config.training,
+            config.seed,
+            lambda _shape, _classes: build_bench_model(model_name),
         )
 
 

@@ -1,6 +1,6 @@
 """The ``classification`` task: clients train a torch model on their own examples.
 
-A scenario's data becomes :class:`FederatedData`: every client's training examples, its cohort,
+A scenario's data becomes a :class:`FederatedDataset`: every client's training examples, its cohort,
 and the test set with one weight vector per cohort (the cohort's test distribution). The
 synthetic dataset generates each cohort's clients and test examples from the cohort's own
 distribution; real datasets are loaded, optionally skewed, and partitioned
@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +18,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from fairclip.client.models import build_model, model_to_vector
+from fairclip.client.models import MODELS, build_model, model_to_vector
 from fairclip.client.training import (
     ONE_STEP_ROWS_PER_CALL,
     LocalTraining,
@@ -30,25 +29,12 @@ from fairclip.client.training import (
 from fairclip.server.evaluation import evaluate
 from fairclip.sims.config import ClassificationSpec, TrainingSpec
 from fairclip.sims.data import cohort_client_counts
+from fairclip.sims.federated_dataset import FederatedDataset
 from fairclip.sims.randomness import Stream, rng
 from fairclip.sims.synthetic import sample_cohort
 
 
-@dataclass(frozen=True)
-class FederatedData:
-    """Training examples per client and a test set weighted per cohort."""
-
-    train_x: np.ndarray
-    train_y: np.ndarray
-    client_indices: list[np.ndarray]
-    client_cohorts: np.ndarray
-    test_x: np.ndarray
-    test_y: np.ndarray
-    cohort_weights: dict[str, np.ndarray]
-    num_classes: int
-
-
-def synthetic_data(spec: ClassificationSpec, num_clients: int, seed: int) -> FederatedData:
+def synthetic_data(spec: ClassificationSpec, num_clients: int, seed: int) -> FederatedDataset:
     """Each client of cohort k holds ``examples_per_client`` draws of cohort k's distribution."""
     generator = rng(seed, Stream.DATA)
     cohorts = list(spec.cohorts.values())
@@ -65,7 +51,7 @@ def synthetic_data(spec: ClassificationSpec, num_clients: int, seed: int) -> Fed
     per_client = spec.examples_per_client
     client_indices = [np.arange(i * per_client, (i + 1) * per_client) for i in range(num_clients)]
     test_owner = np.repeat(np.arange(len(cohorts)), spec.test_examples_per_cohort)
-    return FederatedData(
+    return FederatedDataset(
         train_x=np.concatenate([x for x, _ in train_parts]),
         train_y=np.concatenate([y for _, y in train_parts]),
         client_indices=client_indices,
@@ -79,13 +65,35 @@ def synthetic_data(spec: ClassificationSpec, num_clients: int, seed: int) -> Fed
 
 def federated_data(
     spec: ClassificationSpec, num_clients: int, seed: int, data_dir: Path | None
-) -> FederatedData:
+) -> FederatedDataset:
     """The data of a classification scenario."""
     if spec.dataset == "synthetic":
         return synthetic_data(spec, num_clients, seed)
     from fairclip.sims.real_data import real_federated_data
 
     return real_federated_data(spec, num_clients, seed, data_dir)
+
+
+def model_factory(reference: str) -> str | Callable[[tuple[int, ...], int], nn.Module]:
+    """A built-in model's name as it is, or the factory a plug-in reference names
+    (:mod:`fairclip.plugins`)."""
+    if reference in MODELS:
+        return reference
+    from fairclip.plugins import resolve
+
+    factory = resolve("model", reference)
+    if not callable(factory):
+        raise ValueError(f"model {reference!r} is {factory!r}, not a callable (input_shape, num_classes)")
+    return factory
+
+
+def checked_model(model: object) -> nn.Module:
+    """What a model factory returned, if it is a torch module with parameters."""
+    if not isinstance(model, nn.Module):
+        raise ValueError(f"the model factory returned {type(model).__name__}, not a torch.nn.Module")
+    if not any(True for _ in model.parameters()):
+        raise ValueError("the model factory returned a module without parameters")
+    return model
 
 
 class ClassificationTask:
@@ -100,18 +108,32 @@ class ClassificationTask:
         data_dir: Path | None = None,
     ):
         data = federated_data(spec, num_clients, seed, data_dir)
-        self._hold(data, list(spec.cohorts), training, seed, spec.model)
+        self._hold(data, list(spec.cohorts), training, seed, model_factory(spec.model))
+
+    @classmethod
+    def from_dataset(
+        cls,
+        data: FederatedDataset,
+        training: TrainingSpec,
+        seed: int,
+        model: str | Callable[[tuple[int, ...], int], nn.Module],
+    ) -> ClassificationTask:
+        """The task of a user's dataset and model (a built-in model name, or a factory called
+        with the input shape and the number of classes)."""
+        task = cls.__new__(cls)
+        task._hold(data, data.cohort_names, training, seed, model)
+        return task
 
     def _hold(
         self,
-        data: FederatedData,
+        data: FederatedDataset,
         cohort_names: list[str],
         training: TrainingSpec,
         seed: int,
-        model: str | Callable[[], nn.Module],
+        model: str | Callable[[tuple[int, ...], int], nn.Module],
     ) -> None:
         """Keep ``data`` as tensors and build the model (a name of :func:`build_model`, or a
-        factory) with the scenario's seed."""
+        factory of (input shape, number of classes)) with the scenario's seed."""
         # Per-client steps on small models: torch's intra-op threads cost far more than they
         # save (measured 1.1 ms vs 58 ms per client on 2 cores), and one thread keeps results
         # identical across processes. Parallelism comes from Ray, one process per core.
@@ -132,7 +154,7 @@ class ClassificationTask:
         if isinstance(model, str):
             self.model = build_model(model, tuple(data.train_x.shape[1:]), data.num_classes)
         else:
-            self.model = model()
+            self.model = checked_model(model(tuple(data.train_x.shape[1:]), data.num_classes))
         self._initial = model_to_vector(self.model)
         self.evaluation_model = copy.deepcopy(self.model)
         """Evaluation's own copy: :func:`predict` may change its memory format."""

@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 
 import pandas as pd
 
-from fairclip.sims.config import RunConfig, apply_overrides, validate
+from fairclip.sims.config import RunConfig, set_value, validate
 from fairclip.sims.errors import ConfigError
 from fairclip.sims.outputs import json_normalised, write_csv, write_json
 
@@ -42,10 +42,10 @@ class RunSpec:
 
     def config(self, raw: dict[str, Any]) -> RunConfig:
         """The configuration of this run: the scenario with strategy, ε and seed set."""
-        overrides = [f"strategy.name={self.strategy}", f"seed={self.seed}"]
+        raw = set_value(set_value(raw, "strategy.name", self.strategy), "seed", self.seed)
         if self.target_epsilon is not None and self.strategy != REFERENCE:
-            overrides.append(f"privacy.target_epsilon={self.target_epsilon!r}")
-        return validate(apply_overrides(raw, overrides))
+            raw = set_value(raw, "privacy.target_epsilon", float(self.target_epsilon))
+        return validate(raw)
 
 
 def plan_runs(
@@ -154,11 +154,18 @@ def pending_runs(raw: dict[str, Any], runs: list[RunSpec], out: Path, resume: bo
     return [run for run in runs if finished_summary(out / "runs" / run.key, run.config(raw)) is None]
 
 
-def run_simulation(raw_config: dict[str, Any], data_dir: str | None, workers: int = 1) -> dict[str, Any]:
+def run_simulation(
+    raw_config: dict[str, Any], data_dir: str | None, workers: int = 1, plugins: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """Simulate one run in this process (the local engine with ``workers`` threads); returns its
-    rows and summary."""
+    rows and summary. ``plugins`` is the starting process's :func:`fairclip.plugins.snapshot`
+    (its registered policies, models and datasets, and its import path)."""
     from fairclip.sims.engine import LocalExecutor, build_task, simulate
 
+    if plugins is not None:
+        from fairclip.plugins import restore
+
+        restore(plugins)
     config = validate(raw_config)
     task = build_task(config, Path(data_dir) if data_dir else None)
     result = simulate(config, task, lambda task, policy: LocalExecutor(task, policy, workers))
@@ -182,8 +189,12 @@ def simulate_on_ray(
     cpus = ray.cluster_resources().get("CPU", 0)
     if workers > cpus:  # such a task would wait forever
         raise ConfigError(f"--workers {workers} is more than the Ray cluster's {cpus:g} CPUs")
+    from fairclip.plugins import snapshot
+
     remote = ray.remote(num_cpus=workers)(run_simulation)
-    futures = {remote.remote(raw, str(data_dir) if data_dir else None, workers): item for item, raw in jobs}
+    plugins = ray.put(snapshot())  # once for all tasks: registered datasets may be large
+    folder = str(data_dir) if data_dir else None
+    futures = {remote.remote(raw, folder, workers, plugins): item for item, raw in jobs}
     remaining = list(futures)
     while remaining:
         done, remaining = ray.wait(remaining, num_returns=1)
@@ -222,9 +233,17 @@ def load_results(
     out: Path, runs: Iterable[RunSpec]
 ) -> tuple[pd.DataFrame, dict[str, pd.DataFrame], dict[str, tuple[str, float]]]:
     """``summary.csv`` rows (per run and cohort, with privacy cost against `none`), each run's
-    rounds, and each run's (strategy, target ε) by key."""
+    rounds, and each run's (strategy, target ε) by key, read from the run folders in ``out``."""
+    runs = list(runs)
     summaries = {run.key: json.loads((out / "runs" / run.key / "summary.json").read_text()) for run in runs}
     rounds = {run.key: pd.read_csv(out / "runs" / run.key / "rounds.csv") for run in runs}
+    return results_table(runs, summaries, rounds)
+
+
+def results_table(
+    runs: list[RunSpec], summaries: dict[str, dict[str, Any]], rounds: dict[str, pd.DataFrame]
+) -> tuple[pd.DataFrame, dict[str, pd.DataFrame], dict[str, tuple[str, float]]]:
+    """As :func:`load_results`, from each run's summary and rounds by key (held in memory)."""
     references = {run.seed: summaries[run.key] for run in runs if run.strategy == REFERENCE}
     rows = []
     keys = {run.key: (run.strategy, _target(run, summaries[run.key])) for run in runs}

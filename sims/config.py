@@ -20,7 +20,8 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from fairclip.sims.errors import ConfigError
-from fairclip.strategies import POLICIES, PolicyConfigError, build_policy, policy_parameters
+from fairclip.strategies import PolicyConfigError, build_policy, policy_parameters
+from fairclip.strategies.registry import policy_class
 
 SCENARIO_DIR = Path(__file__).parent / "scenarios"
 
@@ -103,7 +104,9 @@ class ClassificationSpec(_ScenarioBase):
 
     task: Literal["classification"]
     dataset: Literal["synthetic", "mnist", "fashion-mnist", "adult", "dutch"]
-    model: Literal["logistic", "mlp", "cnn", "tanh-cnn"] = "logistic"
+    model: str = "logistic"
+    """A built-in model (``logistic``, ``mlp``, ``cnn``, ``tanh-cnn``) or a plug-in model factory
+    (:mod:`fairclip.plugins`: a registered name, an entry point or ``package.module:factory``)."""
     partition: Literal["cohort", "iid", "dirichlet", "per-example"] = "cohort"
     """``per-example``: one client per training example (federation.num_clients = that number)."""
     dirichlet_alpha: PositiveFloat = 0.5
@@ -121,6 +124,11 @@ class ClassificationSpec(_ScenarioBase):
     test_examples_per_cohort: Annotated[int, Field(ge=1)] = 2000
     """Test examples generated per cohort (dataset ``synthetic``)."""
     cohorts: dict[str, ClassificationCohortSpec]
+
+    @field_validator("model")
+    @classmethod
+    def _model_resolves(cls, reference: str) -> str:
+        return check_model(reference)
 
     @model_validator(mode="after")
     def _cohort_rules_fit_the_dataset(self) -> ClassificationSpec:
@@ -142,6 +150,53 @@ class ClassificationSpec(_ScenarioBase):
         if self.partition == "per-example" and self.dataset == "synthetic":
             raise ValueError("partition: per-example needs a real dataset")
         return self
+
+
+BUILTIN_MODELS = ("logistic", "mlp", "cnn", "tanh-cnn")
+"""The models of :mod:`fairclip.client.models` (named here so that validation needs no torch)."""
+
+
+def check_model(reference: str) -> str:
+    """A built-in model's name, or a plug-in reference that resolves (its module imported)."""
+    if reference not in BUILTIN_MODELS:
+        _resolve("model", reference, f"built-in: {', '.join(BUILTIN_MODELS)}")
+    return reference
+
+
+def _resolve(kind: Any, reference: str, known: str) -> Any:
+    from fairclip.plugins import PluginError, resolve
+
+    try:
+        return resolve(kind, reference)
+    except PluginError as error:
+        raise ValueError(f"{error} ({known}; or package.module:attribute)") from None
+
+
+class FederatedDatasetSpec(_Section):
+    """``federated-dataset``: the user's own classification data, a :class:`fairclip.FederatedDataset`
+    from a plug-in, with the cohorts it defines. ``dataset`` names a dataset object or a loader
+    ``(num_clients, seed, **options) -> FederatedDataset`` (a registered name, an entry point of
+    ``fairclip.datasets`` or ``package.module:loader``); ``options`` are the loader's keyword
+    arguments."""
+
+    name: str
+    description: str = ""
+    task: Literal["federated-dataset"]
+    dataset: str
+    options: dict[str, Any] = {}
+    model: str = "logistic"
+    """As :attr:`ClassificationSpec.model`."""
+
+    @field_validator("model")
+    @classmethod
+    def _model_resolves(cls, reference: str) -> str:
+        return check_model(reference)
+
+    @field_validator("dataset")
+    @classmethod
+    def _dataset_resolves(cls, reference: str) -> str:
+        _resolve("dataset", reference, "a registered name, an entry point")
+        return reference
 
 
 class FederationSpec(_Section):
@@ -181,7 +236,7 @@ class StrategySpec(_Section):
 
 class RunConfig(_Section):
     seed: Annotated[int, Field(ge=0)] = 0
-    scenario: Annotated[ScenarioSpec | ClassificationSpec, Field(discriminator="task")]
+    scenario: Annotated[ScenarioSpec | ClassificationSpec | FederatedDatasetSpec, Field(discriminator="task")]
     federation: FederationSpec
     training: TrainingSpec
     strategy: StrategySpec
@@ -282,13 +337,19 @@ def resolve_strategy(raw_strategy: dict[str, Any], num_cohorts: int) -> Strategy
     if not isinstance(raw_strategy, dict) or "name" not in raw_strategy:
         raise ConfigError("strategy.name is required")
     name = raw_strategy["name"]
-    if name not in POLICIES:
-        raise ConfigError(f"strategy.name: unknown strategy {name!r} (known: {', '.join(POLICIES)})")
+    if not isinstance(name, str):
+        raise ConfigError(f"strategy.name must be a string (got {name!r})")
+    try:
+        policy_class(name)  # a built-in, a registered plug-in or an import path
+    except PolicyConfigError as error:
+        raise ConfigError(f"strategy.name: {error}") from None
     direct = {k: v for k, v in raw_strategy.items() if k != "name" and not isinstance(v, dict)}
     for policy_name, table in raw_strategy.items():
         if isinstance(table, dict):
-            if policy_name not in POLICIES:
-                raise ConfigError(f"strategy.{policy_name}: no strategy of that name")
+            try:
+                policy_class(policy_name)
+            except PolicyConfigError as error:
+                raise ConfigError(f"strategy.{policy_name}: {error}") from None
             _check_keys(policy_name, table, f"strategy.{policy_name}")
     params = {**raw_strategy.get(name, {}), **direct}
     _check_keys(name, params, "strategy")

@@ -167,7 +167,18 @@ def build_task(config: RunConfig, data_dir: Path | None = None) -> Task:
             from fairclip.sims.mean_estimation import MeanEstimationTask
 
             return MeanEstimationTask(config.scenario, config.federation.num_clients, config.seed)
-        from fairclip.sims.classification import ClassificationTask
+        from fairclip.sims.classification import ClassificationTask, model_factory
+
+        if config.scenario.task == "federated-dataset":
+            from fairclip.sims.federated_dataset import load_federated_dataset
+
+            scenario = config.scenario
+            data = load_federated_dataset(
+                scenario.dataset, scenario.options, config.federation.num_clients, config.seed
+            )
+            return ClassificationTask.from_dataset(
+                data, config.training, config.seed, model_factory(scenario.model)
+            )
 
         return ClassificationTask(
             config.scenario, config.training, config.federation.num_clients, config.seed, data_dir

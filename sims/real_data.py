@@ -15,7 +15,6 @@ from pathlib import Path
 
 import numpy as np
 
-from fairclip.sims.classification import FederatedData
 from fairclip.sims.config import ClassificationSpec
 from fairclip.sims.data import (
     CohortRule,
@@ -32,6 +31,7 @@ from fairclip.sims.data import (
     resolve_data_dir,
     skew_class,
 )
+from fairclip.sims.federated_dataset import FederatedDataset
 from fairclip.sims.randomness import Stream, rng
 
 
@@ -126,11 +126,11 @@ def training_examples(spec: ClassificationSpec, data_dir: Path | None, seed: int
 
 def real_federated_data(
     spec: ClassificationSpec, num_clients: int, seed: int, data_dir: Path | None
-) -> FederatedData:
+) -> FederatedDataset:
     """Load and partition a real dataset."""
     dataset = load(spec, data_dir, seed)
     split = partition(spec, dataset, num_clients, seed)
-    return FederatedData(
+    return FederatedDataset(
         train_x=dataset.x_train,
         train_y=dataset.y_train,
         client_indices=split.client_indices,

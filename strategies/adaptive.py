@@ -23,10 +23,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from fairclip.strategies import checks, reports
+from fairclip.strategies import reports
 from fairclip.strategies.base import Broadcast, Policy, geometric_update, noisy_fraction
 from fairclip.strategies.clipping import hard_clip
 from fairclip.strategies.constant import BoundState
+from fairclip.strategies.params import Fraction, NonNegativeFinite, PolicyParams, PositiveFinite
 
 
 class AdaptiveClipping(Policy):
@@ -34,22 +35,26 @@ class AdaptiveClipping(Policy):
 
     name = "adaptive"
 
-    def __init__(
-        self,
-        *,
-        initial_bound: float = 1.0,
-        target_quantile: float = 0.5,
-        threshold_multiplier: float = 2.5,
-        bound_lr: float = 0.2,
-        num_cohorts: int = 1,
-        normalize: bool = False,
-    ):
-        super().__init__(num_cohorts=num_cohorts, normalize=normalize)
-        self.initial_bound = checks.positive("initial_bound", initial_bound)
-        self.target_quantile = checks.fraction("target_quantile", target_quantile)
-        self.threshold_multiplier = checks.positive("threshold_multiplier", threshold_multiplier)
-        self.bound_lr = checks.non_negative("bound_lr", bound_lr)
-        self.lower_bound = 0.0
+    class Params(PolicyParams):
+        initial_bound: PositiveFinite = 1.0
+        """C_0."""
+        target_quantile: Fraction = 0.5
+        """γ, the fraction of updates the bound aims to leave above τ·C_t."""
+        threshold_multiplier: PositiveFinite = 2.5
+        """τ: a client reports whether ||Δ_i|| > τ·C_t."""
+        bound_lr: NonNegativeFinite = 0.2
+        """η_C."""
+
+    initial_bound: float
+    target_quantile: float
+    threshold_multiplier: float
+    bound_lr: float
+    lower_bound: float
+
+    def __init__(self, *, num_cohorts: int = 1, **params: object) -> None:
+        super().__init__(num_cohorts=num_cohorts, **params)
+        self.lower_bound = float(getattr(self.params, "lower_bound", 0.0))
+        """The floor C_LB of the bound (0: none; ``bounded`` sets one)."""
 
     def initial_state(self, dim: int) -> BoundState:
         return BoundState(self.initial_bound)

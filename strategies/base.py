@@ -42,9 +42,10 @@ from typing import Any, ClassVar, Protocol
 
 import numpy as np
 
-from fairclip.strategies import checks, reports
+from fairclip.strategies import reports
 from fairclip.strategies.clipping import clip_rows_with_norms, row_norms
 from fairclip.strategies.errors import PolicyConfigError
+from fairclip.strategies.params import PolicyParams
 
 State = Any
 """A policy's state: an immutable dataclass owned by the policy (for example the bound C_t)."""
@@ -160,11 +161,20 @@ class Policy(ABC):
     private: ClassVar[bool] = True
     """False only for ``none``, the non-private reference."""
 
-    def __init__(self, *, num_cohorts: int = 1, normalize: bool = False) -> None:
-        if num_cohorts < 1:
-            raise PolicyConfigError(f"num_cohorts must be >= 1 (got {num_cohorts})")
+    Params: ClassVar[type[PolicyParams]] = PolicyParams
+    """The policy's parameter schema (:mod:`fairclip.strategies.params`): names, types, ranges and
+    defaults of what a scenario's ``[strategy]`` table may set for it."""
+
+    def __init__(self, *, num_cohorts: int = 1, **params: Any) -> None:
+        """Check ``params`` against :attr:`Params` (one :class:`PolicyConfigError` line naming the
+        first bad parameter) and keep them: as ``self.params`` and as attributes of the same
+        names. ``num_cohorts`` is the scenario's number of cohorts, set by the engine."""
+        if isinstance(num_cohorts, bool) or not isinstance(num_cohorts, int) or num_cohorts < 1:
+            raise PolicyConfigError(f"num_cohorts must be an integer >= 1 (got {num_cohorts!r})")
         self.num_cohorts = int(num_cohorts)
-        self.normalize = checks.flag("normalize", normalize)
+        self.params = type(self).Params.parse(params, getattr(type(self), "name", type(self).__name__))
+        for key, value in self.params:
+            setattr(self, key, value)
 
     # ----- what a policy defines -------------------------------------------------------
     @abstractmethod

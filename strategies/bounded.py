@@ -10,9 +10,10 @@ larger updates are cut to almost nothing (seed 000, Figure 1); C_LB keeps them i
 
 from __future__ import annotations
 
-from fairclip.strategies import checks
+from pydantic import model_validator
+
 from fairclip.strategies.adaptive import AdaptiveClipping
-from fairclip.strategies.errors import PolicyConfigError
+from fairclip.strategies.params import PositiveFinite, lower_bound_within
 
 
 class BoundedAdaptiveClipping(AdaptiveClipping):
@@ -24,26 +25,11 @@ class BoundedAdaptiveClipping(AdaptiveClipping):
 
     name = "bounded"
 
-    def __init__(
-        self,
-        *,
-        lower_bound: float | None = None,
-        initial_bound: float = 1.0,
-        target_quantile: float = 0.5,
-        threshold_multiplier: float = 2.5,
-        bound_lr: float = 0.2,
-        num_cohorts: int = 1,
-        normalize: bool = False,
-    ):
-        super().__init__(
-            initial_bound=initial_bound,
-            target_quantile=target_quantile,
-            threshold_multiplier=threshold_multiplier,
-            bound_lr=bound_lr,
-            num_cohorts=num_cohorts,
-            normalize=normalize,
-        )
-        if lower_bound is None:
-            raise PolicyConfigError("policy 'bounded' needs lower_bound (C_LB > 0)")
-        self.lower_bound = checks.positive("lower_bound", lower_bound)
-        checks.lower_bound_within(self.lower_bound, self.initial_bound)
+    class Params(AdaptiveClipping.Params):
+        lower_bound: PositiveFinite
+        """C_LB > 0, required, at most C_0."""
+
+        @model_validator(mode="after")
+        def _floor_within_start(self) -> BoundedAdaptiveClipping.Params:
+            lower_bound_within(self.lower_bound, self.initial_bound)
+            return self

@@ -20,8 +20,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fairclip.strategies import checks, reports
+from fairclip.strategies import reports
 from fairclip.strategies.base import Broadcast, Policy, exponential_step, noisy_fraction
+from fairclip.strategies.params import NonNegativeFinite, PolicyParams, PositiveFinite
 
 
 @dataclass(frozen=True)
@@ -36,21 +37,20 @@ class GlobalAdaptiveScaling(Policy):
 
     name = "global-adapt"
 
-    def __init__(
-        self,
-        *,
-        initial_bound: float = 1.0,
-        scale_threshold: float = 50.0,
-        threshold_lr: float = 0.1,
-        threshold_multiplier: float = 1.0,
-        num_cohorts: int = 1,
-        normalize: bool = False,
-    ):
-        super().__init__(num_cohorts=num_cohorts, normalize=normalize)
-        self.initial_bound = checks.positive("initial_bound", initial_bound)
-        self.scale_threshold = checks.positive("scale_threshold", scale_threshold)
-        self.threshold_lr = checks.non_negative("threshold_lr", threshold_lr)
-        self.threshold_multiplier = checks.positive("threshold_multiplier", threshold_multiplier)
+    class Params(PolicyParams):
+        initial_bound: PositiveFinite = 1.0
+        """C."""
+        scale_threshold: PositiveFinite = 50.0
+        """Z_0, the starting threshold."""
+        threshold_lr: NonNegativeFinite = 0.1
+        """η_Z."""
+        threshold_multiplier: PositiveFinite = 1.0
+        """Multiplies Z_t in the report indicator."""
+
+    initial_bound: float
+    scale_threshold: float
+    threshold_lr: float
+    threshold_multiplier: float
 
     def initial_state(self, dim: int) -> ThresholdState:
         return ThresholdState(self.scale_threshold)

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from fairclip.strategies import checks
 from fairclip.strategies.base import Broadcast, Policy
+from fairclip.strategies.params import PolicyParams, PositiveFinite
 
 
 class GlobalScaling(Policy):
@@ -23,17 +23,14 @@ class GlobalScaling(Policy):
 
     name = "global"
 
-    def __init__(
-        self,
-        *,
-        initial_bound: float = 1.0,
-        scale_threshold: float = 50.0,
-        num_cohorts: int = 1,
-        normalize: bool = False,
-    ):
-        super().__init__(num_cohorts=num_cohorts, normalize=normalize)
-        self.initial_bound = checks.positive("initial_bound", initial_bound)
-        self.scale_threshold = checks.positive("scale_threshold", scale_threshold)
+    class Params(PolicyParams):
+        initial_bound: PositiveFinite = 1.0
+        """C."""
+        scale_threshold: PositiveFinite = 50.0
+        """Z."""
+
+    initial_bound: float
+    scale_threshold: float
 
     def initial_state(self, dim: int) -> None:
         return None

@@ -25,9 +25,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fairclip.strategies import checks, reports
+from fairclip.strategies import reports
 from fairclip.strategies.base import Broadcast, Policy, exponential_step
 from fairclip.strategies.clipping import clip_rows, hard_clip
+from fairclip.strategies.params import NonNegativeFinite, PolicyParams, PositiveFinite
 
 
 @dataclass(frozen=True)
@@ -56,21 +57,20 @@ class OnlineSensitivityClipping(Policy):
 
     name = "online"
 
-    def __init__(
-        self,
-        *,
-        initial_bound: float = 0.1,
-        bound_lr: float = 2.5e-3,
-        adapt_server_lr: bool = False,
-        server_lr_rate: float = 2.5e-3,
-        num_cohorts: int = 1,
-        normalize: bool = False,
-    ):
-        super().__init__(num_cohorts=num_cohorts, normalize=normalize)
-        self.initial_bound = checks.positive("initial_bound", initial_bound)
-        self.bound_lr = checks.non_negative("bound_lr", bound_lr)
-        self.adapt_server_lr = checks.flag("adapt_server_lr", adapt_server_lr)
-        self.server_lr_rate = checks.non_negative("server_lr_rate", server_lr_rate)
+    class Params(PolicyParams):
+        initial_bound: PositiveFinite = 0.1
+        """C_0."""
+        bound_lr: NonNegativeFinite = 2.5e-3
+        """ρ_C."""
+        adapt_server_lr: bool = False
+        """Whether the server learning rate adapts too."""
+        server_lr_rate: NonNegativeFinite = 2.5e-3
+        """ρ_η."""
+
+    initial_bound: float
+    bound_lr: float
+    adapt_server_lr: bool
+    server_lr_rate: float
 
     def initial_state(self, dim: int) -> OnlineState:
         return OnlineState(bound=self.initial_bound)

@@ -28,9 +28,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fairclip.strategies import checks, reports
+from fairclip.strategies import reports
 from fairclip.strategies.base import Broadcast, Policy
 from fairclip.strategies.clipping import hard_clip
+from fairclip.strategies.params import PolicyParams, PositiveFinite
 
 
 @dataclass(frozen=True)
@@ -46,9 +47,11 @@ class PerCohortClipping(Policy):
     name = "per-cohort"
     needs_cohorts = True
 
-    def __init__(self, *, initial_bound: float = 1.0, num_cohorts: int = 1, normalize: bool = False):
-        super().__init__(num_cohorts=num_cohorts, normalize=normalize)
-        self.initial_bound = checks.positive("initial_bound", initial_bound)
+    class Params(PolicyParams):
+        initial_bound: PositiveFinite = 1.0
+        """C_0."""
+
+    initial_bound: float
 
     def initial_state(self, dim: int) -> CohortBoundsState:
         return CohortBoundsState((self.initial_bound,) * self.num_cohorts)

@@ -16,10 +16,18 @@ bound follows the geometric rule of ``adaptive``
 from __future__ import annotations
 
 import numpy as np
+from pydantic import model_validator
 
-from fairclip.strategies import checks, reports
+from fairclip.strategies import reports
 from fairclip.strategies.base import Broadcast, Policy, geometric_update, noisy_fraction
 from fairclip.strategies.constant import BoundState
+from fairclip.strategies.params import (
+    Fraction,
+    NonNegativeFinite,
+    PolicyParams,
+    PositiveFinite,
+    lower_bound_within,
+)
 
 
 class SoftClipping(Policy):
@@ -27,28 +35,34 @@ class SoftClipping(Policy):
 
     name = "soft"
 
-    def __init__(
-        self,
-        *,
-        initial_bound: float = 1.0,
-        adaptive: bool = True,
-        target_quantile: float = 0.5,
-        threshold_multiplier: float = 1.0,
-        bound_lr: float = 0.2,
-        lower_bound: float = 0.0,
-        tanh_epsilon: float = 1e-6,
-        num_cohorts: int = 1,
-        normalize: bool = False,
-    ):
-        super().__init__(num_cohorts=num_cohorts, normalize=normalize)
-        self.initial_bound = checks.positive("initial_bound", initial_bound)
-        self.adaptive = checks.flag("adaptive", adaptive)
-        self.target_quantile = checks.fraction("target_quantile", target_quantile)
-        self.threshold_multiplier = checks.positive("threshold_multiplier", threshold_multiplier)
-        self.bound_lr = checks.non_negative("bound_lr", bound_lr)
-        self.lower_bound = checks.non_negative("lower_bound", lower_bound)
-        self.tanh_epsilon = checks.positive("tanh_epsilon", tanh_epsilon)
-        checks.lower_bound_within(self.lower_bound, self.initial_bound)
+    class Params(PolicyParams):
+        initial_bound: PositiveFinite = 1.0
+        """C_0."""
+        adaptive: bool = True
+        """Whether the bound adapts (as ``adaptive``); false keeps it at C_0."""
+        target_quantile: Fraction = 0.5
+        """γ."""
+        threshold_multiplier: PositiveFinite = 1.0
+        """τ."""
+        bound_lr: NonNegativeFinite = 0.2
+        """η_C."""
+        lower_bound: NonNegativeFinite = 0.0
+        """C_LB (0: no floor), at most C_0."""
+        tanh_epsilon: PositiveFinite = 1e-6
+        """ε of the tanh transform's small-norm guard."""
+
+        @model_validator(mode="after")
+        def _floor_within_start(self) -> SoftClipping.Params:
+            lower_bound_within(self.lower_bound, self.initial_bound)
+            return self
+
+    initial_bound: float
+    adaptive: bool
+    target_quantile: float
+    threshold_multiplier: float
+    bound_lr: float
+    lower_bound: float
+    tanh_epsilon: float
 
     def initial_state(self, dim: int) -> BoundState:
         return BoundState(self.initial_bound)

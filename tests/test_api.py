@@ -61,9 +61,19 @@ def test_the_readme_example_runs_as_written():
     from pathlib import Path
 
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    section = readme.split("## Python API", 1)[1]
-    example = section.split("```python\n", 1)[1].split("```", 1)[0]
+    section = readme.split("## Python API", 1)[1].split("\n## ", 1)[0]
+    examples = [block.split("```", 1)[0] for block in section.split("```python\n")[1:]]
+    assert len(examples) == 2
     namespace: dict = {}
-    exec(compile(example, "README.md (Python API)", "exec"), namespace)
+    exec(compile(examples[0], "README.md (Python API)", "exec"), namespace)
     result = namespace["result"]
     assert result.privacy["rounds"] == 20 and result.epsilon <= 4.0
+
+    mine: dict = {}
+    exec(compile(examples[1], "README.md (Python API, your own data)", "exec"), mine)
+    table = mine["comparison"].table
+    assert set(table["strategy"]) == {"none", "constant", "bounded"}
+    assert set(table["cohort"]) == {"majority", "minority"}
+    private = table[table["strategy"] != "none"]
+    assert private["epsilon"].between(3.5, 4.0).all()
+    assert table.loc[table["strategy"] == "none", "accuracy"].min() > 0.6  # the MLP learned
