@@ -83,7 +83,7 @@ def run_floor(quick: bool) -> Measurement:
     import torch
     from torch import nn
 
-    from fairclip.sims.randomness import poisson_sample
+    from fairclip.strategies.randomness import poisson_sample
 
     from .images import synthetic_images, w1_cnn
 

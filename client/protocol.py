@@ -98,3 +98,39 @@ def _config_value(value: Any) -> Any:
     if isinstance(value, np.generic):
         return value.item()
     return value
+
+
+POLICY_KEY = "fairclip.policy"
+PARAM_PREFIX = "fairclip.param."
+BROADCAST_PREFIX = "fairclip.broadcast."
+"""Keys of fairclip's entries in a train config of the user's own Flower app
+(:class:`fairclip.server.dp_strategy.DifferentialPrivacy` and :func:`fairclip.client.mod.fairclip_mod`)."""
+
+
+def policy_reference(policy: Any) -> str:
+    """How a client finds ``policy``'s class: its built-in name, else ``module:QualifiedName``."""
+    from fairclip.strategies import POLICIES
+
+    if POLICIES.get(policy.name) is type(policy):
+        return policy.name
+    return f"{type(policy).__module__}:{type(policy).__qualname__}"
+
+
+def write_policy_config(config: ConfigRecord, policy: Any, params: dict[str, Any]) -> None:
+    """Put the policy (its reference and parameters) and its public broadcast into ``config``."""
+    config[POLICY_KEY] = policy_reference(policy)
+    for key, value in policy.params:
+        config[PARAM_PREFIX + key] = _config_value(value)
+    for key, value in params.items():
+        config[BROADCAST_PREFIX + key] = _config_value(value)
+
+
+def read_policy_config(config: ConfigRecord) -> tuple[str, dict[str, Any], dict[str, Any]] | None:
+    """(policy reference, parameters, broadcast) from a train config, or ``None`` if it has none."""
+    if POLICY_KEY not in config:
+        return None
+    params = {k.removeprefix(PARAM_PREFIX): v for k, v in config.items() if k.startswith(PARAM_PREFIX)}
+    broadcast = {
+        k.removeprefix(BROADCAST_PREFIX): v for k, v in config.items() if k.startswith(BROADCAST_PREFIX)
+    }
+    return str(config[POLICY_KEY]), params, broadcast

@@ -30,8 +30,8 @@ from fairclip.server.evaluation import evaluate
 from fairclip.sims.config import ClassificationSpec, TrainingSpec
 from fairclip.sims.data import cohort_client_counts
 from fairclip.sims.federated_dataset import FederatedDataset
-from fairclip.sims.randomness import Stream, rng
 from fairclip.sims.synthetic import sample_cohort
+from fairclip.strategies.randomness import Stream, rng
 
 
 def synthetic_data(spec: ClassificationSpec, num_clients: int, seed: int) -> FederatedDataset:

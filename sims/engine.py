@@ -2,7 +2,7 @@
 
 One round t:
 
-1. Poisson sampling of clients with rate q (:func:`fairclip.sims.randomness.poisson_sample`).
+1. Poisson sampling of clients with rate q (:func:`fairclip.strategies.randomness.poisson_sample`).
 2. The policy broadcasts its public parameters; the sampled clients train and their updates
    go through the policy's client side. *Where* that happens is the backend's only job
    (:class:`ClientExecutor`): in this process, or in Ray actors.
@@ -33,10 +33,10 @@ from fairclip.sims.errors import ConfigError
 from fairclip.sims.interrupts import interrupts_deferred
 from fairclip.sims.privacy_plan import json_number, plan_privacy
 from fairclip.sims.provenance import provenance
-from fairclip.sims.randomness import Stream, poisson_sample, rng
 from fairclip.sims.tasks import Task
 from fairclip.strategies import Policy, build_policy
 from fairclip.strategies.base import Broadcast
+from fairclip.strategies.randomness import Stream, poisson_sample, rng
 
 
 class ClientExecutor(Protocol):

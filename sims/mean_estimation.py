@@ -15,7 +15,7 @@ import numpy as np
 from fairclip.client.mean_estimation import local_updates
 from fairclip.sims.config import ScenarioSpec
 from fairclip.sims.data import cohort_client_counts
-from fairclip.sims.randomness import Stream, rng
+from fairclip.strategies.randomness import Stream, rng
 
 
 class MeanEstimationTask:

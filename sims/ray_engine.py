@@ -75,7 +75,17 @@ the benchmarks pass their own, a module-level function so that Ray pickles it by
 class ClientBlocksActor:
     """Holds the task (clients and data) and trains the sampled clients of its blocks."""
 
-    def __init__(self, config: dict[str, Any], data_dir: str | None, task_builder: TaskBuilder | None = None):
+    def __init__(
+        self,
+        config: dict[str, Any],
+        data_dir: str | None,
+        task_builder: TaskBuilder | None = None,
+        plugins: dict[str, Any] | None = None,
+    ):
+        if plugins is not None:  # the driver's registered plug-ins and import path
+            from fairclip.plugins import restore
+
+            restore(plugins)
         self.task: Task = (task_builder or build_task)(validate(config), Path(data_dir) if data_dir else None)
         self.set_policy(config)
 
@@ -125,7 +135,10 @@ class RayExecutor:
         num_actors = max(1, min(num_actors, available, SUM_SHARDS))
         raw = config.as_dict()
         folder = str(data_dir) if data_dir else None
-        actors = [ClientBlocksActor.remote(raw, folder, task_builder) for _ in range(num_actors)]
+        from fairclip.plugins import snapshot
+
+        plugins = ray.put(snapshot())
+        actors = [ClientBlocksActor.remote(raw, folder, task_builder, plugins) for _ in range(num_actors)]
         rows_per_call = ray.get([actor.rows_per_call.remote() for actor in actors])[0]
         return cls(actors, config.federation.num_clients, rows_per_call)
 

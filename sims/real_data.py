@@ -32,7 +32,7 @@ from fairclip.sims.data import (
     skew_class,
 )
 from fairclip.sims.federated_dataset import FederatedDataset
-from fairclip.sims.randomness import Stream, rng
+from fairclip.strategies.randomness import Stream, rng
 
 
 def load(spec: ClassificationSpec, data_dir: Path | None, seed: int) -> Dataset:

@@ -30,7 +30,7 @@ from functools import lru_cache
 from opacus.accountants.utils import get_noise_multiplier
 
 from fairclip.strategies.accountants import PRVAccountantSharedRDP, one_blas_thread, rdp_curve
-from fairclip.strategies.base import NoiseMultipliers
+from fairclip.strategies.base import DPEvent, NoiseMultipliers
 from fairclip.strategies.errors import PolicyConfigError
 
 ACCOUNTANTS = ("prv", "rdp")
@@ -203,3 +203,52 @@ class PrivacyClaim:
         if math.isinf(self.epsilon):
             record["epsilon"] = "inf"
         return record
+
+
+class Accountant:
+    """The privacy spent by what ran, Opacus-style: ``step(event, sample_rate)`` after every round,
+    ``get_epsilon(delta)`` at any time.
+
+    Each round is a sampled Gaussian mechanism (rate q, multiplier σ_eff of the round's
+    :class:`DPEvent`); consecutive rounds with the same (σ_eff, q) are kept as one entry of
+    ``history`` [(σ_eff, q, rounds)], as Opacus keeps it. A history of one entry is accounted by
+    :func:`epsilon` (the same number the privacy plan gives); a mixed history by Opacus'
+    accountant over all entries.
+    """
+
+    def __init__(self, mechanism: str = "prv") -> None:
+        if mechanism not in ACCOUNTANTS:
+            raise PolicyConfigError(f"accountant must be one of {', '.join(ACCOUNTANTS)} (got {mechanism!r})")
+        self.mechanism = mechanism
+        self.history: list[tuple[float, float, int]] = []
+
+    def step(self, event: DPEvent, sample_rate: float) -> None:
+        """Account for one round that released ``event`` with clients sampled at rate q."""
+        sigma = float(event.effective_noise_multiplier)
+        q = float(sample_rate)
+        if self.history and self.history[-1][:2] == (sigma, q):
+            self.history[-1] = (sigma, q, self.history[-1][2] + 1)
+        else:
+            self.history.append((sigma, q, 1))
+
+    @property
+    def rounds(self) -> int:
+        return sum(steps for _, _, steps in self.history)
+
+    def get_epsilon(self, delta: float) -> float:
+        """ε at δ of every round stepped so far (0 before the first; ∞ if one had no noise)."""
+        if not self.history:
+            return 0.0
+        if any(sigma <= 0 for sigma, _, _ in self.history):
+            return math.inf
+        if len(self.history) == 1:
+            sigma, q, steps = self.history[0]
+            return epsilon(sigma, q, steps, delta, self.mechanism)
+        from opacus.accountants import RDPAccountant
+
+        for _, q, steps in self.history:
+            check_privacy_parameters(q, steps, delta, self.mechanism)
+        accountant = RDPAccountant() if self.mechanism == "rdp" else PRVAccountantSharedRDP()
+        accountant.history = list(self.history)
+        with one_blas_thread():
+            return float(accountant.get_epsilon(delta=delta))

@@ -131,6 +131,29 @@ class ClientReports:
 
 
 @dataclass(frozen=True)
+class DPEvent:
+    """What one round released, for the accountant (:class:`fairclip.strategies.accounting.Accountant`).
+
+    The round ran the Gaussian mechanism on the sum of contributions with noise multiplier
+    ``noise_multiplier`` (σ_Δ, relative to the sensitivity s_t the contributions were bounded
+    by) and, where ``report_noise_multiplier`` is not ``None``, on the sum of report vectors
+    (σ_b, sensitivity 1). Together they are one Gaussian mechanism of multiplier
+    σ_eff = (σ_Δ^−2 + σ_b^−2)^−1/2 (0: no noise, no privacy).
+    """
+
+    noise_multiplier: float
+    report_noise_multiplier: float | None = None
+
+    @property
+    def effective_noise_multiplier(self) -> float:
+        if self.report_noise_multiplier is None:
+            return self.noise_multiplier
+        if self.noise_multiplier == 0 or self.report_noise_multiplier == 0:
+            return 0.0
+        return (self.noise_multiplier**-2 + self.report_noise_multiplier**-2) ** -0.5
+
+
+@dataclass(frozen=True)
 class ServerRound:
     """Result of the server side of one round."""
 
@@ -150,6 +173,8 @@ class ServerRound:
     """The noisy sum of report vectors, or ``None`` when the policy releases none."""
     info: dict[str, float] = field(default_factory=dict)
     """Extra public values to log (for example the server learning-rate factor of ``online``)."""
+    event: DPEvent = DPEvent(0.0)
+    """What this round released, for the accountant (no noise: the non-private ``none``)."""
 
 
 class Policy(ABC):
@@ -300,6 +325,7 @@ class Policy(ABC):
             noise_std=noise_std,
             noisy_reports=noisy_reports,
             info=self.round_info(state),
+            event=DPEvent(noise.update, noise.report if noisy_reports is not None else None),
         )
 
 

@@ -191,6 +191,23 @@ def test_compare_own_model_data_and_policy_from_python(research, tmp_path):
     assert (tmp_path / "sweep" / "report.md").read_text().count("hard-schedule") >= 1
 
 
+def test_ray_workers_receive_objects_registered_in_this_process(research, ray_session):
+    """A dataset object, a model function and a policy class that exist only in this process
+    (no import path names them): Ray tasks get them with the registrations, and give the same
+    numbers as the runs in this process."""
+    mine = fairclip.Scenario(
+        "in-memory",
+        dataset=research.load(30, 4),
+        model=lambda shape, classes: research.make_mlp(shape, classes),
+        sample_rate=0.5,
+        rounds=2,
+        settings={"seed": 4, "privacy.noise_multiplier": 0.5},
+    )
+    local = fairclip.compare(mine, strategies=[research.HardSchedule])
+    remote = fairclip.compare(mine, strategies=[research.HardSchedule], ray=True)
+    pd.testing.assert_frame_equal(local.table, remote.table)
+
+
 def test_simulate_trains_the_users_own_model(research):
     result = fairclip.simulate(scenario(research), overrides={"strategy.name": "none"})
     # the MLP of my_research: 4·8 + 8 + 8·2 + 2 parameters, trained

@@ -1,0 +1,287 @@
+"""Issue 19, point 3: fairclip in the user's own Flower app (the DifferentialPrivacy wrapper around
+any strategy, the ClientApp mod), and the example app under examples/ run with `flwr run`."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from flwr.app import (
+    Array,
+    ArrayRecord,
+    ConfigRecord,
+    Context,
+    Message,
+    MessageType,
+    MetricRecord,
+    RecordDict,
+)
+from flwr.serverapp.strategy import FedAvg
+
+import fairclip
+from fairclip.client.protocol import CONTRIBUTION, REPORTS, UPDATE
+from fairclip.flower import DifferentialPrivacy, fairclip_mod
+from fairclip.sims.flower_local import (
+    LOCAL_CONNECTION,
+    kill_sessions_mentioning,
+    local_simulation_env,
+    simulation_options,
+    write_local_simulation,
+)
+from fairclip.strategies import NoiseMultipliers, build_policy
+from fairclip.strategies.accounting import Accountant, epsilon
+from fairclip.strategies.base import DPEvent
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "flower-app"
+BIN = Path(sys.executable).parent
+NODES = 4
+
+
+@pytest.fixture
+def example_task(monkeypatch):
+    monkeypatch.syspath_prepend(str(EXAMPLE))
+    from fairclip_example import task
+
+    return task
+
+
+def engine_run(task, settings: dict) -> fairclip.Simulation:
+    """fairclip's own engine on the example's data, model and training."""
+    xs, ys = zip(*(task.load_data(i) for i in range(NODES)), strict=True)
+    test_x, test_y, test_cohorts = task.test_data()
+    data = fairclip.FederatedDataset.from_arrays(
+        np.concatenate(xs),
+        np.concatenate(ys),
+        clients=np.repeat(np.arange(NODES), task.EXAMPLES),
+        cohorts=[task.cohort_of(i) for i in range(NODES)],
+        test_x=test_x,
+        test_y=test_y,
+        test_cohorts=test_cohorts,
+    )
+    scenario = fairclip.Scenario(
+        "flower-example",
+        dataset=data,
+        model=task.make_model,
+        sample_rate=float(settings["sample-rate"]),
+        rounds=int(settings["num-server-rounds"]),
+        settings={
+            "seed": int(settings["seed"]),
+            "strategy.name": "bounded",
+            "strategy.initial_bound": float(settings["initial-bound"]),
+            "strategy.lower_bound": float(settings["lower-bound"]),
+            "strategy.bound_lr": float(settings["bound-lr"]),
+            "privacy.noise_multiplier": float(settings["noise-multiplier"]),
+            "training.client_lr": float(settings["lr"]),
+            "training.batch_size": task.EXAMPLES,  # one step on the whole local set, as the app trains
+        },
+    )
+    return fairclip.simulate(scenario)
+
+
+@pytest.mark.slow
+def test_the_example_app_under_flwr_run_matches_fairclips_engine(example_task, tmp_path):
+    """FedAvg wrapped in DifferentialPrivacy with `bounded`, the mod on the nodes: the same bound,
+    noise and ε, round by round, as fairclip's engine on the same data, model and seed."""
+    import tomllib
+
+    home = tmp_path / "flwr-home"
+    home.mkdir()
+    env = local_simulation_env(home, BIN)
+    write_local_simulation(home)
+    out = tmp_path / "out"
+    command = [str(BIN / "flwr"), "run", str(EXAMPLE), LOCAL_CONNECTION, *simulation_options(NODES)]
+    try:
+        done = subprocess.run(
+            [*command, "--stream", "--run-config", f"out='{out}'"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=400,
+        )
+    finally:
+        kill_sessions_mentioning(str(home))
+    log = done.stdout + done.stderr
+    assert done.returncode == 0 and (out / "rounds.csv").exists(), log[-3000:]
+    flower = pd.read_csv(out / "rounds.csv")
+
+    settings = tomllib.loads((EXAMPLE / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
+    engine = engine_run(example_task, settings).rounds
+    assert len(flower) == len(engine) == settings["num-server-rounds"]
+    for column in ("clip_bound", "noise_std", "sensitivity", "epsilon"):
+        np.testing.assert_allclose(flower[column], engine[column], rtol=1e-6, err_msg=column)
+    assert flower["clip_bound"].nunique() > 1, "the bound should move under `bounded`"
+    # the released model too (float32 in the app, float64 in the engine)
+    for column in ("accuracy", "majority/accuracy", "minority/accuracy"):
+        np.testing.assert_allclose(flower[column], engine[column], atol=0.01, err_msg=column)
+    # nothing but public values leaves the strategy: no client's loss or number of examples
+    assert "train_loss" not in log and "num-examples" not in flower.columns
+
+
+# ----- the mod, message by message -------------------------------------------------------------
+def _train_message(model: dict, strategy: DifferentialPrivacy | None, bound: float = 0.1) -> Message:
+    config = ConfigRecord({"lr": 0.1})
+    if strategy is not None:
+        from fairclip.client.protocol import write_policy_config
+
+        write_policy_config(
+            config, strategy.policy, strategy.policy.broadcast(strategy.policy.initial_state(1))
+        )
+    content = RecordDict({"arrays": ArrayRecord({k: Array(v) for k, v in model.items()}), "config": config})
+    return Message(content, dst_node_id=3, message_type=MessageType.TRAIN)
+
+
+def _app_training(step: np.ndarray):
+    """A user's train function: moves every weight by ``step`` and reports its own metrics."""
+
+    def train(message: Message, context: Context) -> Message:
+        arrays = message.content["arrays"]
+        moved = {key: Array(arrays[key].numpy() + step.reshape(arrays[key].numpy().shape)) for key in arrays}
+        metrics = MetricRecord({"train_loss": 0.5, "num-examples": 10})
+        return Message(RecordDict({"arrays": ArrayRecord(moved), "metrics": metrics}), reply_to=message)
+
+    return train
+
+
+def _context() -> Context:
+    return Context(run_id=1, node_id=3, node_config={}, state=RecordDict(), run_config={})
+
+
+def test_the_mod_clips_the_apps_update_and_sends_nothing_else(server_task_identity):
+    strategy = DifferentialPrivacy(FedAvg(), "bounded", {"lower_bound": 0.01, "initial_bound": 0.1},
+                                   sample_rate=1.0, noise_multiplier=1.0, seed=0)  # fmt: skip
+    model = {"w": np.zeros((2, 2), dtype=np.float32)}
+    message = _train_message(model, strategy)
+    reply = fairclip_mod(message, _context(), _app_training(np.full(4, 3.0, dtype=np.float32)))
+    assert not reply.has_error()
+    assert set(reply.content.keys()) == {UPDATE}  # the app's metrics stay on the node
+    contribution = reply.content[UPDATE][CONTRIBUTION].numpy()
+    assert contribution.dtype == np.float64 and contribution.shape == (4,)
+    assert np.linalg.norm(contribution) <= 0.1 and np.allclose(contribution, 0.05)
+    np.testing.assert_array_equal(reply.content[UPDATE][REPORTS].numpy(), [1.0])  # 6 > τ·C = 0.25
+
+    small = fairclip_mod(_train_message(model, strategy), _context(), _app_training(np.full(4, 0.01)))
+    np.testing.assert_allclose(small.content[UPDATE][CONTRIBUTION].numpy(), 0.01, rtol=1e-6)
+    np.testing.assert_array_equal(small.content[UPDATE][REPORTS].numpy(), [0.0])
+
+
+def test_the_mod_never_sends_an_unclipped_update(server_task_identity):
+    model = {"w": np.zeros(3, dtype=np.float32)}
+    reply = fairclip_mod(_train_message(model, None), _context(), _app_training(np.ones(3)))
+    assert reply.has_error() and "no fairclip policy" in reply.error.reason
+
+    strategy = DifferentialPrivacy(FedAvg(), "constant", sample_rate=1.0, noise_multiplier=1.0, seed=0)
+
+    def renamed(message: Message, context: Context) -> Message:
+        arrays = ArrayRecord({"other": Array(np.ones(3, dtype=np.float32))})
+        return Message(RecordDict({"arrays": arrays}), reply_to=message)
+
+    reply = fairclip_mod(_train_message(model, strategy), _context(), renamed)
+    assert reply.has_error() and "other arrays" in reply.error.reason
+
+    evaluate = Message(
+        RecordDict({"config": ConfigRecord({})}), dst_node_id=3, message_type=MessageType.EVALUATE
+    )
+    passed = fairclip_mod(evaluate, _context(), lambda message, context: "untouched")
+    assert passed == "untouched"
+
+
+# ----- the strategy ---------------------------------------------------------------------------
+class _Grid:
+    """What FedAvg's configure_train asks of a grid: the connected nodes."""
+
+    def __init__(self, nodes: list[int]):
+        self.nodes = nodes
+
+    def get_node_ids(self) -> list[int]:
+        return list(self.nodes)
+
+
+def _reply(instruction: Message, contribution: np.ndarray, report: float) -> Message:
+    """A reply from the node ``instruction`` went to."""
+    content = RecordDict(
+        {UPDATE: ArrayRecord({CONTRIBUTION: Array(contribution), REPORTS: Array(np.array([report]))})}
+    )
+    return Message(content, reply_to=instruction)
+
+
+def test_the_strategy_noises_drops_and_accounts_like_fairclip(server_task_identity):
+    inner = FedAvg(fraction_train=1.0, min_available_nodes=3)
+    strategy = DifferentialPrivacy(
+        inner, "bounded", {"lower_bound": 0.1, "initial_bound": 1.0},
+        sample_rate=1.0, noise_multiplier=0.0, count_noise_multiplier=0.0, seed=3,
+    )  # fmt: skip
+    arrays = ArrayRecord({"w": Array(np.zeros(2, dtype=np.float32))})
+    instructions = list(strategy.configure_train(1, arrays, ConfigRecord({}), _Grid([11, 12, 13])))
+    assert sorted(m.metadata.dst_node_id for m in instructions) == [11, 12, 13]
+    assert instructions[0].content["config"]["fairclip.broadcast.bound"] == 1.0
+    stranger = Message(RecordDict({}), dst_node_id=99, message_type=MessageType.TRAIN)
+    replies = [
+        _reply(instructions[0], np.array([0.6, 0.0]), 0.0),
+        _reply(instructions[1], np.array([0.0, 3.0]), 1.0),  # beyond the bound it was sent: dropped
+        _reply(stranger, np.array([0.0, 0.3]), 0.0),  # from a node that was not sampled
+    ]
+    aggregated, metrics = strategy.aggregate_train(1, replies)
+    # no noise here: Δ̂ = (0.6, 0) / m̂ with m̂ = q·3, and FedAvg returns θ_t + Δ̂
+    np.testing.assert_allclose(aggregated["w"].numpy(), [0.2, 0.0], rtol=1e-6)
+    assert [event["node"] for event in strategy.dropped] == [12, 99]
+    assert metrics["clip_bound"] == 1.0 and "accepted" not in " ".join(metrics.keys())
+    # the count (0 of m̂ = 3 above τ·C) moved the bound down: C_2 = C_1 · exp(η (0 − γ))
+    assert strategy.policy.sensitivity(strategy.state) == pytest.approx(np.exp(-0.2 * 0.5))
+
+
+def test_the_strategy_accounts_what_ran():
+    strategy = DifferentialPrivacy(FedAvg(), "adaptive", sample_rate=0.5, noise_multiplier=1.2, seed=0)
+    assert strategy.noise == NoiseMultipliers(1.2, 12.0)
+    with pytest.raises(ValueError, match="needs each client's cohort"):
+        DifferentialPrivacy(FedAvg(), "per-cohort", sample_rate=0.5, noise_multiplier=1.0)
+    with pytest.raises(ValueError, match="lower_bound"):
+        DifferentialPrivacy(FedAvg(), "bounded", sample_rate=0.5, noise_multiplier=1.0)
+
+
+def test_the_accountant_composes_the_events_it_is_fed():
+    from opacus.accountants import RDPAccountant
+
+    accountant = Accountant("rdp")
+    assert accountant.get_epsilon(1e-5) == 0.0
+    for _ in range(30):
+        accountant.step(DPEvent(1.1, 11.0), 0.1)
+    sigma = DPEvent(1.1, 11.0).effective_noise_multiplier
+    assert accountant.history == [(sigma, 0.1, 30)]
+    assert accountant.get_epsilon(1e-5) == epsilon(sigma, 0.1, 30, 1e-5, "rdp")
+    for _ in range(10):
+        accountant.step(DPEvent(2.0), 0.2)
+    opacus = RDPAccountant()
+    opacus.history = [(sigma, 0.1, 30), (2.0, 0.2, 10)]
+    assert accountant.get_epsilon(1e-5) == pytest.approx(opacus.get_epsilon(delta=1e-5), rel=1e-12)
+    accountant.step(DPEvent(0.0), 0.1)  # a round without noise: no privacy left to claim
+    assert accountant.get_epsilon(1e-5) == float("inf")
+
+
+def test_every_round_releases_its_event():
+    policy = build_policy("bounded", {"lower_bound": 0.1})
+    state = policy.initial_state(3)
+    released = policy.server_side(
+        state, np.zeros(3), np.zeros(1), expected_clients=2.0, num_reports=2,
+        noise=NoiseMultipliers(1.5, 15.0), rng=np.random.default_rng(0),
+    )  # fmt: skip
+    assert released.event == DPEvent(1.5, 15.0)
+    constant = build_policy("constant")
+    released = constant.server_side(
+        constant.initial_state(3), np.zeros(3), None, expected_clients=2.0, num_reports=2,
+        noise=NoiseMultipliers(1.5, 15.0), rng=np.random.default_rng(0),
+    )  # fmt: skip
+    assert released.event == DPEvent(1.5, None)  # no report released: its noise does not count
+
+
+def test_the_readme_snippet_runs_as_written():
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    section = readme.split("## Use fairclip in your Flower app", 1)[1].split("\n## ", 1)[0]
+    snippet = section.split("```python\n", 1)[1].split("```", 1)[0]
+    namespace: dict = {}
+    exec(compile(snippet, "README.md (Flower)", "exec"), namespace)
+    assert namespace["strategy"].policy.name == "bounded" and namespace["strategy"].policy.lower_bound == 0.05
+    assert namespace["app"]._mods == [fairclip_mod]
