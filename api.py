@@ -145,9 +145,10 @@ def simulate(
     :class:`fairclip.sims.errors.ConfigError` naming the problem.
     """
     from fairclip.sims.config import validate
-    from fairclip.sims.engine import LocalExecutor, build_task
     from fairclip.sims.engine import simulate as run_rounds
     from fairclip.sims.errors import ConfigError
+    from fairclip.sims.local_engine import LocalExecutor
+    from fairclip.sims.tasks import build_task
 
     if workers < 1:
         raise ConfigError(f"workers must be >= 1 (got {workers})")

@@ -76,7 +76,12 @@ def resolve(kind: Kind, reference: str) -> Any:
     if not isinstance(reference, str) or not reference:
         raise PluginError(f"a {kind} reference must be a non-empty string (got {reference!r})")
     if reference in _REGISTERED[kind]:
-        return _REGISTERED[kind][reference]
+        found = _REGISTERED[kind][reference]
+        if isinstance(found, _Unavailable):
+            raise PluginError(
+                f"{kind} {reference!r} was registered in the starting process, but {found.reason}"
+            )
+        return found
     for entry in entry_points(group=ENTRY_POINT_GROUPS[kind]):
         if entry.name == reference:
             try:
@@ -106,19 +111,52 @@ def import_object(path: str, kind: str = "object") -> Any:
 
 
 def snapshot() -> dict[str, Any]:
-    """What another process needs to resolve the same references: the registrations and the
-    import path of this process (handed to :func:`restore` there)."""
-    return {"registered": {kind: dict(names) for kind, names in _REGISTERED.items()}, "path": list(sys.path)}
+    """What another process needs to resolve the same references: the import path of this
+    process and its registrations, pickled (with cloudpickle, which also carries functions and
+    classes defined in a notebook or a test) so that they are unpickled only once
+    :func:`restore` has put the path in place -- a registered class is pickled by reference to
+    its module, which the other process may find only on that path."""
+    pickler = _pickler()
+    registered = {}
+    for kind, names in _REGISTERED.items():
+        registered[kind] = {}
+        for name, obj in names.items():
+            try:
+                registered[kind][name] = pickler.dumps(obj)
+            except Exception as error:  # resolved there, it fails with this reason
+                registered[kind][name] = _Unavailable(f"it cannot be pickled ({_one_line(error)})")
+    return {"path": list(sys.path), "registered": registered}
 
 
 def restore(state: dict[str, Any]) -> None:
-    """Take over the registrations and the import-path entries of another process's
+    """Take over the import-path entries and the registrations of another process's
     :func:`snapshot` (entries already on this process's path stay where they are)."""
-    for kind, names in state["registered"].items():
-        _REGISTERED[kind].update(names)
     for entry in state["path"]:
         if entry not in sys.path:
             sys.path.append(entry)
+    pickler = _pickler()
+    for kind, names in state["registered"].items():
+        for name, payload in names.items():
+            try:
+                obj = payload if isinstance(payload, _Unavailable) else pickler.loads(payload)
+            except Exception as error:  # an object this process cannot load; fails if used
+                obj = _Unavailable(f"it cannot be loaded here ({_one_line(error)})")
+            _REGISTERED[kind][name] = obj
+
+
+class _Unavailable:
+    """A registration another process made that this one cannot use, and why."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+
+def _pickler() -> Any:
+    try:
+        import cloudpickle
+    except ImportError:  # pragma: no cover - Ray, a dependency, brings it
+        import pickle as cloudpickle
+    return cloudpickle
 
 
 def _check_kind(kind: str) -> None:

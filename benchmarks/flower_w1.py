@@ -1,11 +1,11 @@
 """fairclip's Flower apps for the W1 benchmark on Flower's simulation runtime.
 
 Imported by the throw-away Flower project that :func:`benchmarks.w1.run_flower` writes. The
-apps here are thin wrappers whose handlers call fairclip's own (``fairclip.client.app.identify``
-and ``train``, ``fairclip.server.app.main``) after two patches, re-applied on every call since
-Flower's runtime may load the app's modules afresh:
+apps here are thin wrappers whose handlers call fairclip's own (the ``identify`` and ``train``
+handlers of ``fairclip.sims.flower_apps.clients`` and :func:`~fairclip.sims.flower_apps.run_federation`)
+after two patches, re-applied on every call since Flower's runtime may load the app's modules afresh:
 
-1. ``fairclip.sims.engine.build_task`` also builds the benchmark image task;
+1. ``fairclip.sims.tasks.build_task`` also builds the benchmark image task;
 2. the ServerApp records when the first round starts and when each round ends, with its
    accepted and dropped replies (``bench_timing.json`` next to ``rounds.csv``), so that Flower's
    throughput is measured over the same phase as fairclip's engine: from the first round's
@@ -32,27 +32,27 @@ serverapp = ServerApp()
 
 @clientapp.query()
 def identify(message: Message, context: Context) -> Message:
-    from fairclip.client import app
+    from fairclip.sims.flower_apps import clients
 
     patch_fairclip_build_task()
-    return app.identify(message, context)
+    return clients.identify(message, context)
 
 
 @clientapp.train()
 def train(message: Message, context: Context) -> Message:
-    from fairclip.client import app
+    from fairclip.sims.flower_apps import clients
 
     patch_fairclip_build_task()
-    return app.train(message, context)
+    return clients.train(message, context)
 
 
 @serverapp.main()
 def main(grid: Grid, context: Context) -> None:
-    from fairclip.server import app
+    from fairclip.sims.flower_apps import server_app
 
     patch_fairclip_build_task()
     _patch_server_timing()
-    app.main(grid, context)
+    server_app(grid, context)
 
 
 def _patch_server_timing() -> None:

@@ -91,25 +91,25 @@ def image_model_name(config) -> str:
 
 
 def build_task(config, data_dir: Path | None = None):
-    """:func:`fairclip.sims.engine.build_task`, plus the benchmark image scenarios."""
+    """:func:`fairclip.sims.tasks.build_task`, plus the benchmark image scenarios."""
     if is_image_config(config):
         return ImageTask(config, image_model_name(config))
-    from fairclip.sims import engine
+    from fairclip.sims import tasks
 
-    return _ORIGINAL_BUILD_TASK.get("f", engine.build_task)(config, data_dir)
+    return _ORIGINAL_BUILD_TASK.get("f", tasks.build_task)(config, data_dir)
 
 
 _ORIGINAL_BUILD_TASK: dict[str, Any] = {}
 
 
 def patch_fairclip_build_task() -> None:
-    """Make ``fairclip.sims.engine.build_task`` understand the image scenarios (for the Flower
+    """Make ``fairclip.sims.tasks.build_task`` understand the image scenarios (for the Flower
     apps, which import it from there at call time)."""
-    from fairclip.sims import engine
+    from fairclip.sims import tasks
 
     if "f" not in _ORIGINAL_BUILD_TASK:
-        _ORIGINAL_BUILD_TASK["f"] = engine.build_task
-        engine.build_task = build_task
+        _ORIGINAL_BUILD_TASK["f"] = tasks.build_task
+        tasks.build_task = build_task
 
 
 def image_settings(

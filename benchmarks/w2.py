@@ -81,7 +81,7 @@ def _run_fairclip(quick: bool, engine: str) -> Measurement:
         if engine == "ray":
             executor = ray_executor(run_config, start_ray())
         else:
-            from fairclip.sims.engine import LocalExecutor
+            from fairclip.sims.local_engine import LocalExecutor
             from fairclip.strategies import build_policy
 
             policy = build_policy(run_config.strategy.name, run_config.strategy.params, num_cohorts=2)

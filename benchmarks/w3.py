@@ -26,7 +26,8 @@ def sizes(quick: bool) -> dict[str, Any]:
 
 def _run(quick: bool, name: str) -> Measurement:
     from fairclip.sims.config import load_config
-    from fairclip.sims.engine import LocalExecutor, build_task
+    from fairclip.sims.local_engine import LocalExecutor
+    from fairclip.sims.tasks import build_task
     from fairclip.strategies import build_policy
 
     from .engine import timed_rounds

@@ -1,4 +1,4 @@
-"""The Flower ``ClientApp`` of fairclip (Flower 1.41 Message API).
+"""fairclip's Flower ``ClientApp`` (Flower 1.41 Message API), built around a scenario loader.
 
 A node is one client of the federation. Its node configuration says which:
 
@@ -19,14 +19,18 @@ trains on its partition of a simulated scenario also send the simulation-only di
 clipping indicator, update norms); a client with its own ``data-path`` never does. The node's
 cohort leaves it only where the policy needs it (``per-cohort``, ``reweight``).
 
-The app is a composition root: it reads the scenario through :mod:`fairclip.sims` (the only
-``client/`` module that does).
+Reading a run's scenario is not this module's job: :class:`FairclipClient` is given a
+``load_run`` function (run configuration -> :class:`ClientRun`), and
+:mod:`fairclip.sims.flower_apps` wires it to fairclip's scenarios into the app that
+``pyproject.toml`` names.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Protocol
 
 import numpy as np
 from flwr.app import Context, Message
@@ -37,8 +41,26 @@ from fairclip.client.flower_logging import drop_opacus_root_handler
 from fairclip.client.protocol import identity_content, read_train, reply_content
 from fairclip.strategies import Policy, build_policy
 
-app = ClientApp()
-drop_opacus_root_handler()  # else Flower prints every line twice
+
+class ClientTask(Protocol):
+    """What a node needs of its scenario's task (``fairclip.sims.tasks.Task``)."""
+
+    cohort_names: list[str]
+    client_cohorts: np.ndarray
+
+    def local_updates(self, model: np.ndarray, client_ids: np.ndarray, round_number: int) -> np.ndarray: ...
+
+
+@dataclass(frozen=True)
+class ClientRun:
+    """A run as a node sees it: its size, policy, whether it sends diagnostics, and its task
+    (``task(private)`` builds it; ``private`` asks for a copy of the node's own to change)."""
+
+    num_clients: int
+    strategy_name: str
+    strategy_params: dict[str, Any]
+    simulation_diagnostics: bool
+    task: Callable[[bool], ClientTask]
 
 
 @dataclass
@@ -49,73 +71,111 @@ class LocalClient:
     num_clients: int
     cohort: int
     num_cohorts: int
-    task: object
+    task: Any
     policy: Policy
     simulated: bool
     """Whether replies carry the simulation-only diagnostics (enabled, and a simulated partition)."""
 
 
-_CLIENTS: dict[tuple[int, int], LocalClient] = {}
-_SCENARIOS: dict[int, tuple] = {}
-"""Per run: its resolved configuration and scenario task, shared by every node that a process
-serves (Flower's simulation runtime runs many nodes' ClientApps in one worker)."""
+class FairclipClient:
+    """The handlers of fairclip's ClientApp over runs that ``load_run`` describes.
 
+    A run's task is built once per process and shared by every node that the process serves
+    (Flower's simulation runtime runs many nodes' ClientApps in one worker); a node with its own
+    data file gets a task of its own."""
 
-def local_client(context: Context) -> LocalClient:
-    """This node's client, built once per run, node and process."""
-    key = (context.run_id, context.node_id)
-    if key not in _CLIENTS:
-        if any(run_id != context.run_id for run_id, _ in _CLIENTS):
-            _CLIENTS.clear()
-            _SCENARIOS.clear()
-        _CLIENTS[key] = _build_client(context)
-    return _CLIENTS[key]
+    def __init__(self, load_run: Callable[[dict[str, Any]], ClientRun]) -> None:
+        self.load_run = load_run
+        self._clients: dict[tuple[int, int], LocalClient] = {}
+        self._tasks: dict[int, Any] = {}
+        self._runs: dict[int, ClientRun] = {}
 
+    def app(self) -> ClientApp:
+        """A ClientApp that answers *identify* queries and *train* messages."""
+        drop_opacus_root_handler()  # else Flower prints every line twice
+        app = ClientApp()
+        app.query()(self.identify)
+        app.train()(self.train)
+        return app
 
-def _scenario(context: Context, private: bool):
-    """(run, task) of this run; ``private`` builds a task of the node's own (it will be changed)."""
-    from fairclip.sims.engine import build_task
-    from fairclip.sims.flower_config import flower_run
+    def run(self, context: Context) -> ClientRun:
+        if context.run_id not in self._runs:
+            self._runs = {context.run_id: self.load_run(dict(context.run_config))}
+        return self._runs[context.run_id]
 
-    if private or context.run_id not in _SCENARIOS:
-        run = flower_run(dict(context.run_config))
-        scenario = (run, build_task(run.config, run.data_dir))
+    def local_client(self, context: Context) -> LocalClient:
+        """This node's client, built once per run, node and process."""
+        key = (context.run_id, context.node_id)
+        if key not in self._clients:
+            if any(run_id != context.run_id for run_id, _ in self._clients):
+                self._clients.clear()
+                self._tasks.clear()
+            self._clients[key] = self._build_client(context)
+        return self._clients[key]
+
+    def _task(self, context: Context, private: bool) -> Any:
+        run = self.run(context)
         if private:
-            return scenario
-        _SCENARIOS[context.run_id] = scenario
-    return _SCENARIOS[context.run_id]
+            return run.task(True)
+        if context.run_id not in self._tasks:
+            self._tasks[context.run_id] = run.task(False)
+        return self._tasks[context.run_id]
 
-
-def _build_client(context: Context) -> LocalClient:
-    node = dict(context.node_config)
-    data_path = str(node.get("data-path", ""))
-    run, task = _scenario(context, private=bool(data_path))
-    config = run.config
-    if "partition-id" not in node or "num-partitions" not in node:
-        raise ValueError("node config needs partition-id and num-partitions (flower-supernode --node-config)")
-    client_id, num_partitions = int(node["partition-id"]), int(node["num-partitions"])
-    if num_partitions != config.federation.num_clients:
-        raise ValueError(
-            f"num-partitions={num_partitions} but federation.num_clients={config.federation.num_clients}"
+    def _build_client(self, context: Context) -> LocalClient:
+        node = dict(context.node_config)
+        data_path = str(node.get("data-path", ""))
+        run = self.run(context)
+        task = self._task(context, private=bool(data_path))
+        if "partition-id" not in node or "num-partitions" not in node:
+            raise ValueError(
+                "node config needs partition-id and num-partitions (flower-supernode --node-config)"
+            )
+        client_id, num_partitions = int(node["partition-id"]), int(node["num-partitions"])
+        if num_partitions != run.num_clients:
+            raise ValueError(f"num-partitions={num_partitions} but federation.num_clients={run.num_clients}")
+        if not 0 <= client_id < num_partitions:
+            raise ValueError(f"partition-id={client_id} outside 0..{num_partitions - 1}")
+        cohort = int(task.client_cohorts[client_id])
+        if data_path:
+            cohort = _use_data_file(task, client_id, Path(data_path), str(node.get("cohort", "")))
+        policy = build_policy(run.strategy_name, run.strategy_params, num_cohorts=len(task.cohort_names))
+        return LocalClient(
+            client_id=client_id,
+            num_clients=num_partitions,
+            cohort=cohort,
+            num_cohorts=len(task.cohort_names),
+            task=task,
+            policy=policy,
+            simulated=run.simulation_diagnostics and not data_path,
         )
-    if not 0 <= client_id < num_partitions:
-        raise ValueError(f"partition-id={client_id} outside 0..{num_partitions - 1}")
-    cohort = int(task.client_cohorts[client_id])
-    if data_path:
-        cohort = _use_data_file(task, client_id, Path(data_path), str(node.get("cohort", "")))
-    policy = build_policy(config.strategy.name, config.strategy.params, num_cohorts=len(task.cohort_names))
-    return LocalClient(
-        client_id=client_id,
-        num_clients=num_partitions,
-        cohort=cohort,
-        num_cohorts=len(task.cohort_names),
-        task=task,
-        policy=policy,
-        simulated=run.simulation_diagnostics and not data_path,
-    )
+
+    def identify(self, message: Message, context: Context) -> Message:
+        """Tell the server which client this node is (and its cohort, only where the policy needs it).
+
+        A node whose ``num-partitions`` differs from the run's ``federation.num_clients`` answers
+        with its partition numbers alone, before building anything: the server refuses it, and
+        stops at once where every connected node says so (a local simulation of another size)."""
+        node = dict(context.node_config)
+        try:
+            partition, partitions = int(node["partition-id"]), int(node["num-partitions"])
+        except (KeyError, TypeError, ValueError):  # local_client names what is wrong
+            partition = partitions = None
+        if partitions is not None and partitions != self.run(context).num_clients:
+            return Message(identity_content(partition, partitions, None), reply_to=message)
+        client = self.local_client(context)
+        cohort = client.cohort if client.policy.needs_cohorts else None
+        return Message(identity_content(client.client_id, client.num_clients, cohort), reply_to=message)
+
+    def train(self, message: Message, context: Context) -> Message:
+        """Train from θ_t, clip with the policy's client side, reply with Δ̄_i and the report bits."""
+        client = self.local_client(context)
+        model, params, round_number = read_train(message.content)
+        updates = client.task.local_updates(model, np.array([client.client_id]), round_number)
+        sums = contribute(client.policy, params, updates, np.array([client.cohort]), client.num_cohorts)
+        return Message(reply_content(sums, with_diagnostics=client.simulated), reply_to=message)
 
 
-def _use_data_file(task, client_id: int, path: Path, cohort_name: str) -> int:
+def _use_data_file(task: Any, client_id: int, path: Path, cohort_name: str) -> int:
     if not hasattr(task, "use_local_examples"):
         raise ValueError("data-path is only supported for classification scenarios")
     with np.load(path, allow_pickle=False) as data:
@@ -125,37 +185,3 @@ def _use_data_file(task, client_id: int, path: Path, cohort_name: str) -> int:
     if cohort_name not in task.cohort_names:
         raise ValueError(f"cohort {cohort_name!r} is not a cohort of the scenario ({task.cohort_names})")
     return task.cohort_names.index(cohort_name)
-
-
-@app.query()
-def identify(message: Message, context: Context) -> Message:
-    """Tell the server which client this node is (and its cohort, only where the policy needs it).
-
-    A node whose ``num-partitions`` differs from the run's ``federation.num_clients`` answers
-    with its partition numbers alone, before building anything: the server refuses it, and
-    stops at once where every connected node says so (a local simulation of another size)."""
-    from fairclip.sims.flower_config import flower_run
-
-    node = dict(context.node_config)
-    try:
-        partition, partitions = int(node["partition-id"]), int(node["num-partitions"])
-    except (KeyError, TypeError, ValueError):  # local_client names what is wrong
-        partition = partitions = None
-    if (
-        partitions is not None
-        and partitions != flower_run(dict(context.run_config)).config.federation.num_clients
-    ):
-        return Message(identity_content(partition, partitions, None), reply_to=message)
-    client = local_client(context)
-    cohort = client.cohort if client.policy.needs_cohorts else None
-    return Message(identity_content(client.client_id, client.num_clients, cohort), reply_to=message)
-
-
-@app.train()
-def train(message: Message, context: Context) -> Message:
-    """Train from θ_t, clip with the policy's client side, reply with Δ̄_i and the report bits."""
-    client = local_client(context)
-    model, params, round_number = read_train(message.content)
-    updates = client.task.local_updates(model, np.array([client.client_id]), round_number)
-    sums = contribute(client.policy, params, updates, np.array([client.cohort]), client.num_cohorts)
-    return Message(reply_content(sums, with_diagnostics=client.simulated), reply_to=message)

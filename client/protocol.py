@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 
-from fairclip.client.contributions import RoundSums
+from fairclip.strategies.aggregation import RoundSums
 
 IDENTIFY = "identity"
 MODEL = "model"

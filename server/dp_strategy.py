@@ -44,11 +44,13 @@ from flwr.common import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
-from fairclip.client.contributions import RoundSums
 from fairclip.client.protocol import write_policy_config
-from fairclip.server.replies import ReplyError, check_reply, sum_replies
+from fairclip.server.optimizer import ServerSGD
+from fairclip.server.replies import ReplyError, check_reply
+from fairclip.server.round_server import RoundServer
 from fairclip.strategies import NoiseMultipliers, Policy, build_policy
 from fairclip.strategies.accounting import DEFAULT_COUNT_RATIO, Accountant
+from fairclip.strategies.aggregation import RoundSums, sum_replies
 from fairclip.strategies.randomness import Stream, rng
 
 
@@ -120,7 +122,9 @@ class DifferentialPrivacy(Strategy):
             from fairclip.server.secure_noise import ExactGaussian
 
             self._sampler = ExactGaussian()
-        self.state: Any = None
+        self.rounds: RoundServer | None = None
+        """The round server (noise, bound update, accountant), made at the first round, once the
+        model's size is known; its optimizer is plain θ_t + Δ̂, the inner strategy steps after."""
         self._round: _Round | None = None
         self.dropped: list[dict[str, Any]] = []
         """Internal record of dropped replies (round, node, reason): not for publication."""
@@ -139,9 +143,19 @@ class DifferentialPrivacy(Strategy):
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
         model = flatten(arrays)
-        if self.state is None:
-            self.state = self.policy.initial_state(model.shape[0])
-        params = self.policy.broadcast(self.state)
+        if self.rounds is None:
+            self.rounds = RoundServer(
+                policy=self.policy,
+                model=model,
+                noise=self.noise,
+                sample_rate=self.sample_rate,
+                expected_clients=1.0,
+                optimizer=ServerSGD(1.0),
+                accountant=self.accountant,
+                noise_source=self._noise,
+            )
+        self.rounds.model = model  # the inner strategy's θ_t
+        params = self.rounds.broadcast()
         write_policy_config(config, self.policy, params)
         candidates = sorted(self.strategy.configure_train(server_round, arrays, config, grid), key=_node)
         nodes = [_node(message) for message in candidates]
@@ -183,21 +197,10 @@ class DifferentialPrivacy(Strategy):
             except Exception as error:  # any failure to read or check a reply drops it
                 self.dropped.append({"round": server_round, "node": node, "reason": str(error)})
         sums = sum_replies(accepted, max(len(plan.nodes), 1), dim, self.policy.report_size(dim), 1)
-        noise_rng = self._sampler or (
-            rng(self.seed, Stream.NOISE, server_round) if self.seed is not None else np.random.default_rng()
-        )
-        released = self.policy.server_side(
-            self.state,
-            sums.contribution_sum,
-            sums.report_sum,
-            expected_clients=plan.expected_clients,
-            num_reports=sums.num_reports,
-            noise=self.noise,
-            rng=noise_rng,
-        )
-        self.state = released.state
-        self.accountant.step(released.event, self.sample_rate)
-        arrays = unflatten(plan.model + released.estimate, plan.arrays)
+        rounds = self.rounds
+        rounds.model, rounds.expected_clients = plan.model, plan.expected_clients
+        released = rounds.release(server_round, sums)
+        arrays = unflatten(rounds.model, plan.arrays)  # θ_t + Δ̂
         synthetic = Message(
             RecordDict({"arrays": arrays, "metrics": MetricRecord({"num-examples": 1})}),
             dst_node_id=0,
@@ -212,6 +215,18 @@ class DifferentialPrivacy(Strategy):
             **released.info,
         }
         return aggregated, MetricRecord({k: float(v) for k, v in metrics.items() if math.isfinite(v)})
+
+    @property
+    def state(self) -> Any:
+        """The policy's state (for example the bound of the coming round)."""
+        return self.rounds.state if self.rounds is not None else None
+
+    def _noise(self, round_number: int) -> Any:
+        if self._sampler is not None:
+            return self._sampler
+        if self.seed is not None:
+            return rng(self.seed, Stream.NOISE, round_number)
+        return np.random.default_rng()
 
     def configure_evaluate(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid

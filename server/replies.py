@@ -18,7 +18,7 @@ allocated or crashed on. Anything else is dropped and counted; a bad client neve
 round and never breaks the sensitivity bound. Dropping a reply is the same as that client not
 being sampled, which the add/remove-one-client accounting already covers.
 
-Accepted replies are summed in the fixed id blocks of :data:`fairclip.client.contributions.SUM_SHARDS`,
+Accepted replies are summed in the fixed id blocks of :data:`fairclip.strategies.aggregation.SUM_SHARDS`,
 in the order the engines use, so the Flower path adds the same numbers in the same order.
 """
 
@@ -30,9 +30,9 @@ from typing import Any
 import numpy as np
 from flwr.app import RecordDict
 
-from fairclip.client.contributions import CohortDiagnostics, RoundSums, add_in_order, shard_ids
 from fairclip.client.protocol import CONTRIBUTION, DIAGNOSTIC_FIELDS, DIAGNOSTICS, REPORTS, UPDATE
 from fairclip.strategies import Policy
+from fairclip.strategies.aggregation import CohortDiagnostics, RoundSums
 from fairclip.strategies.base import Broadcast
 from fairclip.strategies.clipping import row_norms
 
@@ -174,18 +174,3 @@ def read_diagnostics(content: RecordDict, num_cohorts: int, cohort: int | None) 
             raise ReplyError(f"diagnostics field {name!r} is not a bit of the client's cohort")
     norms = tuple(values["norm_before"][k : k + 1] if k == own else np.empty(0) for k in range(num_cohorts))
     return CohortDiagnostics(*(values[name] for name in DIAGNOSTIC_FIELDS), norms=norms)
-
-
-def sum_replies(
-    accepted: dict[int, RoundSums], num_clients: int, dim: int, report_size: int, num_cohorts: int
-) -> RoundSums:
-    """Σ of the accepted clients' sums, block by block in id order (as every engine adds)."""
-    empty = RoundSums(np.zeros(dim), np.zeros(report_size), 0, CohortDiagnostics.zeros(num_cohorts))
-    ids = np.array(sorted(accepted), dtype=np.int64)
-    blocks = []
-    for block in shard_ids(ids, num_clients):
-        total = empty
-        for client in block:
-            total = accepted[int(client)] if total is empty else total + accepted[int(client)]
-        blocks.append(total)
-    return add_in_order(blocks)

@@ -40,22 +40,22 @@ from flwr.common import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
-from fairclip.client.contributions import RoundSums
 from fairclip.client.protocol import MODEL, train_content
-from fairclip.server.replies import ReplyError, check_reply, sum_replies
+from fairclip.server.replies import ReplyError, check_reply
 from fairclip.strategies import Policy
+from fairclip.strategies.aggregation import RoundSums, sum_replies
 
 EVENT_COLUMNS = ["round", "node", "client", "event", "reason"]
 """Columns of the internal record of dropped and unexpected replies."""
 
 
-class RoundServer(Protocol):
+class RunDriver(Protocol):
     """What the adapter needs from a run's server (see :class:`fairclip.sims.engine.RunServer`)."""
 
     policy: Policy
     model: np.ndarray
-    result: Any
-    """Holds ``public_columns``, the columns of a round's row that may be published."""
+    public_columns: set[str]
+    """The columns of a round's row that may be published."""
 
     def sample(self, round_number: int) -> np.ndarray: ...
 
@@ -86,7 +86,7 @@ class PolicyStrategy(Strategy):
 
     def __init__(
         self,
-        server: RoundServer,
+        server: RunDriver,
         nodes: dict[int, int],
         num_clients: int,
         client_cohorts: np.ndarray | None = None,
@@ -173,7 +173,7 @@ class PolicyStrategy(Strategy):
 
     def public_metrics(self, row: dict[str, Any]) -> dict[str, float]:
         """The finite numbers of ``row`` that may be published, without per-cohort columns."""
-        public = self.server.result.public_columns
+        public = self.server.public_columns
         return {
             key: float(value)
             for key, value in row.items()

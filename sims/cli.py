@@ -27,7 +27,7 @@ from fairclip.sims.config import builtin_scenarios, load_config, read_toml
 from fairclip.sims.data import DataError
 from fairclip.sims.errors import ConfigError
 from fairclip.sims.memory import check_memory
-from fairclip.sims.outputs import check_output_folder, write_run
+from fairclip.sims.outputs import check_output_folder
 from fairclip.strategies import NoiseMultipliers, PolicyConfigError
 
 app = typer.Typer(
@@ -62,11 +62,6 @@ def _options(
     The command line imports torch, Opacus and Ray only in the commands that need them, so
     ``--help``, ``--version`` and ``scenarios`` answer at once.
     """
-
-
-WRITE_SHARE = 0.05
-"""Most of a run's time that ``fairclip run`` spends rewriting its result files between rounds
-(each write replaces rounds.csv whole, so a write costs more as the rounds add up)."""
 
 
 class Backend(StrEnum):
@@ -143,8 +138,11 @@ def run(
     mlflow: MLflowOption = None,
 ) -> None:
     """Run one simulation; write rounds.csv and summary.json."""
-    from fairclip.sims.engine import LocalExecutor, RunResult, build_task, simulate
-    from fairclip.sims.tracking import log_rounds, require_packages, round_loggers
+    from fairclip.sims.engine import RoundCallback, simulate
+    from fairclip.sims.local_engine import LocalExecutor
+    from fairclip.sims.outputs import RunWriter
+    from fairclip.sims.tasks import build_task
+    from fairclip.sims.tracking import LoggerObserver, require_packages, round_loggers
 
     if workers > 1 and backend is not Backend.local:
         raise ConfigError("--workers applies to the local backend; the ray backend takes --actors")
@@ -164,7 +162,6 @@ def run(
         ensure_ray(address)
         executor = RayExecutor.start(run_config, data_dir, actors or _cpu_count())
         executor_factory = lambda _task, _policy: executor  # noqa: E731
-    result = RunResult()
     progress = Progress(
         TextColumn(f"[bold]{run_config.strategy.name}[/bold] on {run_config.scenario.name}"),
         BarColumn(),
@@ -173,33 +170,15 @@ def run(
         console=console,
         transient=True,
     )
-
-    writes = {"ended": -math.inf, "cost": 0.0}
     loggers = round_loggers(tensorboard, mlflow, out.name, run_config.as_dict())
-    log_round = log_rounds(loggers)
-
-    def finished_round(row: dict) -> None:
-        """Write the finished rounds -- after every round, unless rounds come faster than that:
-        then as often as keeps writing within WRITE_SHARE of the run (a kill -9 loses at most
-        that share of the time run so far; Ctrl-C and SIGTERM lose nothing)."""
-        progress.advance(bar)
-        log_round(row)
-        started = time.monotonic()
-        if started - writes["ended"] >= writes["cost"] / WRITE_SHARE:
-            write_run(out, result.rows, result.summary, result.model)
-            writes["ended"] = time.monotonic()
-            writes["cost"] = writes["ended"] - started
-
-    try:
-        with progress:
-            bar = progress.add_task("rounds", total=run_config.training.rounds)
-            simulate(run_config, task, executor_factory, on_round=finished_round, result=result)
-    finally:
-        # An interrupted run's summary describes its last finished round (status "interrupted").
-        if result.rows or result.summary:
-            write_run(out, result.rows, result.summary, result.model)
-        for logger in loggers:
-            logger.close(result.summary)
+    with progress:
+        bar = progress.add_task("rounds", total=run_config.training.rounds)
+        observers = [
+            RoundCallback(lambda _row: progress.advance(bar)),
+            *(LoggerObserver(logger) for logger in loggers),
+            RunWriter(out),  # last: an interrupted run's files are written after the others' ends
+        ]
+        result = simulate(run_config, task, executor_factory, observers=observers)
     if result.stop_reason:
         console.print(f"[yellow]{result.stop_reason}[/yellow]")
     _print_run_summary(result.summary, out)

@@ -160,7 +160,9 @@ def run_simulation(
     """Simulate one run in this process (the local engine with ``workers`` threads); returns its
     rows and summary. ``plugins`` is the starting process's :func:`fairclip.plugins.snapshot`
     (its registered policies, models and datasets, and its import path)."""
-    from fairclip.sims.engine import LocalExecutor, build_task, simulate
+    from fairclip.sims.engine import simulate
+    from fairclip.sims.local_engine import LocalExecutor
+    from fairclip.sims.tasks import build_task
 
     if plugins is not None:
         from fairclip.plugins import restore

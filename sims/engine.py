@@ -18,130 +18,31 @@ import datetime as dt
 import math
 import threading
 import time
-from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
 
-from fairclip.client.contributions import RoundSums, add_in_order, contribute, shard_ids
 from fairclip.server.optimizer import ServerSGD
+from fairclip.server.round_server import RoundServer
 from fairclip.sims.config import RunConfig
-from fairclip.sims.errors import ConfigError
 from fairclip.sims.interrupts import interrupts_deferred
+from fairclip.sims.local_engine import ClientExecutor, LocalExecutor
 from fairclip.sims.privacy_plan import json_number, plan_privacy
 from fairclip.sims.provenance import provenance
 from fairclip.sims.tasks import Task
-from fairclip.strategies import Policy, build_policy
-from fairclip.strategies.base import Broadcast
+from fairclip.strategies import Policy, ServerRound, build_policy
+from fairclip.strategies.accounting import Accountant, PrivacyClaim
+from fairclip.strategies.aggregation import RoundSums
+from fairclip.strategies.base import Broadcast, DPEvent, GaussianSampler
 from fairclip.strategies.randomness import Stream, poisson_sample, rng
-
-
-class ClientExecutor(Protocol):
-    """Runs the client side of a round for the sampled clients and returns their sums."""
-
-    def __call__(
-        self, model: np.ndarray, client_ids: np.ndarray, round_number: int, params: Broadcast
-    ) -> RoundSums: ...
-
-
-GROUP_BYTES = 256 * 2**20
-"""Bound on the float64 updates one ``Task.local_updates`` call of :func:`group_blocks` returns."""
-
-
-def group_blocks(blocks: list[np.ndarray], rows_per_call: int, dimension: int) -> list[dict[int, np.ndarray]]:
-    """Merge consecutive blocks of sampled clients into groups trained in one call.
-
-    A group takes the next block while it stays within ``rows_per_call`` clients (the task's
-    best batch, :attr:`Task.rows_per_call`) and :data:`GROUP_BYTES` of updates; a block is never
-    split. The one-step path so computes per-sample gradients in vectorised batches of about
-    ``rows_per_call`` examples even when the sampled batch falls into many small blocks.
-    Kernels may round differently for other batch sizes, so the groups depend only on the
-    sampled clients and the task -- never on the backend or its number of workers -- and every
-    backend trains the same groups: the run stays identical on all of them.
-    """
-    limit = max(1, min(rows_per_call, GROUP_BYTES // (8 * dimension)))
-    groups: list[dict[int, np.ndarray]] = []
-    rows = 0
-    for index, ids in enumerate(blocks):
-        if not groups or rows + len(ids) > limit:
-            groups.append({})
-            rows = 0
-        groups[-1][index] = ids
-        rows += len(ids)
-    return groups
-
-
-def groups_sums(
-    task: Task, policy: Policy, model, groups: list[dict[int, np.ndarray]], round_number: int, params
-) -> dict[int, RoundSums]:
-    """Train each group of blocks in one call, then clip and sum per block; sums by block index."""
-    sums: dict[int, RoundSums] = {}
-    for group in groups:
-        ids = np.concatenate(list(group.values()))
-        updates = task.local_updates(model, ids, round_number)
-        cohorts = task.client_cohorts[ids]
-        start = 0
-        for block, block_ids in group.items():
-            stop = start + len(block_ids)
-            sums[block] = contribute(
-                policy, params, updates[start:stop], cohorts[start:stop], len(task.cohort_names)
-            )
-            start = stop
-    return sums
-
-
-def balance(groups: list[dict[int, np.ndarray]], workers: int) -> list[list[dict[int, np.ndarray]]]:
-    """Share groups out to ``workers`` by longest-processing-time first: the largest group (in
-    clients) goes to the least-loaded worker. Dealing groups round-robin instead cost W1 (8 blocks
-    of Poisson size on 2 Ray actors) 7.5 % of its round time, waiting for the busier actor; this
-    leaves about 1.6 % (simulated over 2,000 rounds)."""
-    shares: list[list[dict[int, np.ndarray]]] = [[] for _ in range(workers)]
-    loads = [0] * workers
-    for group in sorted(groups, key=lambda g: -sum(len(ids) for ids in g.values())):
-        lightest = loads.index(min(loads))
-        shares[lightest].append(group)
-        loads[lightest] += sum(len(ids) for ids in group.values())
-    return shares
-
-
-@dataclass
-class LocalExecutor:
-    """Every group of sampled clients in this process: one after the other, or shared out by
-    :func:`balance` to ``workers`` threads, each training with its own copy of the model
-    (:meth:`Task.worker`; torch and numpy release the GIL in their kernels, and torch runs one
-    intra-op thread). The groups and the block order of the sum do not depend on the workers, so
-    any number of them gives the same result."""
-
-    task: Task
-    policy: Policy
-    workers: int = 1
-
-    def __post_init__(self) -> None:
-        self._tasks = [self.task, *(self.task.worker() for _ in range(self.workers - 1))]
-
-    def __call__(self, model, client_ids, round_number, params) -> RoundSums:
-        blocks = shard_ids(client_ids, len(self.task.client_cohorts))
-        groups = group_blocks(blocks, self.task.rows_per_call, model.shape[0])
-        if self.workers == 1 or len(groups) < 2:
-            by_block = groups_sums(self.task, self.policy, model, groups, round_number, params)
-        else:
-            shares = [share for share in balance(groups, self.workers) if share]
-            with ThreadPoolExecutor(len(shares)) as pool:
-                parts = pool.map(
-                    lambda task, share: groups_sums(task, self.policy, model, share, round_number, params),
-                    self._tasks,
-                    shares,
-                )
-                by_block = {block: sums for part in parts for block, sums in part.items()}
-        return add_in_order([by_block[b] for b in range(len(blocks))])
 
 
 @dataclass
 class RunResult:
-    """Rows of ``rounds.csv`` and the content of ``summary.json``."""
+    """What a run produced: rows of ``rounds.csv`` and the content of ``summary.json``."""
 
     rows: list[dict[str, Any]] = field(default_factory=list)
     summary: dict[str, Any] = field(default_factory=dict)
@@ -152,41 +53,6 @@ class RunResult:
     """Columns of ``rows`` that DP covers (or that are public anyway) and may be published; every
     other column -- exact counts, simulation diagnostics, what an engine adds -- is internal
     to the server (:func:`fairclip.sims.outputs.split_rows`)."""
-
-
-def build_task(config: RunConfig, data_dir: Path | None = None) -> Task:
-    """The task of a scenario (real datasets are read from ``data_dir``).
-
-    A scenario that its data cannot satisfy (a cohort left without clients, too few examples)
-    raises :class:`ConfigError`; missing or corrupt files raise ``DataError``.
-    """
-    from fairclip.sims.data import DataError
-
-    try:
-        if config.scenario.task == "mean-estimation":
-            from fairclip.sims.mean_estimation import MeanEstimationTask
-
-            return MeanEstimationTask(config.scenario, config.federation.num_clients, config.seed)
-        from fairclip.sims.classification import ClassificationTask, model_factory
-
-        if config.scenario.task == "federated-dataset":
-            from fairclip.sims.federated_dataset import load_federated_dataset
-
-            scenario = config.scenario
-            data = load_federated_dataset(
-                scenario.dataset, scenario.options, config.federation.num_clients, config.seed
-            )
-            return ClassificationTask.from_dataset(
-                data, config.training, config.seed, model_factory(scenario.model)
-            )
-
-        return ClassificationTask(
-            config.scenario, config.training, config.federation.num_clients, config.seed, data_dir
-        )
-    except DataError:
-        raise
-    except ValueError as error:
-        raise ConfigError(f"scenario {config.scenario.name!r}: {error}") from None
 
 
 def in_background(function: Callable[..., Any], *args: Any) -> Future:
@@ -204,13 +70,38 @@ def in_background(function: Callable[..., Any], *args: Any) -> Future:
     return future
 
 
-class RunServer:
-    """The server of one run: model θ_t, policy state, privacy plan and the finished rounds.
+class RunObserver(Protocol):
+    """Sees a run as it goes: ``on_round`` after each finished round (with its row), ``on_finish``
+    once at the end -- also after an interruption, when ``run.status`` is ``interrupted``. The
+    file writer, the progress bar, the trackers and a user's callback are observers."""
 
-    Every backend drives it the same way -- ``sample``, send ``broadcast()`` and ``model`` to
-    the sampled clients, collect their :class:`RoundSums`, ``finish_round`` -- so the local and
-    Ray engines and the Flower ``ServerApp`` share one implementation of sampling, noise, bound
-    updates, the server optimizer, accounting and evaluation.
+    def on_round(self, row: dict[str, Any], run: RunServer) -> None: ...
+
+    def on_finish(self, run: RunServer) -> None: ...
+
+
+@dataclass(frozen=True)
+class RoundCallback:
+    """An observer that calls ``function(row)`` after every round."""
+
+    function: Callable[[dict[str, Any]], None]
+
+    def on_round(self, row: dict[str, Any], run: RunServer) -> None:
+        self.function(row)
+
+    def on_finish(self, run: RunServer) -> None:
+        return None
+
+
+class RunServer:
+    """One simulated (or Flower-driven) run of a scenario: the round server built from the run's
+    configuration and task, the evaluation schedule, the rows of ``rounds.csv`` and the summary.
+
+    The rounds themselves -- noise with the sensitivity of the round that clipped, the bound
+    update, the server optimizer, the accountant fed with each round's DP event -- are
+    :class:`fairclip.server.round_server.RoundServer`'s, which the local and Ray engines and the
+    Flower ``ServerApp`` drive through this object the same way: ``sample``, send ``broadcast()``
+    and ``model`` to the sampled clients, collect their :class:`RoundSums`, ``finish_round``.
 
     ``seeded=False`` (a deployment without a configured seed, docs/design.md, section 6) draws client
     sampling and DP noise from operating-system entropy instead of the run's seed.
@@ -220,7 +111,6 @@ class RunServer:
         self,
         config: RunConfig,
         task: Task,
-        result: RunResult | None = None,
         *,
         seeded: bool = True,
         secure_noise_default: bool = False,
@@ -232,27 +122,64 @@ class RunServer:
         self.secure_noise = secure_noise_default if secure is None else secure
         """Whether the DP noise comes from OpenDP's exact sampler (``privacy.secure_noise``, or
         the caller's default where unset: on for the Flower ServerApp, off for simulations)."""
-        self.result = result if result is not None else RunResult()
-        self.policy = build_policy(
+        policy = build_policy(
             config.strategy.name, config.strategy.params, num_cohorts=len(task.cohort_names)
         )
-        self.model = task.initial_model()
-        self.plan = plan_privacy(config, self.policy, self.model.shape[0])
-        self.state = self.policy.initial_state(self.model.shape[0])
-        self.optimizer = ServerSGD(config.training.server_lr, config.training.server_momentum)
+        model = task.initial_model()
+        self.plan = plan_privacy(config, policy, model.shape[0])
         self._secure_sampler = None
-        if self.secure_noise and self.policy.private:
+        if self.secure_noise and policy.private:
             from fairclip.server.secure_noise import ExactGaussian
 
             self._secure_sampler = ExactGaussian()
-        self.rounds_completed = 0
+        self.rounds = RoundServer(
+            policy=policy,
+            model=model,
+            noise=self.plan.noise,
+            sample_rate=config.federation.sample_rate,
+            expected_clients=config.expected_clients,
+            optimizer=ServerSGD(config.training.server_lr, config.training.server_momentum),
+            accountant=Accountant(config.privacy.accountant),
+            sampler=self._sample,
+            noise_source=self._noise,
+            evaluator=task.evaluate,
+        )
+        self.rows: list[dict[str, Any]] = []
+        self.public_columns: set[str] = set()
+        """Columns of ``rows`` that DP covers (or that are public anyway) and may be published;
+        every other column -- exact counts, simulation diagnostics, what an engine adds -- is
+        internal to the server (:func:`fairclip.sims.outputs.split_rows`)."""
+        self.stop_reason: str | None = None
         self._started = (dt.datetime.now(dt.UTC), time.perf_counter())
         self._final_claim = in_background(self.plan.claim, self.rounds_to_run)
         """ε after the last round, computed while the rounds run (PRV for W1's 5 rounds: 0.025 s
         of CPU since the accountants share their RDP work, 0.15 s before; when the summary
-        waited for it, 15 % of the run)."""
-        self.result.summary = self._summary({}, {})
-        self.result.model = self.model
+        waited for it, 15 % of the run). The accountant's ε for that round is then a cache hit."""
+        self.summary = self._summary({}, {})
+        self.evaluated_model = model
+        """The model that ``summary`` describes (the last evaluated one)."""
+
+    @property
+    def policy(self) -> Policy:
+        return self.rounds.policy
+
+    @property
+    def model(self) -> np.ndarray:
+        """θ after the last finished round."""
+        return self.rounds.model
+
+    @property
+    def state(self) -> Any:
+        return self.rounds.state
+
+    @property
+    def rounds_completed(self) -> int:
+        return self.rounds.rounds_completed
+
+    @property
+    def result(self) -> RunResult:
+        """What the run produced so far."""
+        return RunResult(self.rows, self.summary, self.stop_reason, self.evaluated_model, self.public_columns)
 
     @property
     def noise_source(self) -> str:
@@ -270,50 +197,46 @@ class RunServer:
         """Configured rounds, cut where the next round would exceed the privacy budget."""
         return min(self.config.training.rounds, self.plan.rounds_allowed)
 
-    def sample(self, round_number: int) -> np.ndarray:
-        """Ids of the clients of round ``round_number`` (Poisson sampling with rate q)."""
+    def _sample(self, round_number: int) -> np.ndarray:
         clients, rate = self.config.federation.num_clients, self.config.federation.sample_rate
         if self.seeded:
             return poisson_sample(self.config.seed, round_number, clients, rate)
         return np.flatnonzero(np.random.default_rng().random(clients) < rate)
 
+    def _noise(self, round_number: int) -> np.random.Generator | GaussianSampler:
+        if self._secure_sampler is not None:
+            return self._secure_sampler
+        if self.seeded:
+            return rng(self.config.seed, Stream.NOISE, round_number)
+        return np.random.default_rng()
+
+    def sample(self, round_number: int) -> np.ndarray:
+        """Ids of the clients of round ``round_number`` (Poisson sampling with rate q)."""
+        return self.rounds.sample(round_number)
+
     def broadcast(self) -> Broadcast:
         """The policy's public parameters of the coming round (for example C_t)."""
-        return self.policy.broadcast(self.state)
+        return self.rounds.broadcast()
 
     def finish_round(
         self, round_number: int, sums: RoundSums, extra: dict[str, Any] | None = None
     ) -> dict[str, Any]:
-        """Noise the clients' sums, step the model, move the state, evaluate; return the row."""
-        noise_rng = self._secure_sampler
-        if noise_rng is None:
-            seeded_rng = rng(self.config.seed, Stream.NOISE, round_number) if self.seeded else None
-            noise_rng = seeded_rng or np.random.default_rng()
-        server = self.policy.server_side(
-            self.state,
-            sums.contribution_sum,
-            sums.report_sum,
-            expected_clients=self.config.expected_clients,
-            num_reports=sums.num_reports,
-            noise=self.plan.noise,
-            rng=noise_rng,
-        )
-        with interrupts_deferred():  # the model, state, summary and rows move together
-            self.model = self.optimizer.step(self.model, server.estimate, server.server_lr_factor)
-            self.state = server.state
-            self.rounds_completed = round_number
+        """Release the round (noise, model step, state, accountant), evaluate on schedule, and
+        return the round's row."""
+        with interrupts_deferred():  # the model, state, accountant, summary and rows move together
+            released = self.rounds.release(round_number, sums)
             overall: dict[str, float] = {}
             per_cohort: dict[str, dict[str, float]] = {}
             epsilon = math.nan
             if self._reports(round_number):
                 overall, per_cohort = self._evaluate()
-                epsilon = self.result.summary["epsilon"]
+                epsilon = self.summary["epsilon"]
             public, internal = _round_row(
-                round_number, server, sums, epsilon, overall, per_cohort, self.task.cohort_names
+                round_number, released, sums, epsilon, overall, per_cohort, self.task.cohort_names
             )
-            self.result.public_columns.update(public)
+            self.public_columns.update(public)
             row = {**public, **internal, **(extra or {})}
-            self.result.rows.append(row)
+            self.rows.append(row)
         return row
 
     def finish(self, interrupted: bool = False) -> RunResult:
@@ -323,14 +246,18 @@ class RunServer:
         round was not a reporting round (a run stopped early or ``interrupted``), and its
         ``status`` says ``finished`` or ``interrupted``.
         """
-        if self.result.summary.get("rounds_completed") != self.rounds_completed:
+        if self.summary.get("rounds_completed") != self.rounds_completed:
             self._evaluate()
         budget_cut = self.plan.rounds_allowed < self.config.training.rounds
         if budget_cut and self.rounds_completed >= self.plan.rounds_allowed:
-            self.result.stop_reason = self.plan.budget_message(self.rounds_completed)
-        self.result.summary["stopped_early"] = self.result.stop_reason
-        self.result.summary["status"] = "interrupted" if interrupted else "finished"
+            self.stop_reason = self.plan.budget_message(self.rounds_completed)
+        self.summary["stopped_early"] = self.stop_reason
+        self.summary["status"] = "interrupted" if interrupted else "finished"
         return self.result
+
+    @property
+    def status(self) -> str:
+        return str(self.summary["status"])
 
     def _reports(self, round_number: int) -> bool:
         """Whether this round is evaluated and gets ε in its row: after every k-th round and the
@@ -341,16 +268,36 @@ class RunServer:
 
     def _evaluate(self) -> tuple[dict[str, float], dict[str, dict[str, float]]]:
         """Evaluate the current model per cohort and refresh the summary (ε included); the
-        result's ``model`` is then the model the summary describes."""
-        overall, per_cohort = self.task.evaluate(self.model)
-        self.result.summary = self._summary(overall, per_cohort)
-        self.result.model = self.model
+        summary then describes ``evaluated_model``."""
+        overall, per_cohort = self.rounds.evaluate()
+        self.summary = self._summary(overall, per_cohort)
+        self.evaluated_model = self.model
         return overall, per_cohort
+
+    def _claim(self) -> dict[str, Any]:
+        """The privacy claim of the rounds that ran: ε from the accountant that was fed each
+        round's DP event, with the noise those rounds released (the planned noise before the
+        first)."""
+        accountant, plan = self.rounds.accountant, self.plan
+        if self.rounds_completed == self.rounds_to_run:
+            self._final_claim.result()  # the background computation of this very ε
+        event = self.rounds.last_event or DPEvent(
+            plan.noise.update, plan.noise.report if plan.releases_reports else None
+        )
+        return PrivacyClaim(
+            epsilon=accountant.get_epsilon(plan.delta),
+            delta=plan.delta,
+            accountant=accountant.mechanism,
+            sample_rate=plan.sample_rate,
+            rounds=accountant.rounds,
+            noise_multiplier=event.noise_multiplier,
+            count_noise_multiplier=event.report_noise_multiplier,
+            effective_noise_multiplier=event.effective_noise_multiplier,
+        ).as_dict()
 
     def _summary(self, overall, per_cohort) -> dict[str, Any]:
         config, plan = self.config, self.plan
-        finished = self.rounds_completed == self.rounds_to_run
-        claim = (self._final_claim.result() if finished else plan.claim(self.rounds_completed)).as_dict()
+        claim = self._claim()
         return {
             "status": "running",
             "scenario": config.scenario.name,
@@ -362,7 +309,7 @@ class RunServer:
             "privacy": claim,
             "privacy_budget": plan.budget,
             "noise_source": self.noise_source,
-            "final_clip_bound": json_number(float(self.policy.clip_bound(self.state))),
+            "final_clip_bound": json_number(self.rounds.clip_bound),
             "cohorts": per_cohort,
             "overall": overall,
             **self.task.summary(self.model),
@@ -376,25 +323,32 @@ def simulate(
     task: Task,
     executor_factory: Callable[[Task, Policy], ClientExecutor] = LocalExecutor,
     on_round: Callable[[dict[str, Any]], None] | None = None,
-    result: RunResult | None = None,
+    observers: Sequence[RunObserver] = (),
 ) -> RunResult:
-    """Run every round of ``config``. Rows are appended to ``result`` as rounds finish, so a
-    caller that is interrupted still holds every finished round, and an interrupted run's summary
-    describes its last finished round with ``status = "interrupted"``."""
-    server = RunServer(config, task, result)
+    """Run every round of ``config`` and return what it produced. ``observers`` (and
+    ``on_round``, a plain callback per row) see every finished round and the end; after an
+    interruption they see the end too, with the summary describing the last finished round
+    (``status = "interrupted"``), before the interruption propagates."""
+    server = RunServer(config, task)
+    watching = [*observers, *([RoundCallback(on_round)] if on_round is not None else [])]
     execute = executor_factory(task, server.policy)
     try:
         for round_number in range(1, server.rounds_to_run + 1):
             client_ids = server.sample(round_number)
             sums = execute(server.model, client_ids, round_number, server.broadcast())
             row = server.finish_round(round_number, sums)
-            if on_round is not None:
-                on_round(row)
+            for observer in watching:
+                observer.on_round(row, server)
     except BaseException:
         with contextlib.suppress(Exception):  # the interruption, not this, is what the caller sees
             server.finish(interrupted=True)
+        for observer in watching:
+            observer.on_finish(server)
         raise
-    return server.finish()
+    result = server.finish()
+    for observer in watching:
+        observer.on_finish(server)
+    return result
 
 
 NOISY_REPORT_COLUMNS = 16
@@ -403,7 +357,7 @@ count-releasing policy) is written to the round's row as ``noisy_report_<j>``.""
 
 
 def _round_row(
-    round_number, server, sums: RoundSums, epsilon: float, overall, per_cohort, cohort_names
+    round_number, server: ServerRound, sums: RoundSums, epsilon: float, overall, per_cohort, cohort_names
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """(public, internal) values of one round.
 

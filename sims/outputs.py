@@ -7,6 +7,7 @@ import json
 import math
 import os
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -119,6 +120,37 @@ def write_run(
     write_json(out / "summary.json", summary)
     if model is not None:
         write_model(out / "model.npy", model)
+
+
+WRITE_SHARE = 0.05
+"""Most of a run's time that :class:`RunWriter` spends rewriting its result files between rounds
+(each write replaces rounds.csv whole, so a write costs more as the rounds add up)."""
+
+
+class RunWriter:
+    """A run observer that writes ``rounds.csv``, ``summary.json`` and ``model.npy`` into ``out``:
+    after every round, unless rounds come faster than that -- then as often as keeps writing
+    within ``share`` of the run (a kill -9 loses at most that share of the time run so far) --
+    and at the end, interrupted or not (Ctrl-C and SIGTERM lose nothing)."""
+
+    def __init__(self, out: Path, share: float = WRITE_SHARE) -> None:
+        self.out = out
+        self.share = share
+        self._ended = -math.inf
+        self._cost = 0.0
+
+    def on_round(self, row: dict[str, Any], run: Any) -> None:
+        started = time.monotonic()
+        if started - self._ended >= self._cost / self.share:
+            self.write(run)
+            self._ended = time.monotonic()
+            self._cost = self._ended - started
+
+    def on_finish(self, run: Any) -> None:
+        self.write(run)
+
+    def write(self, run: Any) -> None:
+        write_run(self.out, run.rows, run.summary, run.evaluated_model)
 
 
 SERVER_INTERNAL = "server-internal"

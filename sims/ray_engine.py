@@ -21,12 +21,19 @@ from typing import Any
 import numpy as np
 import ray
 
-from fairclip.client.contributions import SUM_SHARDS, RoundSums, add_in_order, shard_ids
 from fairclip.sims.config import RunConfig, validate
-from fairclip.sims.engine import balance, build_task, group_blocks, groups_sums
 from fairclip.sims.errors import ConfigError
-from fairclip.sims.tasks import Task
+from fairclip.sims.local_engine import groups_sums
+from fairclip.sims.tasks import Task, build_task
 from fairclip.strategies import Policy, build_policy
+from fairclip.strategies.aggregation import (
+    SUM_SHARDS,
+    RoundSums,
+    add_in_order,
+    balance,
+    group_blocks,
+    shard_ids,
+)
 
 ADDRESS_TIMEOUT_SECONDS = 10.0
 """How long :func:`check_reachable` waits for a Ray cluster's address to accept a connection."""
@@ -67,7 +74,7 @@ def ensure_ray(address: str | None = None, num_cpus: int | None = None) -> None:
 
 
 TaskBuilder = Callable[[RunConfig, Path | None], Task]
-"""Builds a run's task from its config and data folder (:func:`fairclip.sims.engine.build_task`;
+"""Builds a run's task from its config and data folder (:func:`fairclip.sims.tasks.build_task`;
 the benchmarks pass their own, a module-level function so that Ray pickles it by reference)."""
 
 

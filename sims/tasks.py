@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from fairclip.sims.config import RunConfig
 
 
 class Task(Protocol):
@@ -32,3 +36,40 @@ class Task(Protocol):
     def worker(self) -> Task:
         """A view of this task that another thread can call ``local_updates`` on at the same time:
         it shares the clients and their data, not mutable state such as the model."""
+
+
+def build_task(config: RunConfig, data_dir: Path | None = None) -> Task:
+    """The task of a scenario (real datasets are read from ``data_dir``).
+
+    A scenario that its data cannot satisfy (a cohort left without clients, too few examples)
+    raises :class:`ConfigError`; missing or corrupt files raise ``DataError``.
+    """
+    from fairclip.sims.data import DataError
+
+    try:
+        if config.scenario.task == "mean-estimation":
+            from fairclip.sims.mean_estimation import MeanEstimationTask
+
+            return MeanEstimationTask(config.scenario, config.federation.num_clients, config.seed)
+        from fairclip.sims.classification import ClassificationTask, model_factory
+
+        if config.scenario.task == "federated-dataset":
+            from fairclip.sims.federated_dataset import load_federated_dataset
+
+            scenario = config.scenario
+            data = load_federated_dataset(
+                scenario.dataset, scenario.options, config.federation.num_clients, config.seed
+            )
+            return ClassificationTask.from_dataset(
+                data, config.training, config.seed, model_factory(scenario.model)
+            )
+
+        return ClassificationTask(
+            config.scenario, config.training, config.federation.num_clients, config.seed, data_dir
+        )
+    except DataError:
+        raise
+    except ValueError as error:
+        from fairclip.sims.errors import ConfigError
+
+        raise ConfigError(f"scenario {config.scenario.name!r}: {error}") from None

@@ -1,10 +1,11 @@
 """Per-round logging of a run to TensorBoard or MLflow, besides ``rounds.csv`` (off by default).
 
-A *round logger* has two methods: ``log_round(row)``, called with each finished round's row (the
-``on_round`` callback of :func:`fairclip.sims.engine.simulate`), and ``close(summary)``, called
-once with the run's summary. Every finite number of the row is logged as a scalar at step
-``row["round"]`` under its column name (``clip_bound``, ``epsilon``, ``minority/accuracy``, ...);
-rounds that were not evaluated hold NaN there and are skipped. A library user passes a logger's
+A *round logger* has two methods: ``log_round(row)``, called with each finished round's row
+(the ``on_round`` callback of :func:`fairclip.sims.engine.simulate`, or through
+:class:`LoggerObserver`), and ``close(summary)``, called once with the run's summary. Every
+finite number of the row is logged as a scalar at step ``row["round"]`` under its column name
+(``clip_bound``, ``epsilon``, ``minority/accuracy``, ...); rounds that were not evaluated hold
+NaN there and are skipped. A library user passes a logger's
 ``log_round`` to :func:`simulate` directly::
 
     logger = TensorBoardLogger("runs/tb/adaptive")
@@ -155,6 +156,20 @@ def round_loggers(
     if mlflow_experiment is not None:
         loggers.append(MLflowLogger(mlflow_experiment, run_name, config))
     return loggers
+
+
+class LoggerObserver:
+    """A round logger as a run observer (:class:`fairclip.sims.engine.RunObserver`): each
+    round's row to ``log_round``, the run's summary to ``close`` at the end."""
+
+    def __init__(self, logger: RoundLogger) -> None:
+        self.logger = logger
+
+    def on_round(self, row: Mapping[str, Any], run: Any) -> None:
+        self.logger.log_round(row)
+
+    def on_finish(self, run: Any) -> None:
+        self.logger.close(run.summary)
 
 
 def log_rounds(loggers: Iterable[RoundLogger]) -> Callable[[Mapping[str, Any]], None]:

@@ -45,3 +45,16 @@ def ray_session():
     ensure_ray(num_cpus=2)
     yield ray
     ray.shutdown()
+
+
+@pytest.fixture(autouse=True)
+def plugin_registrations():
+    """What a test registers (``fairclip.policies.register``, a ``Scenario``'s objects) is
+    forgotten after it: the registry is process-wide, and Ray tasks of later tests receive it."""
+    from fairclip import plugins
+
+    saved = {kind: plugins.registered(kind) for kind in plugins.ENTRY_POINT_GROUPS}
+    yield
+    for kind, names in saved.items():
+        plugins._REGISTERED[kind].clear()
+        plugins._REGISTERED[kind].update(names)

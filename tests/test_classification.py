@@ -13,7 +13,8 @@ from fairclip.client.training import LocalTraining, local_update
 from fairclip.server.evaluation import PREDICT_BATCH, evaluate, predict
 from fairclip.sims.classification import synthetic_data
 from fairclip.sims.config import load_config
-from fairclip.sims.engine import build_task, simulate
+from fairclip.sims.engine import simulate
+from fairclip.sims.tasks import build_task
 
 INPUT_SHAPES = {"logistic": (10,), "mlp": (10,), "cnn": (1, 28, 28), "tanh-cnn": (1, 28, 28)}
 

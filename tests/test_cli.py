@@ -187,13 +187,12 @@ def test_interrupted_run_keeps_finished_rounds(cli, tmp_path, monkeypatch):
 
     original = engine.simulate
 
-    def interrupted(config, task, *args, on_round=None, result=None, **kwargs):
+    def interrupted(config, task, *args, **kwargs):
         def stop_after_three(row):
-            on_round(row)
             if row["round"] == 3:
                 raise KeyboardInterrupt
 
-        return original(config, task, *args, on_round=stop_after_three, result=result, **kwargs)
+        return original(config, task, *args, on_round=stop_after_three, **kwargs)
 
     monkeypatch.setattr(engine, "simulate", interrupted)
     status, _, _ = _run(cli, tmp_path)

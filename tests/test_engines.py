@@ -6,9 +6,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from fairclip.client.contributions import SUM_SHARDS, shard_ids
 from fairclip.sims.config import load_config
-from fairclip.sims.engine import LocalExecutor, RunServer, build_task, group_blocks, groups_sums, simulate
+from fairclip.sims.engine import RunServer, simulate
+from fairclip.sims.local_engine import LocalExecutor, groups_sums
+from fairclip.sims.tasks import build_task
+from fairclip.strategies.aggregation import SUM_SHARDS, balance, group_blocks, shard_ids
 
 
 def test_blocks_partition_the_sampled_clients():
@@ -138,7 +140,6 @@ def test_blocks_trained_together_or_apart_give_the_same_sums():
 
 
 def test_balance_gives_every_group_once_and_evens_the_load():
-    from fairclip.sims.engine import balance
 
     blocks = [np.arange(n) for n in (13, 9, 15, 12, 11, 14, 10, 16)]
     groups = [{b: ids} for b, ids in enumerate(blocks)]

@@ -10,8 +10,10 @@ import pandas as pd
 import pytest
 
 from fairclip.sims.config import load_config
-from fairclip.sims.engine import LocalExecutor, RunServer, build_task, simulate
+from fairclip.sims.engine import RunServer, simulate
+from fairclip.sims.local_engine import LocalExecutor
 from fairclip.sims.privacy_plan import EPSILON_ROWS, PrivacyPlan
+from fairclip.sims.tasks import build_task
 
 
 def _demo(*overrides: str):

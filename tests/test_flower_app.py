@@ -252,8 +252,8 @@ def test_train_instruction_round_trip():
 def test_client_with_its_own_data_file_trains_on_it_and_sends_no_diagnostics(server_task_identity, tmp_path):
     from flwr.app import Context
 
-    from fairclip.client import app as client_app
     from fairclip.client.protocol import DIAGNOSTICS as DIAGNOSTICS_RECORD
+    from fairclip.sims.flower_apps import clients as client_app
 
     features = np.random.default_rng(0).normal(size=(5, 10)).astype(np.float32)
     labels = np.array([0, 1, 1, 0, 1])
@@ -294,7 +294,7 @@ def test_a_partition_node_sends_diagnostics_only_where_the_run_enables_them(
 ):
     """Issue 17, point 1: a node on a scenario partition (the README's and compose's SuperNodes)
     used to send its raw norms and true clipping bit in every run."""
-    from fairclip.client import app as client_app
+    from fairclip.sims.flower_apps import clients as client_app
 
     run_config = {"scenario": "demo", "federation.num_clients": 6, "strategy.name": "bounded"}
     if enabled is not None:
@@ -321,8 +321,8 @@ IDENTIFY_POLICIES = ["none", "constant", "bounded", "online", "per-cohort", "rew
 def test_a_node_tells_its_cohort_only_to_policies_that_need_it(server_task_identity, policy):
     """Issue 17, point 2: the identify answer carried the cohort (the protected attribute of
     adult/dutch) for every policy."""
-    from fairclip.client import app as client_app
     from fairclip.client.protocol import COHORT, IDENTIFY
+    from fairclip.sims.flower_apps import clients as client_app
 
     run_config = {"scenario": "demo", "federation.num_clients": 6, "strategy.name": policy}
     if policy == "bounded":

@@ -43,6 +43,7 @@ NODES = 4
 
 @pytest.fixture
 def example_task(monkeypatch):
+    """The example app's task module, importable for this test only."""
     monkeypatch.syspath_prepend(str(EXAMPLE))
     from fairclip_example import task
 

@@ -67,7 +67,8 @@ PEAK_PROGRAM = """
 import json, re, sys
 from pathlib import Path
 from fairclip.sims.config import load_config
-from fairclip.sims.engine import build_task
+from fairclip.sims.tasks import build_task
+from fairclip.sims.engine import simulate  # what a run process imports besides (torch, Opacus)
 from fairclip.sims.memory import estimate_run_memory
 config = load_config(sys.argv[1], None, sys.argv[2:])
 task = build_task(config)

@@ -11,7 +11,8 @@ import torch
 from fairclip.client.models import build_model, load_vector, model_to_vector
 from fairclip.client.training import LocalTraining, local_update, one_step_updates
 from fairclip.sims.config import load_config
-from fairclip.sims.engine import build_task, simulate
+from fairclip.sims.engine import simulate
+from fairclip.sims.tasks import build_task
 
 
 @pytest.mark.parametrize(

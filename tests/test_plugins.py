@@ -141,12 +141,8 @@ def research(tmp_path, monkeypatch):
     (tmp_path / "my_research.py").write_text(RESEARCH)
     monkeypatch.syspath_prepend(str(tmp_path))
     sys.modules.pop("my_research", None)
-    saved = {kind: plugins.registered(kind) for kind in plugins.ENTRY_POINT_GROUPS}
     yield importlib.import_module("my_research")
     sys.modules.pop("my_research", None)
-    for kind, names in saved.items():  # registrations of one test do not leak into the next
-        plugins._REGISTERED[kind].clear()
-        plugins._REGISTERED[kind].update(names)
 
 
 def scenario(module) -> fairclip.Scenario:
@@ -389,3 +385,14 @@ def test_plugins_are_documented_in_one_place():
     for name in [*methods, "report_size", "report_is_valid", "next_state", "Params", "check_policy"]:
         assert f"`{name}" in guide, name
     assert "fairclip.policies" in guide
+
+
+def test_a_registration_another_process_cannot_load_fails_only_where_it_is_used():
+    plugins.register("model", "generator", (n for n in range(3)))  # cloudpickle cannot pickle it
+    state = plugins.snapshot()
+    state["registered"]["dataset"]["garbled"] = b"not a pickle"
+    plugins.restore(state)
+    with pytest.raises(plugins.PluginError, match=r"'generator' was registered .* cannot be pickled"):
+        plugins.resolve("model", "generator")
+    with pytest.raises(plugins.PluginError, match=r"'garbled' was registered .* cannot be loaded here"):
+        plugins.resolve("dataset", "garbled")

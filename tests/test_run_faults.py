@@ -108,9 +108,9 @@ def test_kill_9_leaves_the_finished_rounds_and_a_summary_marked_running(tmp_path
 def test_a_failed_write_is_one_line_and_keeps_what_was_written(cli, tmp_path, monkeypatch):
     import errno
 
-    import fairclip.sims.cli as cli_module
+    import fairclip.sims.outputs as outputs_module
 
-    original = cli_module.write_run
+    original = outputs_module.write_run
     calls = []
 
     def disk_full_after_three(out, rows, *args):
@@ -119,7 +119,7 @@ def test_a_failed_write_is_one_line_and_keeps_what_was_written(cli, tmp_path, mo
             raise OSError(errno.ENOSPC, "No space left on device", str(out / "rounds.csv"))
         original(out, rows, *args)
 
-    monkeypatch.setattr(cli_module, "write_run", disk_full_after_three)
+    monkeypatch.setattr(outputs_module, "write_run", disk_full_after_three)
     status, _, err = cli(
         "run", "--scenario", "bimodal-mean", "--set", "training.rounds=10", "--out", str(tmp_path)
     )
@@ -142,7 +142,7 @@ def _bad_outs(tmp_path: Path) -> dict[str, Path]:
 
 @pytest.mark.parametrize("command", ["run", "compare"])
 def test_a_bad_output_folder_is_one_line_before_any_work(cli, tmp_path, command, monkeypatch):
-    import fairclip.sims.engine as engine
+    import fairclip.sims.tasks as engine
 
     monkeypatch.setattr(engine, "build_task", lambda *a, **k: pytest.fail("work started"))
     args = {"run": ["run", "--scenario", "demo"], "compare": ["compare", "--scenario", "demo"]}[command]

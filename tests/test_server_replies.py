@@ -21,7 +21,8 @@ from fairclip.client.protocol import CONTRIBUTION, DIAGNOSTICS, REPORTS, UPDATE,
 from fairclip.server.replies import ReplyError, check_reply, read_float_vector
 from fairclip.server.strategy import PolicyStrategy
 from fairclip.sims.config import load_config
-from fairclip.sims.engine import RunServer, build_task
+from fairclip.sims.engine import RunServer
+from fairclip.sims.tasks import build_task
 from fairclip.strategies import POLICIES, build_policy, policy_parameters
 
 NAMES = sorted(POLICIES)

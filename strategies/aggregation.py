@@ -1,0 +1,148 @@
+"""How the clients' contributions are summed, the same way on every engine and the Flower server.
+
+Everything a round adds up -- contributions, report vectors, and the simulation-only
+diagnostics -- travels as :class:`RoundSums`. Clients are summed in :data:`SUM_SHARDS` fixed
+blocks of ids, always added in block order, so that the floating-point sum (and with it the
+whole run) is identical whether the blocks are summed in this process, in Ray actors or from
+Flower replies. :func:`group_blocks` fixes which blocks are trained in one call and
+:func:`balance` shares those groups out to workers; neither changes the result.
+
+This module is pure numpy and sits with the policies because the client side (which produces
+``RoundSums``), the server side (which sums replies) and every engine share it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass
+class CohortDiagnostics:
+    """Simulation-only sums per cohort (arrays of length K), and each cohort's update norms
+    before clipping (``norms[k]``, one value per client; ``()`` where they are not known) for
+    the per-cohort median, which no sum gives."""
+
+    sampled: np.ndarray
+    exceeded: np.ndarray
+    nonfinite: np.ndarray
+    norm_before: np.ndarray
+    norm_after: np.ndarray
+    norms: tuple[np.ndarray, ...] = ()
+
+    @classmethod
+    def zeros(cls, num_cohorts: int) -> CohortDiagnostics:
+        return cls(*(np.zeros(num_cohorts) for _ in range(5)), tuple(np.empty(0) for _ in range(num_cohorts)))
+
+    def __add__(self, other: CohortDiagnostics) -> CohortDiagnostics:
+        known = bool(self.norms) and bool(other.norms)
+        return CohortDiagnostics(
+            self.sampled + other.sampled,
+            self.exceeded + other.exceeded,
+            self.nonfinite + other.nonfinite,
+            self.norm_before + other.norm_before,
+            self.norm_after + other.norm_after,
+            tuple(map(np.concatenate, zip(self.norms, other.norms, strict=True))) if known else (),
+        )
+
+    def median_norm(self, cohort: int) -> float:
+        """Median update norm (before clipping) of cohort ``cohort``'s clients; NaN where none
+        were sampled or the norms are not known."""
+        if not self.norms or self.norms[cohort].size == 0:
+            return float("nan")
+        return float(np.median(self.norms[cohort]))
+
+
+@dataclass
+class RoundSums:
+    """What the server receives from a group of clients: sums only."""
+
+    contribution_sum: np.ndarray
+    report_sum: np.ndarray
+    num_reports: int
+    diagnostics: CohortDiagnostics
+
+    def __add__(self, other: RoundSums) -> RoundSums:
+        return RoundSums(
+            self.contribution_sum + other.contribution_sum,
+            self.report_sum + other.report_sum,
+            self.num_reports + other.num_reports,
+            self.diagnostics + other.diagnostics,
+        )
+
+
+SUM_SHARDS = 8
+"""Clients are summed in this many fixed blocks of ids, in block order, on every backend, so that
+the floating-point sum -- and with it the whole run -- is the same whether the blocks are
+computed here or in Ray actors."""
+
+
+def shard_ids(client_ids: np.ndarray, num_clients: int, num_shards: int = SUM_SHARDS) -> list[np.ndarray]:
+    """Split sorted client ids into the contiguous id blocks ``[s·N/S, (s+1)·N/S)``."""
+    owners = client_ids * num_shards // num_clients
+    return [client_ids[owners == shard] for shard in range(num_shards)]
+
+
+def add_in_order(sums: list[RoundSums]) -> RoundSums:
+    """Σ of block sums, always in block order."""
+    total = sums[0]
+    for part in sums[1:]:
+        total = total + part
+    return total
+
+
+GROUP_BYTES = 256 * 2**20
+"""Bound on the float64 updates one ``Task.local_updates`` call of :func:`group_blocks` returns."""
+
+
+def group_blocks(blocks: list[np.ndarray], rows_per_call: int, dimension: int) -> list[dict[int, np.ndarray]]:
+    """Merge consecutive blocks of sampled clients into groups trained in one call.
+
+    A group takes the next block while it stays within ``rows_per_call`` clients (the task's
+    best batch, :attr:`Task.rows_per_call`) and :data:`GROUP_BYTES` of updates; a block is never
+    split. The one-step path so computes per-sample gradients in vectorised batches of about
+    ``rows_per_call`` examples even when the sampled batch falls into many small blocks.
+    Kernels may round differently for other batch sizes, so the groups depend only on the
+    sampled clients and the task -- never on the backend or its number of workers -- and every
+    backend trains the same groups: the run stays identical on all of them.
+    """
+    limit = max(1, min(rows_per_call, GROUP_BYTES // (8 * dimension)))
+    groups: list[dict[int, np.ndarray]] = []
+    rows = 0
+    for index, ids in enumerate(blocks):
+        if not groups or rows + len(ids) > limit:
+            groups.append({})
+            rows = 0
+        groups[-1][index] = ids
+        rows += len(ids)
+    return groups
+
+
+def balance(groups: list[dict[int, np.ndarray]], workers: int) -> list[list[dict[int, np.ndarray]]]:
+    """Share groups out to ``workers`` by longest-processing-time first: the largest group (in
+    clients) goes to the least-loaded worker. Dealing groups round-robin instead cost W1 (8 blocks
+    of Poisson size on 2 Ray actors) 7.5 % of its round time, waiting for the busier actor; this
+    leaves about 1.6 % (simulated over 2,000 rounds)."""
+    shares: list[list[dict[int, np.ndarray]]] = [[] for _ in range(workers)]
+    loads = [0] * workers
+    for group in sorted(groups, key=lambda g: -sum(len(ids) for ids in g.values())):
+        lightest = loads.index(min(loads))
+        shares[lightest].append(group)
+        loads[lightest] += sum(len(ids) for ids in group.values())
+    return shares
+
+
+def sum_replies(
+    accepted: dict[int, RoundSums], num_clients: int, dim: int, report_size: int, num_cohorts: int
+) -> RoundSums:
+    """Σ of the accepted clients' sums, block by block in id order (as every engine adds)."""
+    empty = RoundSums(np.zeros(dim), np.zeros(report_size), 0, CohortDiagnostics.zeros(num_cohorts))
+    ids = np.array(sorted(accepted), dtype=np.int64)
+    blocks = []
+    for block in shard_ids(ids, num_clients):
+        total = empty
+        for client in block:
+            total = accepted[int(client)] if total is empty else total + accepted[int(client)]
+        blocks.append(total)
+    return add_in_order(blocks)
