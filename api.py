@@ -133,6 +133,7 @@ def simulate(
     data_dir: str | Path | None = None,
     workers: int = 1,
     on_round: Callable[[dict[str, Any]], None] | None = None,
+    observers: Sequence[Any] = (),
 ) -> Simulation:
     """Run one simulation in this process and return its results.
 
@@ -141,21 +142,15 @@ def simulate(
     dotted configuration keys to typed values (``{"strategy.name": "bounded",
     "privacy.target_epsilon": 2.0}``), validated like ``--set``; ``data_dir`` holds the real
     datasets (default: ``FAIRCLIP_DATA``); ``workers`` threads train the sampled clients (the
-    same result for any number). An invalid configuration raises
+    same result for any number); ``on_round(row)`` and ``observers`` see every round
+    (:func:`simulate_config`). An invalid configuration raises
     :class:`fairclip.sims.errors.ConfigError` naming the problem.
     """
     from fairclip.sims.config import validate
-    from fairclip.sims.engine import simulate as run_rounds
-    from fairclip.sims.errors import ConfigError
-    from fairclip.sims.local_engine import LocalExecutor
-    from fairclip.sims.tasks import build_task
 
-    if workers < 1:
-        raise ConfigError(f"workers must be >= 1 (got {workers})")
     config = validate(_raw_config(scenario, config_file, overrides))
-    task = build_task(config, Path(data_dir) if data_dir is not None else None)
-    result = run_rounds(
-        config, task, lambda task, policy: LocalExecutor(task, policy, workers), on_round=on_round
+    result = simulate_config(
+        config, data_dir=data_dir, workers=workers, on_round=on_round, observers=observers
     )
     rounds = pd.DataFrame(result.rows)
     if not rounds.empty:
@@ -163,6 +158,48 @@ def simulate(
     cohorts = pd.DataFrame.from_dict(result.summary["cohorts"], orient="index")
     cohorts.index.name = "cohort"
     return Simulation(rounds=rounds, cohorts=cohorts, summary=result.summary, model=np.asarray(result.model))
+
+
+def simulate_config(
+    config: Any,
+    *,
+    data_dir: str | Path | None = None,
+    backend: str = "local",
+    workers: int = 1,
+    actors: int | None = None,
+    address: str | None = None,
+    on_round: Callable[[dict[str, Any]], None] | None = None,
+    observers: Sequence[Any] = (),
+) -> Any:
+    """Run the validated configuration ``config`` (a :class:`fairclip.sims.config.RunConfig`) and
+    return its :class:`fairclip.sims.engine.RunResult`; what ``fairclip run`` does.
+
+    ``backend``: ``local`` (this process, ``workers`` threads) or ``ray`` (``actors`` Ray actors,
+    default one per core, on the cluster at ``address`` or a local one); the same seed gives the
+    same run on both. ``observers`` (:class:`fairclip.sims.engine.RunObserver`: a file writer, a
+    progress bar, a tracker) see every round and the end, also after an interruption.
+    """
+    import os
+
+    from fairclip.sims.engine import simulate as run_rounds
+    from fairclip.sims.errors import ConfigError
+    from fairclip.sims.local_engine import LocalExecutor
+    from fairclip.sims.tasks import build_task
+
+    if workers < 1:
+        raise ConfigError(f"workers must be >= 1 (got {workers})")
+    if backend not in ("local", "ray"):
+        raise ConfigError(f"backend must be local or ray (got {backend!r})")
+    folder = Path(data_dir) if data_dir is not None else None
+    task = build_task(config, folder)
+    executor_factory: Callable[..., Any] = lambda task, policy: LocalExecutor(task, policy, workers)  # noqa: E731
+    if backend == "ray":
+        from fairclip.sims.ray_engine import RayExecutor, ensure_ray
+
+        ensure_ray(address)
+        executor = RayExecutor.start(config, folder, actors or os.cpu_count() or 1)
+        executor_factory = lambda _task, _policy: executor  # noqa: E731
+    return run_rounds(config, task, executor_factory, on_round=on_round, observers=observers)
 
 
 def _raw_config(
@@ -195,86 +232,104 @@ class Comparison:
     """Each run's rounds (the columns of ``rounds.csv``), by run key ``<strategy>__eps-<ε>__seed-<s>``."""
     summaries: dict[str, dict[str, Any]]
     """Each run's ``summary.json`` content, by run key."""
-    folder: Path | None
-    """Where the results were written (``out``), or ``None``."""
+    folder: Path | None = None
+    """Where the sweep was written (``out``), or ``None``."""
+    plots: tuple[str, ...] = ()
+    """The plots drawn into ``folder``."""
+
+
+MODES = ("new", "resume", "extend", "replace")
 
 
 def compare(
     scenario: str | Scenario | None = None,
     *,
-    strategies: Sequence[str | type] = ("constant", "adaptive", "bounded"),
+    strategies: Sequence[str | type] | None = None,
     epsilons: Sequence[float] | None = None,
-    seeds: int = 1,
+    seeds: int | None = None,
     config_file: str | Path | None = None,
     overrides: Mapping[str, Any] | None = None,
     data_dir: str | Path | None = None,
     out: str | Path | None = None,
+    mode: str = "new",
     ray: bool = False,
     address: str | None = None,
     workers: int = 1,
+    on_start: Callable[[int, int], None] | None = None,
     on_run: Callable[[str, dict[str, Any]], None] | None = None,
 ) -> Comparison:
-    """Compare clipping strategies on a scenario, as ``fairclip compare`` does.
+    """Compare clipping strategies on a scenario; what ``fairclip compare`` does.
 
-    ``strategies``: names of built-in policies, plug-in references, or :class:`Policy`
-    subclasses (registered under their ``name``); the non-private ``none`` reference always runs
-    once per seed. ``epsilons``: target ε values (``None``: the scenario's own privacy settings).
-    ``seeds``: the scenario's seed, +1, ... Every run is validated before any work.
+    ``strategies`` (default constant, adaptive, bounded): names of built-in policies, plug-in
+    references, or :class:`Policy` subclasses (registered under their ``name``); the
+    non-private ``none`` reference always runs once per seed. ``epsilons``: target ε values
+    (default: the scenario's own privacy settings). ``seeds`` (default 1): the scenario's seed,
+    +1, ... Every run is validated, and the runs held at once checked against the memory, before
+    any work.
 
-    Runs simulate one after the other in this process, or, with ``ray`` (or an ``address`` of a
-    Ray cluster), as parallel Ray tasks of ``workers`` CPUs. ``out``: a folder (new or empty)
-    that receives each run as it finishes (``runs/<key>/``), then ``summary.csv``, ``report.md``
-    and the plots. ``on_run(key, {"rows": ..., "summary": ...})`` is called per finished run.
+    Runs simulate one after the other in this process, or, with ``ray`` (or the ``address`` of a
+    Ray cluster), as parallel Ray tasks of ``workers`` CPUs. ``out``: the sweep's folder, which
+    receives each run as it finishes (``runs/<key>/``), then ``summary.csv``, ``report.md`` and
+    the plots, and stores the sweep's specification: ``mode`` says what to do with a folder that
+    holds one -- ``new`` (refuse a different sweep), ``resume`` (continue it; ``scenario`` and the
+    options may be left out), ``extend`` (add strategies, ε or seeds) or ``replace``.
+    ``on_start(runs, to_run)`` is called when the runs are known, ``on_run(key, {"rows": ...,
+    "summary": ...})`` per finished run.
     """
+    import json
+    import os
+
     from fairclip.sims import compare as sweep
     from fairclip.sims.errors import ConfigError
+    from fairclip.sims.sweep_folder import Mode
     from fairclip.strategies.registry import register
 
     if workers < 1:
         raise ConfigError(f"workers must be >= 1 (got {workers})")
-    names = []
-    for strategy in strategies:
-        if isinstance(strategy, type):
-            register(strategy, replace=True)
-            strategy = strategy.name
-        names.append(strategy)
-    raw = _raw_config(scenario, config_file, overrides)
-    targets: list[float | None] = [None] if epsilons is None else [float(e) for e in epsilons]
-    for target in targets:
-        if target is not None and not (math.isfinite(target) and target > 0):
-            raise ConfigError(f"every target ε must be a finite number > 0 (got {target})")
-    runs = sweep.plan_runs(raw, names, targets, seeds)
-    folder = Path(out) if out is not None else None
-    if folder is not None:
-        if folder.exists() and (not folder.is_dir() or any(folder.iterdir())):
-            raise ConfigError(f"out: {folder} exists and is not an empty folder")
-        folder.mkdir(parents=True, exist_ok=True)
-    results: dict[str, dict[str, Any]] = {}
-    by_key = {run.key: run for run in runs}
-
-    def finished(key: str, result: dict[str, Any]) -> None:
-        results[key] = result
-        if folder is not None:
-            sweep.save_run(folder / "runs" / key, result)
-        if on_run is not None:
-            on_run(key, result)
-
-    jobs = [(run.key, run.config(raw).as_dict()) for run in runs]
-    local_data = str(data_dir) if data_dir is not None else None
-    if ray or address is not None:
-        for key, result in sweep.simulate_on_ray(
-            jobs, data_dir=Path(data_dir) if data_dir else None, address=address, workers=workers
-        ):
-            finished(key, result)
-    else:
-        for key, run_raw in jobs:
-            finished(key, sweep.run_simulation(run_raw, local_data, workers))
-    summaries = {key: result["summary"] for key, result in results.items()}
-    rounds = {key: pd.DataFrame(result["rows"]) for key, result in results.items()}
-    table, rounds, keys = sweep.results_table(list(by_key.values()), summaries, rounds)
-    if folder is not None:
-        from fairclip.sims.report import write_report
-
-        sweep.write_summary(folder, table)
-        write_report(folder, table, rounds, keys, f"fairclip compare: {runs[0].config(raw).scenario.name}")
-    return Comparison(table=table, rounds=rounds, summaries=summaries, folder=folder)
+    if mode not in MODES:
+        raise ConfigError(f"mode must be one of {', '.join(MODES)} (got {mode!r})")
+    if out is None and mode != "new":
+        raise ConfigError(f"mode {mode} continues a sweep stored in a folder: give out")
+    names = None
+    if strategies is not None:
+        names = []
+        for strategy in strategies:
+            if isinstance(strategy, type):
+                register(strategy, replace=True)
+                strategy = strategy.name
+            names.append(strategy)
+    targets: list[float | None] | None = None
+    if epsilons is not None:
+        targets = [float(e) for e in epsilons]
+        for target in targets:
+            if not (math.isfinite(target) and target > 0):
+                raise ConfigError(f"every target ε must be a finite number > 0 (got {target})")
+    given_nothing = scenario is None and config_file is None and not overrides
+    raw = None if mode == "resume" and given_nothing else _raw_config(scenario, config_file, overrides)
+    given = sweep.compare_spec(raw, names, targets, seeds, explicit_only=mode == "resume")
+    parallel = (os.cpu_count() or 1) // workers if ray or address else 1
+    if mode != "resume":  # every run validated, and the memory checked, before the folder is touched
+        sweep.check_sweep_memory(*sweep.plan_from_spec(given), parallel, address)
+    folder_data = Path(data_dir) if data_dir is not None else None
+    on_result = None if on_run is None else (lambda run, result: on_run(run.key, result))
+    if out is None:
+        raw, runs = sweep.plan_from_spec(given)
+        if on_start is not None:
+            on_start(len(runs), len(runs))
+        results = sweep.execute(
+            raw, runs, None, data_dir=folder_data, ray=ray or address is not None, address=address,
+            workers=workers, on_result=on_result,
+        )  # fmt: skip
+        summaries = {run.key: results[run.key]["summary"] for run in runs}
+        rounds = {run.key: pd.DataFrame(results[run.key]["rows"]) for run in runs}
+        table, rounds, _ = sweep.results_table(runs, summaries, rounds)
+        return Comparison(table=table, rounds=rounds, summaries=summaries)
+    folder = Path(out)
+    runs, table, rounds, drawn = sweep.run_sweep(
+        folder, given, Mode(mode), data_dir=folder_data, ray=ray or address is not None, address=address,
+        workers=workers, parallel=parallel, on_start=on_start, on_result=on_result,
+    )  # fmt: skip
+    summaries = {
+        run.key: json.loads((folder / "runs" / run.key / "summary.json").read_text()) for run in runs
+    }
+    return Comparison(table=table, rounds=rounds, summaries=summaries, folder=folder, plots=tuple(drawn))

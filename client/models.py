@@ -71,8 +71,25 @@ def build_model(name: str, input_shape: tuple[int, ...], num_classes: int) -> nn
 
 
 def model_to_vector(model: nn.Module) -> np.ndarray:
-    """The model's parameters as one float64 vector (in logical order, whatever their memory format)."""
-    return torch.cat([parameter.detach().reshape(-1) for parameter in model.parameters()]).double().numpy()
+    """The model's parameters as one float64 vector (in logical order, whatever their memory
+    format or device)."""
+    flat = torch.cat([parameter.detach().reshape(-1) for parameter in model.parameters()])
+    return flat.double().cpu().numpy()
+
+
+DEVICES = ("auto", "cpu", "cuda")
+
+
+def resolve_device(name: str) -> torch.device:
+    """The torch device of ``training.device``: ``auto`` is a GPU when torch sees one, else the
+    CPU; ``cuda`` without a GPU is a ``ValueError`` naming the problem."""
+    if name not in DEVICES:
+        raise ValueError(f"training.device must be one of {', '.join(DEVICES)} (got {name!r})")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ValueError("training.device is cuda, but torch sees no CUDA device (use auto or cpu)")
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    return torch.device(name)
 
 
 def image_layout(model: nn.Module, features: torch.Tensor) -> torch.Tensor:
@@ -90,5 +107,6 @@ def image_layout(model: nn.Module, features: torch.Tensor) -> torch.Tensor:
 def load_vector(model: nn.Module, vector: np.ndarray) -> None:
     """Overwrite the model's parameters with ``vector`` (inverse of :func:`model_to_vector`)."""
     reference = next(model.parameters())
-    flat = torch.tensor(vector, dtype=reference.dtype)  # a copy: the vector may be read-only (Ray)
+    # a copy: the vector may be read-only (Ray)
+    flat = torch.tensor(vector, dtype=reference.dtype, device=reference.device)
     torch.nn.utils.vector_to_parameters(flat, model.parameters())

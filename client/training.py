@@ -41,7 +41,7 @@ def local_update(
     loss_function = nn.CrossEntropyLoss()
     count = labels.shape[0]
     for _ in range(training.epochs):
-        order = torch.randperm(count, generator=generator)
+        order = torch.randperm(count, generator=generator).to(features.device)
         for start in range(0, count, training.batch_size):
             batch = order[start : start + training.batch_size]
             optimizer.zero_grad(set_to_none=True)
@@ -106,5 +106,5 @@ def one_step_updates(
         flat = torch.cat([grads[name].reshape(stop - start, -1) for name in names], dim=1)
         stepped = start_point.unsqueeze(0) - lr * flat
         # θ_i (float32, exact in float64) − θ_t in float64, written in place: one pass
-        torch.sub(stepped, global_tensor, out=torch.from_numpy(updates[start:stop]))
+        torch.sub(stepped.cpu(), global_tensor, out=torch.from_numpy(updates[start:stop]))
     return updates

@@ -43,9 +43,9 @@ def evaluate(
 ) -> tuple[dict[str, float], dict[str, dict[str, float]]]:
     """(overall metrics, per-cohort metrics) of the model ``vector`` on a test set."""
     logits = predict(model, vector, features)
-    losses = nn.functional.cross_entropy(logits, labels, reduction="none").numpy().astype(np.float64)
-    correct = (logits.argmax(dim=1) == labels).numpy().astype(np.float64)
-    label_array = labels.numpy()
+    losses = nn.functional.cross_entropy(logits, labels, reduction="none").cpu().numpy().astype(np.float64)
+    correct = (logits.argmax(dim=1) == labels).cpu().numpy().astype(np.float64)
+    label_array = labels.cpu().numpy()
     per_class = [correct[label_array == c].mean() for c in range(num_classes) if np.any(label_array == c)]
     overall = {
         "accuracy": float(correct.mean()),

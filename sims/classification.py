@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from fairclip.client.models import MODELS, build_model, model_to_vector
+from fairclip.client.models import MODELS, build_model, model_to_vector, resolve_device
 from fairclip.client.training import (
     ONE_STEP_ROWS_PER_CALL,
     LocalTraining,
@@ -144,10 +144,12 @@ class ClassificationTask:
         self.client_cohorts = data.client_cohorts
         self.client_indices = data.client_indices
         self.num_classes = data.num_classes
-        self.train_x = torch.from_numpy(data.train_x)
-        self.train_y = torch.from_numpy(data.train_y)
-        self.test_x = torch.from_numpy(data.test_x)
-        self.test_y = torch.from_numpy(data.test_y)
+        self.device = resolve_device(training.device)
+        """Where local training and evaluation run (``training.device``); data and models live there."""
+        self.train_x = torch.from_numpy(data.train_x).to(self.device)
+        self.train_y = torch.from_numpy(data.train_y).to(self.device)
+        self.test_x = torch.from_numpy(data.test_x).to(self.device)
+        self.test_y = torch.from_numpy(data.test_y).to(self.device)
         self.cohort_weights = data.cohort_weights
         self.training = LocalTraining(training.local_epochs, training.batch_size, training.client_lr)
         torch.manual_seed(int(rng(seed, Stream.DATA, 1).integers(2**62)))
@@ -155,6 +157,7 @@ class ClassificationTask:
             self.model = build_model(model, tuple(data.train_x.shape[1:]), data.num_classes)
         else:
             self.model = checked_model(model(tuple(data.train_x.shape[1:]), data.num_classes))
+        self.model = self.model.to(self.device)  # initialised on the CPU: the same θ_0 on any device
         self._initial = model_to_vector(self.model)
         self.evaluation_model = copy.deepcopy(self.model)
         """Evaluation's own copy: :func:`predict` may change its memory format."""
@@ -180,8 +183,8 @@ class ClassificationTask:
         if features.shape[0] == 0 or labels.min() < 0 or labels.max() >= self.num_classes:
             raise ValueError(f"local labels must lie in 0..{self.num_classes - 1} and not be empty")
         start = self.train_x.shape[0]
-        self.train_x = torch.cat([self.train_x, torch.from_numpy(features)])
-        self.train_y = torch.cat([self.train_y, torch.from_numpy(labels.astype(np.int64))])
+        self.train_x = torch.cat([self.train_x, torch.from_numpy(features).to(self.device)])
+        self.train_y = torch.cat([self.train_y, torch.from_numpy(labels.astype(np.int64)).to(self.device)])
         self.client_indices[client] = np.arange(start, start + features.shape[0])
         self.one_step = self.one_step and features.shape[0] == 1
 
@@ -191,13 +194,15 @@ class ClassificationTask:
             # per-client generator; all sampled clients' gradients at once.
             if len(client_ids) == 0:
                 return np.empty((0, model.shape[0]))
-            indices = torch.from_numpy(np.concatenate([self.client_indices[c] for c in client_ids]))
+            indices = torch.from_numpy(np.concatenate([self.client_indices[c] for c in client_ids])).to(
+                self.device
+            )
             return one_step_updates(
                 self.model, model, self.train_x[indices], self.train_y[indices], self.training.lr
             )
         updates = np.empty((len(client_ids), model.shape[0]))
         for row, client in enumerate(client_ids):
-            indices = torch.from_numpy(self.client_indices[client])
+            indices = torch.from_numpy(self.client_indices[client]).to(self.device)
             generator = torch.Generator().manual_seed(
                 int(rng(self.seed, Stream.CLIENT, round_number, client).integers(2**62))
             )

@@ -138,10 +138,9 @@ def run(
     mlflow: MLflowOption = None,
 ) -> None:
     """Run one simulation; write rounds.csv and summary.json."""
-    from fairclip.sims.engine import RoundCallback, simulate
-    from fairclip.sims.local_engine import LocalExecutor
+    from fairclip.api import simulate_config
+    from fairclip.sims.engine import RoundCallback
     from fairclip.sims.outputs import RunWriter
-    from fairclip.sims.tasks import build_task
     from fairclip.sims.tracking import LoggerObserver, require_packages, round_loggers
 
     if workers > 1 and backend is not Backend.local:
@@ -150,18 +149,12 @@ def run(
         _check_cluster(address, 1)
     run_config = load_config(scenario, config, overrides or [])
     require_packages(tensorboard is not None, mlflow is not None)
+    if tensorboard is not None:
+        check_output_folder(tensorboard)  # the event files' folder, before any work
     out = out or Path("runs") / f"{run_config.scenario.name}-{run_config.strategy.name}"
     check_output_folder(out)
     local_actors = (actors or _cpu_count()) if backend is Backend.ray and not address else 0
     check_memory(run_config, copies=1 + local_actors)  # the driver's task and each local actor's
-    task = build_task(run_config, data_dir)
-    executor_factory = lambda task, policy: LocalExecutor(task, policy, workers)  # noqa: E731
-    if backend is Backend.ray:
-        from fairclip.sims.ray_engine import RayExecutor, ensure_ray
-
-        ensure_ray(address)
-        executor = RayExecutor.start(run_config, data_dir, actors or _cpu_count())
-        executor_factory = lambda _task, _policy: executor  # noqa: E731
     progress = Progress(
         TextColumn(f"[bold]{run_config.strategy.name}[/bold] on {run_config.scenario.name}"),
         BarColumn(),
@@ -178,7 +171,15 @@ def run(
             *(LoggerObserver(logger) for logger in loggers),
             RunWriter(out),  # last: an interrupted run's files are written after the others' ends
         ]
-        result = simulate(run_config, task, executor_factory, observers=observers)
+        result = simulate_config(
+            run_config,
+            data_dir=data_dir,
+            backend=backend.value,
+            workers=workers,
+            actors=actors or _cpu_count(),
+            address=address,
+            observers=observers,
+        )
     if result.stop_reason:
         console.print(f"[yellow]{result.stop_reason}[/yellow]")
     _print_run_summary(result.summary, out)
@@ -233,69 +234,64 @@ def compare(
     The sweep's specification is stored in --out: --resume alone continues it.
     """
 
+    from fairclip.api import compare as compare_strategies
     from fairclip.sims import compare as sweep
     from fairclip.sims import sweep_folder
-    from fairclip.sims.config import apply_overrides, scenario_source
-    from fairclip.sims.plots import PLOTS
-    from fairclip.sims.report import write_report
+    from fairclip.sims.config import parse_override, scenario_source
     from fairclip.sims.tracking import log_finished_run, require_packages
 
     started = time.perf_counter()
     mode = sweep_folder.mode_of(resume, extend, replace)
-    given = sweep.compare_spec(
-        apply_overrides(scenario_source(scenario, config), overrides or [])
-        if scenario or config or overrides or mode is not sweep_folder.Mode.RESUME
-        else None,
-        strategies,
-        epsilons,
-        seeds,
-        explicit_only=mode is sweep_folder.Mode.RESUME,
-    )
-    if mode is not sweep_folder.Mode.RESUME:  # every run validated before any work (a resumed one: below)
-        _check_sweep_memory(*sweep.plan_from_spec(given), address, workers)
     _check_cluster(address, workers)
     require_packages(tensorboard is not None, mlflow is not None)
+    if tensorboard is not None:
+        check_output_folder(tensorboard)  # the event files' folder, before any work
+    typed = dict((".".join(path), value) for path, value in map(parse_override, overrides or []))
     if out is None:
-        if "config" not in given:
+        if mode is sweep_folder.Mode.RESUME and not (scenario or config):
             raise ConfigError("--resume without --scenario or --config needs --out")
-        out = Path("runs") / f"compare-{sweep.validate(given['config']).scenario.name}"
+        out = Path("runs") / f"compare-{_scenario_name(scenario_source(scenario, config), typed)}"
     check_output_folder(out)
-    with sweep_folder.locked(out):
-        spec = sweep_folder.settle(
-            out, given, mode, merge=sweep.merge_specs, results=("runs", "summary.csv", "report.md", *PLOTS)
-        )
-        raw, runs = sweep.plan_from_spec(spec)
-        _check_sweep_memory(raw, runs, address, workers)
-        base = sweep.validate(raw)
-        if base.scenario.task == "classification" and base.scenario.dataset != "synthetic":
-            from fairclip.sims.data import resolve_data_dir
+    progress = Progress(
+        TextColumn("[bold]compare[/bold] {task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+    )
 
-            data_dir = resolve_data_dir(data_dir)  # fail before starting Ray
-        todo = sweep.pending_runs(
-            raw, runs, out, mode in (sweep_folder.Mode.RESUME, sweep_folder.Mode.EXTEND)
+    def started_runs(total: int, to_run: int) -> None:
+        console.print(f"{total} runs, {total - to_run} already finished; results in {out}")
+        progress.start()
+        progress.add_task(str(out.name), total=to_run)
+
+    def finished_run(key: str, result: dict) -> None:
+        log_finished_run(tensorboard, mlflow, key, result)
+        progress.advance(progress.task_ids[0])
+
+    try:
+        comparison = compare_strategies(
+            scenario,
+            strategies=None
+            if strategies is None
+            else [s.strip() for s in strategies.split(",") if s.strip()],
+            epsilons=None if epsilons is None else sweep.parse_epsilons(epsilons),
+            seeds=seeds,
+            config_file=config,
+            overrides=typed,
+            data_dir=data_dir,
+            out=out,
+            mode=mode.value,
+            ray=True,
+            address=address,
+            workers=workers,
+            on_start=started_runs,
+            on_run=finished_run,
         )
-        console.print(f"{len(runs)} runs, {len(runs) - len(todo)} already finished; results in {out}")
-        with Progress(
-            TextColumn("[bold]compare[/bold] {task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            console=console,
-        ) as progress:
-            bar = progress.add_task(base.scenario.name, total=len(todo))
-            sweep.execute(
-                raw,
-                todo,
-                out,
-                data_dir=data_dir,
-                address=address,
-                workers=workers,
-                on_finished=lambda _run: progress.advance(bar),
-                on_result=lambda run, result: log_finished_run(tensorboard, mlflow, run.key, result),
-            )
-        table, rounds, keys = sweep.load_results(out, runs)
-        sweep.write_summary(out, table)
-        drawn = write_report(out, table, rounds, keys, f"fairclip compare: {base.scenario.name}")
+    finally:
+        if progress.live.is_started:
+            progress.stop()
+    drawn = list(comparison.plots)
     stdout.print((out / "report.md").read_text(), markup=False, highlight=False)
     stdout.print(f"wall time {time.perf_counter() - started:.1f} s")
     stdout.print(f"report: {out / 'report.md'}")
@@ -473,13 +469,13 @@ def _check_cluster(address: str | None, workers: int) -> None:
         )
 
 
-def _check_sweep_memory(raw: dict, runs: list, address: str | None, workers: int) -> None:
-    """Without a cluster, the runs held at once on this machine (one process and task each, every
-    ``workers`` CPUs) must fit in its memory."""
-    if address is None:
-        from fairclip.sims.config import validate
+def _scenario_name(raw: dict, overrides: dict) -> str:
+    """The name of a scenario as configured (``--set scenario.name=...`` included), validated."""
+    from fairclip.sims.config import set_value, validate
 
-        check_memory(validate(raw), copies=max(1, min(len(runs), _cpu_count() // workers)))
+    for key, value in overrides.items():
+        raw = set_value(raw, key, value)
+    return validate(raw).scenario.name
 
 
 def _number(value: object) -> str:

@@ -79,8 +79,8 @@ DEFAULT_SEEDS = 1
 
 def compare_spec(
     raw: dict[str, Any] | None,
-    strategies: str | None,
-    epsilons: str | None,
+    strategies: list[str] | None,
+    epsilons: list[float | None] | None,
     seeds: int | None,
     *,
     explicit_only: bool = False,
@@ -90,10 +90,9 @@ def compare_spec(
     defaults filled in -- or, ``explicit_only`` (``--resume``), only what was given."""
     from fairclip.sims.sweep_folder import specification
 
-    names = None if strategies is None else [name.strip() for name in strategies.split(",") if name.strip()]
     options = {
-        "strategies": (names, [name.strip() for name in DEFAULT_STRATEGIES.split(",")]),
-        "epsilons": (None if epsilons is None else parse_epsilons(epsilons), parse_epsilons(None)),
+        "strategies": (strategies, [name.strip() for name in DEFAULT_STRATEGIES.split(",")]),
+        "epsilons": (epsilons, parse_epsilons(None)),
         "seeds": (seeds, DEFAULT_SEEDS),
     }
     fixed = {} if raw is None else {"config": raw}
@@ -192,8 +191,10 @@ def simulate_on_ray(
     if workers > cpus:  # such a task would wait forever
         raise ConfigError(f"--workers {workers} is more than the Ray cluster's {cpus:g} CPUs")
     from fairclip.plugins import snapshot
+    from fairclip.sims.ray_engine import gpu_share
 
-    remote = ray.remote(num_cpus=workers)(run_simulation)
+    device = validate(jobs[0][1]).training.device
+    remote = ray.remote(num_cpus=workers, num_gpus=gpu_share(device, int(cpus // workers)))(run_simulation)
     plugins = ray.put(snapshot())  # once for all tasks: registered datasets may be large
     folder = str(data_dir) if data_dir else None
     futures = {remote.remote(raw, folder, workers, plugins): item for item, raw in jobs}
@@ -212,23 +213,85 @@ def save_run(folder: Path, result: dict[str, Any]) -> None:
 def execute(
     raw: dict[str, Any],
     pending: list[RunSpec],
-    out: Path,
+    out: Path | None,
     *,
     data_dir: Path | None,
-    address: str | None,
+    ray: bool = True,
+    address: str | None = None,
     workers: int = 1,
-    on_finished: Callable[[RunSpec], None] | None = None,
     on_result: Callable[[RunSpec, dict[str, Any]], None] | None = None,
-) -> None:
-    """Run ``pending`` on Ray, writing each run into ``out/runs/<key>/`` as it finishes; then
-    ``on_result(run, {"rows": ..., "summary": ...})`` and ``on_finished(run)``."""
+) -> dict[str, dict[str, Any]]:
+    """Run ``pending`` -- as parallel Ray tasks (``ray``), or one after the other in this process
+    -- writing each into ``out/runs/<key>/`` as it finishes (when ``out`` is given) before
+    ``on_result(run, {"rows": ..., "summary": ...})``; returns the results by run key."""
     jobs = [(run, run.config(raw).as_dict()) for run in pending]
-    for run, result in simulate_on_ray(jobs, data_dir=data_dir, address=address, workers=workers):
-        save_run(out / "runs" / run.key, result)
+    if ray:
+        finished = simulate_on_ray(jobs, data_dir=data_dir, address=address, workers=workers)
+    else:
+        folder = str(data_dir) if data_dir else None
+        finished = ((run, run_simulation(config, folder, workers)) for run, config in jobs)
+    results = {}
+    for run, result in finished:
+        if out is not None:
+            save_run(out / "runs" / run.key, result)
+        results[run.key] = result
         if on_result is not None:
             on_result(run, result)
-        if on_finished is not None:
-            on_finished(run)
+    return results
+
+
+def check_sweep_memory(raw: dict[str, Any], runs: list[RunSpec], parallel: int, address: str | None) -> None:
+    """Without a cluster, the runs held at once on this machine (``parallel`` processes, one
+    task each) must fit in its memory; refused in one line before any work."""
+    if address is None:
+        from fairclip.sims.memory import check_memory
+
+        check_memory(validate(raw), copies=max(1, min(len(runs), parallel)))
+
+
+def run_sweep(
+    out: Path,
+    given: dict[str, Any],
+    mode: Any,
+    *,
+    data_dir: Path | None,
+    ray: bool,
+    address: str | None,
+    workers: int,
+    parallel: int,
+    on_start: Callable[[int, int], None] | None = None,
+    on_result: Callable[[RunSpec, dict[str, Any]], None] | None = None,
+) -> tuple[list[RunSpec], pd.DataFrame, dict[str, pd.DataFrame], list[str]]:
+    """A sweep in its folder ``out`` (:mod:`fairclip.sims.sweep_folder`): hold the folder, settle
+    the specification ``given`` with the stored one by ``mode`` (new, resume, extend, replace),
+    run what is not finished, then write ``summary.csv``, ``report.md`` and the plots.
+    ``on_start(runs, to_run)`` is called once the runs are known. Returns (runs, summary table,
+    rounds by key, plots drawn)."""
+    from fairclip.sims import sweep_folder
+    from fairclip.sims.plots import PLOTS
+    from fairclip.sims.report import write_report
+
+    with sweep_folder.locked(out):
+        spec = sweep_folder.settle(
+            out, given, mode, merge=merge_specs, results=("runs", "summary.csv", "report.md", *PLOTS)
+        )
+        raw, runs = plan_from_spec(spec)
+        check_sweep_memory(raw, runs, parallel, address)
+        base = validate(raw)
+        if base.scenario.task == "classification" and base.scenario.dataset != "synthetic":
+            from fairclip.sims.data import resolve_data_dir
+
+            data_dir = resolve_data_dir(data_dir)  # fail before starting Ray
+        todo = pending_runs(raw, runs, out, mode in (sweep_folder.Mode.RESUME, sweep_folder.Mode.EXTEND))
+        if on_start is not None:
+            on_start(len(runs), len(todo))
+        execute(
+            raw, todo, out, data_dir=data_dir, ray=ray, address=address, workers=workers, on_result=on_result
+        )
+        table, rounds, keys = load_results(out, runs)
+        write_summary(out, table)
+        drawn = write_report(out, table, rounds, keys, f"fairclip compare: {base.scenario.name}")
+    return runs, table, rounds, drawn
 
 
 def load_results(

@@ -213,6 +213,19 @@ class TrainingSpec(_Section):
     server_momentum: Annotated[float, Field(ge=0, lt=1)] = 0.0
     eval_every: Annotated[int, Field(ge=1)] = 1
     """Evaluate the model (and report ε in ``rounds.csv``) after every k-th round and the last."""
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """Where clients train and the server evaluates (classification): ``auto`` picks a GPU when
+    torch sees one; ``cuda`` requires one."""
+
+    @field_validator("device")
+    @classmethod
+    def _cuda_is_there(cls, device: str) -> str:
+        if device == "cuda":
+            import torch
+
+            if not torch.cuda.is_available():
+                raise ValueError("cuda, but torch sees no CUDA device (use auto or cpu)")
+        return device
 
 
 class PrivacySpec(_Section):

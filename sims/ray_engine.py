@@ -73,6 +73,16 @@ def ensure_ray(address: str | None = None, num_cpus: int | None = None) -> None:
         )
 
 
+def gpu_share(device: str, parallel: int) -> float:
+    """The GPUs each of ``parallel`` Ray actors or tasks requests for ``training.device``: none on
+    the CPU or on a cluster without GPUs; else an equal share of the cluster's GPUs, at most one
+    each (Ray then makes them visible to torch in that worker)."""
+    gpus = float(ray.cluster_resources().get("GPU", 0))
+    if device == "cpu" or gpus == 0:
+        return 0.0
+    return min(1.0, gpus / max(parallel, 1))
+
+
 TaskBuilder = Callable[[RunConfig, Path | None], Task]
 """Builds a run's task from its config and data folder (:func:`fairclip.sims.tasks.build_task`;
 the benchmarks pass their own, a module-level function so that Ray pickles it by reference)."""
@@ -145,7 +155,11 @@ class RayExecutor:
         from fairclip.plugins import snapshot
 
         plugins = ray.put(snapshot())
-        actors = [ClientBlocksActor.remote(raw, folder, task_builder, plugins) for _ in range(num_actors)]
+        gpus = gpu_share(config.training.device, num_actors)
+        actors = [
+            ClientBlocksActor.options(num_gpus=gpus).remote(raw, folder, task_builder, plugins)
+            for _ in range(num_actors)
+        ]
         rows_per_call = ray.get([actor.rows_per_call.remote() for actor in actors])[0]
         return cls(actors, config.federation.num_clients, rows_per_call)
 

@@ -77,3 +77,17 @@ def test_the_readme_example_runs_as_written():
     private = table[table["strategy"] != "none"]
     assert private["epsilon"].between(3.5, 4.0).all()
     assert table.loc[table["strategy"] == "none", "accuracy"].min() > 0.6  # the MLP learned
+
+
+def test_the_python_api_example_runs(capsys):
+    """examples/python_api.py: own data, model and policy, checked and compared from Python."""
+    import runpy
+    from pathlib import Path
+
+    example = Path(__file__).resolve().parents[1] / "examples" / "python_api.py"
+    comparison = runpy.run_path(str(example))["main"]()
+    table = comparison.table
+    assert set(table["strategy"]) == {"none", "constant", "bounded", "decaying"}
+    assert set(table["cohort"]) == {"north", "south", "east"}
+    assert table.loc[table["strategy"] != "none", "epsilon"].between(3.5, 4.0).all()
+    assert "best for the worst-off cohort at ε = 4" in capsys.readouterr().out

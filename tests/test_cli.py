@@ -187,8 +187,10 @@ def test_interrupted_run_keeps_finished_rounds(cli, tmp_path, monkeypatch):
 
     original = engine.simulate
 
-    def interrupted(config, task, *args, **kwargs):
+    def interrupted(config, task, *args, on_round=None, **kwargs):
         def stop_after_three(row):
+            if on_round is not None:
+                on_round(row)
             if row["round"] == 3:
                 raise KeyboardInterrupt
 

@@ -71,13 +71,13 @@ def test_resume_recomputes_nothing_finished(ray_session, tmp_path):
     runs = sweep.plan_runs(raw, ["constant", "adaptive"], [4.0], seeds=2)
     finished = []
 
-    def interrupt_after_two(run):
+    def interrupt_after_two(run, _result):
         finished.append(run)
         if len(finished) == 2:
             raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        sweep.execute(raw, runs, tmp_path, data_dir=None, address=None, on_finished=interrupt_after_two)
+        sweep.execute(raw, runs, tmp_path, data_dir=None, address=None, on_result=interrupt_after_two)
 
     def is_finished(run):
         return sweep.finished_summary(tmp_path / "runs" / run.key, run.config(raw)) is not None

@@ -93,3 +93,15 @@ def test_a_missing_tracking_package_is_one_line_before_any_work(cli, tmp_path, m
         f"fairclip: error: {option} needs the {package} package"
     ), err
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize(
+    "command", [["run", "--scenario", "bimodal-mean"], ["compare", "--scenario", "bimodal-mean"]]
+)
+def test_a_tensorboard_folder_that_cannot_be_written_is_one_line_before_any_work(cli, tmp_path, command):
+    a_file = tmp_path / "a-file"
+    a_file.write_text("not a folder")
+    out = tmp_path / "out"
+    status, _, err = cli(*command, "--tensorboard", str(a_file), "--out", str(out))
+    assert status == 2 and err.strip().splitlines() == [f"fairclip: error: output folder {a_file} is a file"]
+    assert not out.exists()

@@ -1,0 +1,69 @@
+"""Issue 19, point 4: ``training.device = auto|cpu|cuda``. This machine has no GPU: the CUDA
+path is exercised by the test at the end wherever torch sees one, and skipped (with its reason
+printed by ``-ra``) where it does not."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import fairclip
+from fairclip.client.models import resolve_device
+
+HAS_CUDA = torch.cuda.is_available()
+SMALL = {"federation.num_clients": 60, "training.rounds": 3, "strategy.name": "bounded", "seed": 2}
+
+
+def test_auto_picks_a_gpu_only_when_torch_sees_one():
+    assert resolve_device("auto").type == ("cuda" if HAS_CUDA else "cpu")
+    assert resolve_device("cpu").type == "cpu"
+    with pytest.raises(ValueError, match=r"training\.device"):
+        resolve_device("tpu")
+
+
+@pytest.mark.skipif(HAS_CUDA, reason="auto is the GPU here; the GPU test compares the devices")
+def test_auto_is_the_cpu_here_and_gives_the_cpu_run():
+    auto = fairclip.simulate("demo", overrides={**SMALL, "training.device": "auto"})
+    cpu = fairclip.simulate("demo", overrides={**SMALL, "training.device": "cpu"})
+    np.testing.assert_array_equal(auto.model, cpu.model)
+    assert auto.summary["config"]["training"]["device"] == "auto"
+
+
+@pytest.mark.skipif(HAS_CUDA, reason="this machine has a GPU")
+def test_cuda_without_a_gpu_is_one_line_before_any_work(cli, tmp_path):
+    out = tmp_path / "run"
+    status, _, err = cli("run", "--scenario", "demo", "--set", "training.device=cuda", "--out", str(out))
+    assert status == 2 and len(err.strip().splitlines()) == 1, err
+    assert "training.device: cuda, but torch sees no CUDA device" in err
+    assert not out.exists()
+
+
+def test_ray_asks_for_gpus_only_where_there_are_some(monkeypatch):
+    import ray
+
+    from fairclip.sims.ray_engine import gpu_share
+
+    monkeypatch.setattr(ray, "cluster_resources", lambda: {"CPU": 8.0})
+    assert gpu_share("auto", 4) == 0.0
+    monkeypatch.setattr(ray, "cluster_resources", lambda: {"CPU": 8.0, "GPU": 2.0})
+    assert gpu_share("cpu", 4) == 0.0
+    assert gpu_share("auto", 4) == 0.5 and gpu_share("cuda", 8) == 0.25
+    assert gpu_share("cuda", 1) == 1.0  # one GPU each at most
+
+
+@pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device: the GPU path runs where torch sees one")
+def test_clients_train_and_the_server_evaluates_on_the_gpu():
+    from fairclip.sims.config import load_config
+    from fairclip.sims.tasks import build_task
+
+    settings = [f"{key}={value}" for key, value in SMALL.items()]
+    task = build_task(load_config("demo", None, [*settings, "training.device=cuda"]))
+    assert next(task.model.parameters()).is_cuda and task.train_x.is_cuda and task.test_x.is_cuda
+    updates = task.local_updates(task.initial_model(), np.arange(5), 1)
+    assert updates.dtype == np.float64 and np.isfinite(updates).all()
+
+    gpu = fairclip.simulate("demo", overrides={**SMALL, "training.device": "cuda"})
+    cpu = fairclip.simulate("demo", overrides={**SMALL, "training.device": "cpu"})
+    np.testing.assert_allclose(gpu.model, cpu.model, atol=1e-3)
+    np.testing.assert_allclose(gpu.cohorts["accuracy"], cpu.cohorts["accuracy"], atol=0.02)
