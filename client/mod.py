@@ -19,11 +19,11 @@ pass through untouched.
 from __future__ import annotations
 
 import numpy as np
-from flwr.app import ArrayRecord, Context, Message, MessageType
+from flwr.app import Context, Message, MessageType
 from flwr.clientapp.typing import ClientAppCallable
 
 from fairclip.client.contributions import contribute
-from fairclip.client.protocol import read_policy_config, reply_content
+from fairclip.client.protocol import flatten, read_policy_config, reply_content
 from fairclip.strategies import build_policy
 
 
@@ -54,7 +54,7 @@ def fairclip_mod(message: Message, context: Context, call_next: ClientAppCallabl
         trained = _single(reply.content.array_records, "array")
         if list(trained.keys()) != list(sent.keys()):
             raise ModError("the app's reply holds other arrays than it was sent")
-        update = _flat(trained) - _flat(sent)
+        update = flatten(trained) - flatten(sent)
         sums = contribute(policy, broadcast, update[None, :], np.zeros(1, dtype=np.int64), 1)
     except Exception as error:
         return _error(message, error)
@@ -65,11 +65,6 @@ def _single(records, kind: str):
     if len(records) != 1:
         raise ModError(f"expected exactly one {kind} record, found {len(records)}")
     return next(iter(records.values()))
-
-
-def _flat(arrays: ArrayRecord) -> np.ndarray:
-    parts = [np.asarray(array, dtype=np.float64).reshape(-1) for array in arrays.to_numpy_ndarrays()]
-    return np.concatenate(parts) if parts else np.zeros(0)
 
 
 def _error(message: Message, error: Exception) -> Message:

@@ -134,3 +134,21 @@ def read_policy_config(config: ConfigRecord) -> tuple[str, dict[str, Any], dict[
         k.removeprefix(BROADCAST_PREFIX): v for k, v in config.items() if k.startswith(BROADCAST_PREFIX)
     }
     return str(config[POLICY_KEY]), params, broadcast
+
+
+def flatten(arrays: ArrayRecord) -> np.ndarray:
+    """An ArrayRecord's arrays as one float64 vector, in the record's key order."""
+    parts = [np.asarray(array, dtype=np.float64).reshape(-1) for array in arrays.to_numpy_ndarrays()]
+    return np.concatenate(parts) if parts else np.zeros(0)
+
+
+def unflatten(vector: np.ndarray, template: ArrayRecord) -> ArrayRecord:
+    """``vector`` cut into arrays of ``template``'s keys, shapes and dtypes."""
+    arrays, start = {}, 0
+    for key, array in zip(template.keys(), template.to_numpy_ndarrays(), strict=True):
+        stop = start + array.size
+        arrays[key] = Array(np.asarray(vector[start:stop], dtype=array.dtype).reshape(array.shape))
+        start = stop
+    if start != vector.shape[0]:
+        raise ValueError(f"a vector of {vector.shape[0]} values for arrays of {start}")
+    return ArrayRecord(arrays)

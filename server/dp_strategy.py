@@ -39,12 +39,12 @@ from logging import INFO
 from typing import Any
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.common import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
-from fairclip.client.protocol import write_policy_config
+from fairclip.client.protocol import flatten, unflatten, write_policy_config
 from fairclip.server.optimizer import ServerSGD
 from fairclip.server.replies import ReplyError, check_reply
 from fairclip.server.round_server import RoundServer
@@ -201,8 +201,9 @@ class DifferentialPrivacy(Strategy):
         rounds.model, rounds.expected_clients = plan.model, plan.expected_clients
         released = rounds.release(server_round, sums)
         arrays = unflatten(rounds.model, plan.arrays)  # θ_t + Δ̂
+        weight_key = str(getattr(self.strategy, "weighted_by_key", "num-examples"))
         synthetic = Message(
-            RecordDict({"arrays": arrays, "metrics": MetricRecord({"num-examples": 1})}),
+            RecordDict({"arrays": arrays, "metrics": MetricRecord({weight_key: 1})}),
             dst_node_id=0,
             message_type=MessageType.TRAIN,
         )
@@ -237,24 +238,6 @@ class DifferentialPrivacy(Strategy):
         return None
 
 
-def flatten(arrays: ArrayRecord) -> np.ndarray:
-    """An ArrayRecord's arrays as one float64 vector, in the record's key order."""
-    parts = [np.asarray(array, dtype=np.float64).reshape(-1) for array in arrays.to_numpy_ndarrays()]
-    return np.concatenate(parts) if parts else np.zeros(0)
-
-
-def unflatten(vector: np.ndarray, template: ArrayRecord) -> ArrayRecord:
-    """``vector`` cut into arrays of ``template``'s keys, shapes and dtypes."""
-    arrays, start = {}, 0
-    for key, array in zip(template.keys(), template.to_numpy_ndarrays(), strict=True):
-        stop = start + array.size
-        arrays[key] = Array(np.asarray(vector[start:stop], dtype=array.dtype).reshape(array.shape))
-        start = stop
-    if start != vector.shape[0]:
-        raise ValueError(f"a vector of {vector.shape[0]} values for arrays of {start}")
-    return ArrayRecord(arrays)
-
-
 def _node(message: Message) -> int:
     return int(message.metadata.dst_node_id)
 
@@ -266,4 +249,4 @@ def _source(message: Message) -> int | None:
         return None
 
 
-__all__ = ["DifferentialPrivacy", "flatten", "unflatten"]
+__all__ = ["DifferentialPrivacy"]

@@ -158,6 +158,39 @@ class FederatedDataset:
             num_classes=int(classes),
         )
 
+    @classmethod
+    def from_torch(
+        cls,
+        train: Any,
+        test: Any,
+        *,
+        clients: Sequence[int] | np.ndarray | Partition,
+        cohorts: Sequence[Any] | np.ndarray | None = None,
+        test_cohorts: Sequence[Any] | np.ndarray,
+        num_classes: int | None = None,
+    ) -> FederatedDataset:
+        """A dataset from two map-style torch datasets (``dataset[i]`` is ``(features, label)``,
+        ``len(dataset)`` their number), read once into arrays; the other arguments are those of
+        :meth:`from_arrays`, indexed like the datasets."""
+        x, y = _stacked(train, "train")
+        test_x, test_y = _stacked(test, "test")
+        return cls.from_arrays(
+            x, y, clients=clients, cohorts=cohorts, test_x=test_x, test_y=test_y,
+            test_cohorts=test_cohorts, num_classes=num_classes,
+        )  # fmt: skip
+
+
+def _stacked(dataset: Any, what: str) -> tuple[np.ndarray, np.ndarray]:
+    try:
+        items = [dataset[index] for index in range(len(dataset))]
+        features = np.stack([np.asarray(item[0]) for item in items])
+        labels = np.array([int(item[1]) for item in items], dtype=np.int64)
+    except (TypeError, ValueError, IndexError) as error:
+        raise ValueError(
+            f"the {what} dataset must give (features, label) pairs of one shape ({error})"
+        ) from None
+    return features, labels
+
 
 def _labels(values: Any, what: str) -> np.ndarray:
     labels = np.asarray(values)

@@ -173,8 +173,9 @@ def _epsilon_text(epsilon: float | None) -> str:
 # ----- planning ---------------------------------------------------------------------------------
 
 
-def sample_level_settings(setup: Setup, num_examples: int, max_rounds: int | None) -> list[str]:
-    """``--set`` assignments that make every training example a client of a DP-SGD step."""
+def sample_level_settings(setup: Setup, num_examples: int, max_rounds: int | None) -> dict[str, Any]:
+    """The settings (typed, by dotted key) that make every training example a client of a
+    DP-SGD step."""
     if setup.batch_size is None:
         rate, rounds = 1.0, setup.epochs
     else:
@@ -182,11 +183,11 @@ def sample_level_settings(setup: Setup, num_examples: int, max_rounds: int | Non
         rounds = math.ceil(setup.epochs * num_examples / setup.batch_size)
     if max_rounds is not None:
         rounds = min(rounds, max_rounds)
-    return [
-        f"federation.num_clients={num_examples}",
-        f"federation.sample_rate={rate!r}",
-        f"training.rounds={rounds}",
-    ]
+    return {
+        "federation.num_clients": num_examples,
+        "federation.sample_rate": float(rate),
+        "training.rounds": rounds,
+    }
 
 
 def _apply(raw: dict[str, Any], settings: dict[str, Any]) -> dict[str, Any]:
@@ -243,7 +244,7 @@ class Planner:
         marker = (seed, validation)
         if marker not in self._counts:
             self._counts[marker] = self.examples(validate(raw).scenario, self.data_dir, seed)
-        raw = apply_overrides(raw, sample_level_settings(self.setup, self._counts[marker], self.max_rounds))
+        raw = _apply(raw, sample_level_settings(self.setup, self._counts[marker], self.max_rounds))
         validate(raw)  # fail before any work
         return raw
 

@@ -396,3 +396,26 @@ def test_a_registration_another_process_cannot_load_fails_only_where_it_is_used(
         plugins.resolve("model", "generator")
     with pytest.raises(plugins.PluginError, match=r"'garbled' was registered .* cannot be loaded here"):
         plugins.resolve("dataset", "garbled")
+
+
+def test_federated_dataset_from_torch_datasets():
+    import torch
+    from torch.utils.data import TensorDataset
+
+    generator = torch.Generator().manual_seed(0)
+    train = TensorDataset(torch.randn(8, 3, generator=generator), torch.tensor([0, 1, 2, 0, 1, 2, 0, 1]))
+    test = TensorDataset(torch.randn(4, 3, generator=generator), torch.tensor([0, 1, 2, 1]))
+    data = fairclip.FederatedDataset.from_torch(
+        train,
+        test,
+        clients=np.arange(8) // 2,
+        cohorts=["a", "b", "a", "b"],
+        test_cohorts=["a", "a", "b", "b"],
+    )
+    assert data.num_clients == 4 and data.num_classes == 3 and data.input_shape == (3,)
+    np.testing.assert_array_equal(data.train_x, train.tensors[0].numpy())
+    np.testing.assert_array_equal(data.cohort_weights["b"], [0, 0, 1, 1])
+    with pytest.raises(ValueError, match="the train dataset must give"):
+        fairclip.FederatedDataset.from_torch(
+            [1, 2], test, clients=[0, 0], cohorts=["a"], test_cohorts=["a"] * 4
+        )

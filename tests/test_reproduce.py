@@ -72,16 +72,14 @@ def test_every_setup_runs_a_few_steps(ray_session, cli, tmp_path, name):
 
 def test_sample_level_mapping():
     setup = repro.load_setup("esipova-adult")
-    assert repro.sample_level_settings(setup, 22400, None) == [
-        "federation.num_clients=22400",
-        f"federation.sample_rate={256 / 22400!r}",
-        "training.rounds=1750",
-    ]
+    assert repro.sample_level_settings(setup, 22400, None) == {
+        "federation.num_clients": 22400,
+        "federation.sample_rate": 256 / 22400,
+        "training.rounds": 1750,
+    }
     full = repro.load_setup("zhao-adult")
-    assert repro.sample_level_settings(full, 22400, None)[1:] == [
-        "federation.sample_rate=1.0",
-        "training.rounds=40",
-    ]
+    settings = repro.sample_level_settings(full, 22400, None)
+    assert settings["federation.sample_rate"] == 1.0 and settings["training.rounds"] == 40
     assert len(repro.grid_points(full, full.strategies[1], full=True, limit=None)) == 200
     assert len(repro.grid_points(full, full.strategies[1], full=False, limit=None)) == 20
 
