@@ -198,7 +198,12 @@ def simulate_config(
 
         ensure_ray(address)
         executor = RayExecutor.start(config, folder, actors or os.cpu_count() or 1)
-        executor_factory = lambda _task, _policy: executor  # noqa: E731
+        try:
+            return run_rounds(
+                config, task, lambda _task, _policy: executor, on_round=on_round, observers=observers
+            )
+        finally:
+            executor.stop()  # the actors hold the task's data: free them for what runs next
     return run_rounds(config, task, executor_factory, on_round=on_round, observers=observers)
 
 
