@@ -1,15 +1,13 @@
 """fairclip's Flower apps for the W1 benchmark on Flower's simulation runtime.
 
 Imported by the throw-away Flower project that :func:`benchmarks.w1.run_flower` writes. The
-apps here are thin wrappers whose handlers call fairclip's own (the ``identify`` and ``train``
-handlers of ``fairclip.sims.flower_apps.clients`` and :func:`~fairclip.sims.flower_apps.run_federation`)
-after two patches, re-applied on every call since Flower's runtime may load the app's modules afresh:
-
-1. ``fairclip.sims.tasks.build_task`` also builds the benchmark image task;
-2. the ServerApp records when the first round starts and when each round ends, with its
-   accepted and dropped replies (``bench_timing.json`` next to ``rounds.csv``), so that Flower's
-   throughput is measured over the same phase as fairclip's engine: from the first round's
-   sampling to the last round's server step and evaluation.
+ClientApp is fairclip's own (the scenario names the benchmark's image loader and model by import
+path, so the nodes build the same task as fairclip's engines). The ServerApp is fairclip's
+:func:`~fairclip.sims.flower_apps.run_federation` with one observer, :class:`RoundTimer`, which
+records when the first round starts and when each round ends, with its accepted and dropped
+replies (``bench_timing.json`` next to ``rounds.csv``): Flower's throughput is then measured over
+the same phase as fairclip's engine, from the first round's sampling to the last round's server
+step and evaluation.
 """
 
 from __future__ import annotations
@@ -17,76 +15,47 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
+from typing import Any
 
-from flwr.app import Context, Message
-from flwr.clientapp import ClientApp
-from flwr.serverapp import Grid, ServerApp
+from flwr.app import Context
+from flwr.serverapp import Grid
 
-from .imagetask import patch_fairclip_build_task
+from fairclip.server.app import server_app
+from fairclip.sims.flower_apps import REFUSALS, client_app, run_federation
 
-_TIMING: dict = {"rounds_start": None, "rounds_end": None, "updates": [], "dropped": []}
-
-clientapp = ClientApp()
-serverapp = ServerApp()
+TIMING_FILE = "bench_timing.json"
 
 
-@clientapp.query()
-def identify(message: Message, context: Context) -> Message:
-    from fairclip.sims.flower_apps import clients
+class RoundTimer:
+    """An observer (:class:`fairclip.sims.engine.RunObserver`) of the rounds' wall-clock times."""
 
-    patch_fairclip_build_task()
-    return clients.identify(message, context)
+    def __init__(self) -> None:
+        self.timing: dict[str, Any] = {"rounds_start": None, "rounds_end": None, "updates": [], "dropped": []}
 
+    def on_start(self, run: Any) -> None:
+        self.timing["rounds_start"] = time.time()
 
-@clientapp.train()
-def train(message: Message, context: Context) -> Message:
-    from fairclip.sims.flower_apps import clients
+    def on_round(self, row: dict[str, Any], run: Any) -> None:
+        self.timing["rounds_end"] = time.time()
+        self.timing["updates"].append(int(row["accepted_replies"]))
+        self.timing["dropped"].append(int(row["dropped_replies"]))
 
-    patch_fairclip_build_task()
-    return clients.train(message, context)
-
-
-@serverapp.main()
-def main(grid: Grid, context: Context) -> None:
-    from fairclip.sims.flower_apps import server_app
-
-    patch_fairclip_build_task()
-    _patch_server_timing()
-    server_app(grid, context)
+    def on_finish(self, run: Any) -> None:
+        return None
 
 
-def _patch_server_timing() -> None:
-    from fairclip.sims import engine, outputs
+def timed_federation(grid: Grid, context: Context) -> None:
+    """fairclip's federation, with its round times written to ``bench_timing.json`` in ``out``."""
+    timer = RoundTimer()
+    try:
+        run_federation(grid, context, observers=[timer])
+    finally:
+        out = Path(str(context.run_config["out"]))
+        out.mkdir(parents=True, exist_ok=True)
+        (out / TIMING_FILE).write_text(json.dumps(timer.timing))
 
-    if getattr(engine.RunServer, "_bench_patched", False):
-        return
-    original_sample = engine.RunServer.sample
-    original_finish_round = engine.RunServer.finish_round
-    original_write_run = outputs.write_run
 
-    def sample(self, round_number):
-        if _TIMING["rounds_start"] is None:
-            _TIMING["rounds_start"] = time.time()
-        return original_sample(self, round_number)
-
-    def finish_round(self, round_number, sums, extra=None):
-        row = original_finish_round(self, round_number, sums, extra)
-        _TIMING["rounds_end"] = time.time()
-        extra = extra or {}
-        _TIMING["updates"].append(int(extra.get("accepted_replies", sums.num_reports)))
-        _TIMING["dropped"].append(int(extra.get("dropped_replies", 0)))
-        return row
-
-    def write_run(out, *args, **kwargs):
-        result = original_write_run(out, *args, **kwargs)
-        Path(out).mkdir(parents=True, exist_ok=True)
-        (Path(out) / "bench_timing.json").write_text(json.dumps(_TIMING))
-        return result
-
-    engine.RunServer.sample = sample
-    engine.RunServer.finish_round = finish_round
-    engine.RunServer._bench_patched = True
-    outputs.write_run = write_run
-
+clientapp = client_app
+serverapp = server_app(timed_federation, REFUSALS)
 
 __all__ = ["clientapp", "serverapp"]

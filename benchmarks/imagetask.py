@@ -1,25 +1,23 @@
-"""Image-shaped synthetic data and the W1 model, for the workloads that fairclip's scenarios
-cannot express yet.
+"""Image-shaped synthetic data and the W1 model, brought to fairclip as plug-ins.
 
 fairclip's ``synthetic`` dataset is flat (``features`` values, 2 classes) and
-``fairclip.client.models`` has no CNN of the W1 shape, so the benchmarks bring their own:
+``fairclip.client.models`` has no CNN of the W1 shape, so the benchmarks bring their own the way
+a user would (docs/plugins.md), without touching fairclip's code:
 
-* :func:`w1_cnn`: two 3×3 convolutions of 16 and 32 channels (ReLU, 2×2 max-pooling each), a
-  hidden layer of 64 and 10 logits (105,866 parameters on 1×28×28 inputs).
-* :class:`ImageTask`: a :class:`fairclip.sims.classification.ClassificationTask` whose clients
-  hold 28×28 single-channel images of 10 classes (class prototype + Gaussian noise; a 10 %
-  minority cohort is shifted by ``MINORITY_SHIFT``). Training, clipping and evaluation are
-  fairclip's own code; only the data and the model differ.
+* :func:`image_dataset`: a loader ``(num_clients, seed, **options) -> FederatedDataset`` of
+  28×28 single-channel images of 10 classes (class prototype + Gaussian noise; a 10 % minority
+  cohort is shifted by ``MINORITY_SHIFT``), named by a ``federated-dataset`` scenario;
+* :func:`w1_cnn_model`: the W1 CNN as a model factory ``(input_shape, num_classes)``: two 3×3
+  convolutions of 16 and 32 channels (ReLU, 2×2 max-pooling each), a hidden layer of 64 and 10
+  logits (105,866 parameters on 1×28×28 inputs).
 
-The task is selected by the scenario's name: a classification config whose ``scenario.name``
-starts with ``bench-image`` becomes an :class:`ImageTask` (see :func:`build_task`), with
-``scenario.examples_per_client`` images per client and the model named in
-:data:`BENCH_MODELS` by ``scenario.description``.
+Training, clipping and evaluation are fairclip's own; only the data and the model differ.
+:func:`image_config` builds the run configuration as a dictionary and validates it
+(:func:`fairclip.sims.config.validate`), no ``--set`` strings.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -28,10 +26,23 @@ import torch
 from .images import IMAGE_SHAPE, NUM_CLASSES, synthetic_images, w1_cnn
 
 PREFIX = "bench-image"
-BENCH_MODELS = ("w1-cnn", "tanh-cnn", "cnn", "logistic", "mlp")
+DATASET = f"{__name__}:image_dataset"
+BENCH_MODELS = {
+    "w1-cnn": f"{__name__}:w1_cnn_model",
+    **{name: name for name in ("tanh-cnn", "cnn", "logistic", "mlp")},
+}
+"""Benchmark model name -> the scenario's ``model`` reference (a built-in name or import path)."""
+
+
+def w1_cnn_model(input_shape: tuple[int, ...], num_classes: int) -> torch.nn.Module:
+    """The W1 CNN as a fairclip model factory (for 1×28×28 inputs only)."""
+    if tuple(input_shape) != IMAGE_SHAPE:
+        raise ValueError(f"the W1 CNN takes {IMAGE_SHAPE} images, not {tuple(input_shape)}")
+    return w1_cnn(num_classes)
 
 
 def build_bench_model(name: str) -> torch.nn.Module:
+    """A benchmark model by name, for the contenders that are not fairclip (Opacus, pfl)."""
     if name == "w1-cnn":
         return w1_cnn()
     from fairclip.client.models import build_model
@@ -39,80 +50,28 @@ def build_bench_model(name: str) -> torch.nn.Module:
     return build_model(name, IMAGE_SHAPE, NUM_CLASSES)
 
 
-def _classification_task_class():
-    from fairclip.sims.classification import ClassificationTask
+def image_dataset(num_clients: int, seed: int, *, per_client: int, test_per_cohort: int):
+    """:func:`synthetic_images` as a :class:`fairclip.FederatedDataset` (cohorts ``majority``
+    and ``minority``; client i holds rows ``i * per_client ...``)."""
+    from fairclip import FederatedDataset
 
-    return ClassificationTask
-
-
-class ImageTask(_classification_task_class()):
-    """fairclip's classification task on synthetic 28×28 images with a benchmark model."""
-
-    def __init__(self, config, model_name: str):
-        from fairclip.sims.federated_dataset import FederatedDataset
-
-        num_clients, per_client = config.federation.num_clients, config.scenario.examples_per_client
-        data = synthetic_images(
-            num_clients, per_client, config.scenario.test_examples_per_cohort, config.seed
-        )
-        cohort_names = ["majority", "minority"]
-        federated = FederatedDataset(
-            train_x=data["train_x"],
-            train_y=data["train_y"],
-            client_indices=[np.arange(i * per_client, (i + 1) * per_client) for i in range(num_clients)],
-            client_cohorts=data["client_cohorts"],
-            test_x=data["test_x"],
-            test_y=data["test_y"],
-            cohort_weights={
-                name: (data["test_cohort"] == k).astype(np.float64) for k, name in enumerate(cohort_names)
-            },
-            num_classes=NUM_CLASSES,
-        )
-        self._hold(
-            federated,
-            cohort_names,
-            config.training,
-            config.seed,
-            lambda _shape, _classes: build_bench_model(model_name),
-        )
-
-
-def is_image_config(config) -> bool:
-    return getattr(config.scenario, "task", "") == "classification" and config.scenario.name.startswith(
-        PREFIX
+    data = synthetic_images(num_clients, per_client, test_per_cohort, seed)
+    return FederatedDataset(
+        train_x=data["train_x"],
+        train_y=data["train_y"],
+        client_indices=[np.arange(i * per_client, (i + 1) * per_client) for i in range(num_clients)],
+        client_cohorts=data["client_cohorts"],
+        test_x=data["test_x"],
+        test_y=data["test_y"],
+        cohort_weights={
+            name: (data["test_cohort"] == k).astype(np.float64)
+            for k, name in enumerate(["majority", "minority"])
+        },
+        num_classes=NUM_CLASSES,
     )
 
 
-def image_model_name(config) -> str:
-    name = config.scenario.description or "w1-cnn"
-    if name not in BENCH_MODELS:
-        raise ValueError(f"benchmark model {name!r} unknown (known: {', '.join(BENCH_MODELS)})")
-    return name
-
-
-def build_task(config, data_dir: Path | None = None):
-    """:func:`fairclip.sims.tasks.build_task`, plus the benchmark image scenarios."""
-    if is_image_config(config):
-        return ImageTask(config, image_model_name(config))
-    from fairclip.sims import tasks
-
-    return _ORIGINAL_BUILD_TASK.get("f", tasks.build_task)(config, data_dir)
-
-
-_ORIGINAL_BUILD_TASK: dict[str, Any] = {}
-
-
-def patch_fairclip_build_task() -> None:
-    """Make ``fairclip.sims.tasks.build_task`` understand the image scenarios (for the Flower
-    apps, which import it from there at call time)."""
-    from fairclip.sims import tasks
-
-    if "f" not in _ORIGINAL_BUILD_TASK:
-        _ORIGINAL_BUILD_TASK["f"] = tasks.build_task
-        tasks.build_task = build_task
-
-
-def image_settings(
+def image_run(
     *,
     num_clients: int,
     sample_rate: float,
@@ -123,36 +82,59 @@ def image_settings(
     batch_size: int = 32,
     client_lr: float = 0.05,
     test_per_cohort: int = 250,
-    extra: list[str] | None = None,
-) -> list[str]:
-    """``--set`` assignments that turn the ``demo`` scenario into an image benchmark scenario."""
-    return [
-        f'scenario.name="{PREFIX}-{model}"',
-        f'scenario.description="{model}"',
-        f"scenario.examples_per_client={per_client}",
-        f"scenario.test_examples_per_cohort={test_per_cohort}",
-        f"federation.num_clients={num_clients}",
-        f"federation.sample_rate={sample_rate}",
-        f"training.rounds={rounds}",
-        "training.local_epochs=1",
-        f"training.batch_size={batch_size}",
-        f"training.client_lr={client_lr}",
-        f'strategy.name="{strategy}"',
-        *(extra or []),
-    ]
+    eval_every: int = 1,
+    strategy_params: dict[str, Any] | None = None,
+    training: dict[str, Any] | None = None,
+    privacy: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The raw configuration (as a scenario file holds it) of an image benchmark run: the
+    ``demo`` scenario's privacy and server settings, with the image data and a benchmark model."""
+    if model not in BENCH_MODELS:
+        raise ValueError(f"benchmark model {model!r} unknown (known: {', '.join(BENCH_MODELS)})")
+    return {
+        "seed": 0,
+        "scenario": {
+            "name": f"{PREFIX}-{model}",
+            "description": f"synthetic 28x28 images, {model}",
+            "task": "federated-dataset",
+            "dataset": DATASET,
+            "options": {"per_client": per_client, "test_per_cohort": test_per_cohort},
+            "model": BENCH_MODELS[model],
+        },
+        "federation": {"num_clients": num_clients, "sample_rate": sample_rate},
+        "training": {
+            "rounds": rounds,
+            "local_epochs": 1,
+            "batch_size": batch_size,
+            "client_lr": client_lr,
+            "server_lr": 1.0,
+            "eval_every": eval_every,
+            **(training or {}),
+        },
+        "strategy": {"name": strategy, **({strategy: strategy_params} if strategy_params else {})},
+        "privacy": {"noise_multiplier": 1.0, "delta": 1e-5, **(privacy or {})},
+    }
 
 
-def image_config(settings: list[str]):
-    from fairclip.sims.config import load_config
+def image_config(raw: dict[str, Any]):
+    """The validated :class:`fairclip.sims.config.RunConfig` of :func:`image_run`'s output."""
+    from fairclip.sims.config import validate
 
-    return load_config("demo", None, settings)
+    return validate(raw)
+
+
+def build_task(config):
+    """fairclip's own task builder (the scenario names the image loader and model)."""
+    from fairclip.sims.tasks import build_task as fairclip_build_task
+
+    return fairclip_build_task(config)
 
 
 # ----- Ray ------------------------------------------------------------------------------------
 
 
 def ray_executor(config, num_actors: int):
-    """fairclip's :class:`RayExecutor`, its actors holding an :class:`ImageTask` each."""
+    """fairclip's :class:`RayExecutor` with ``num_actors`` actors."""
     from fairclip.sims.ray_engine import RayExecutor
 
-    return RayExecutor.start(config, None, num_actors, task_builder=build_task)
+    return RayExecutor.start(config, None, num_actors)

@@ -37,11 +37,16 @@ def sizes(quick: bool) -> dict[str, Any]:
     return {"num_clients": 1000, "per_client": 64, "sample_rate": 0.1, "rounds": 5}
 
 
-def settings(quick: bool, strategy: str = "bounded") -> list[str]:
-    from .imagetask import image_settings
+DEMO_STRATEGY_TABLES = {"adaptive": {"bound_lr": 0.5}, "bounded": {"lower_bound": 0.5, "bound_lr": 0.5}}
+"""The ``demo`` scenario's policy settings, which W1 keeps."""
+
+
+def settings(quick: bool, strategy: str = "bounded") -> dict[str, Any]:
+    """W1's raw run configuration (:func:`benchmarks.imagetask.image_run`)."""
+    from .imagetask import image_run
 
     size = sizes(quick)
-    return image_settings(
+    raw = image_run(
         num_clients=size["num_clients"],
         sample_rate=size["sample_rate"],
         rounds=size["rounds"],
@@ -51,8 +56,10 @@ def settings(quick: bool, strategy: str = "bounded") -> list[str]:
         test_per_cohort=50 if quick else 250,
         # Evaluate and account once, after the last round: pfl-research's W1 evaluates never,
         # and per-round evaluation would time the test set, not the federation.
-        extra=[f"training.eval_every={size['rounds']}"],
+        eval_every=size["rounds"],
     )
+    raw["strategy"].update(DEMO_STRATEGY_TABLES)
+    return raw
 
 
 # ----- (a) fairclip's Ray engine -------------------------------------------------------------
@@ -185,6 +192,8 @@ def _flower_project(folder: Path) -> Path:
 
 
 def run_flower(quick: bool) -> Measurement:
+    import tomli_w
+
     from fairclip.sims.flower_local import (
         LOCAL_CONNECTION,
         kill_sessions_mentioning,
@@ -204,11 +213,11 @@ def run_flower(quick: bool) -> Measurement:
             write_local_simulation(home)
             project = _flower_project(tmp_path / "project")
             out = tmp_path / "out"
-            assignments = "; ".join(a.replace('"', "'") for a in settings(quick))
+            config_file = tmp_path / "w1.toml"
+            config_file.write_text(tomli_w.dumps(settings(quick)))
             run_config = " ".join(
                 [
-                    "scenario='demo'",
-                    f"set={json.dumps(assignments)}",
+                    f"config-file={json.dumps(str(config_file))}",
                     f"out={json.dumps(str(out))}",
                     "seed=0",
                     # like for like: fairclip's engine draws numpy's seeded noise, not OpenDP's

@@ -45,11 +45,11 @@ def fastest(runs: list[tuple[float, float, dict[str, Any]]]) -> tuple[float, flo
 
 
 def config(quick: bool):
-    from .imagetask import image_config, image_settings
+    from .imagetask import image_config, image_run
 
     size = sizes(quick)
     return image_config(
-        image_settings(
+        image_run(
             num_clients=size["examples"],
             sample_rate=BATCH / size["examples"],
             rounds=size["steps"],
@@ -58,13 +58,11 @@ def config(quick: bool):
             strategy="constant",
             client_lr=1.0,
             test_per_cohort=100,
-            extra=[
-                f"strategy.initial_bound={CLIP}",
-                f"privacy.noise_multiplier={NOISE}",
-                f"training.server_lr={LR}",
-                # Like Opacus' loop below: no evaluation or ε between steps, one at the end.
-                f"training.eval_every={size['steps']}",
-            ],
+            # Like Opacus' loop below: no evaluation or ε between steps, one at the end.
+            eval_every=size["steps"],
+            strategy_params={"initial_bound": CLIP},
+            training={"server_lr": LR},
+            privacy={"noise_multiplier": NOISE},
         )
     )
 

@@ -20,7 +20,14 @@ from typing import Annotated
 import click
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
 from rich.table import Table
 
 from fairclip.sims.config import builtin_scenarios, load_config, read_toml
@@ -39,6 +46,23 @@ app = typer.Typer(
 )
 console = Console(stderr=True)
 stdout = Console(soft_wrap=True)
+
+
+def progress_bar(title: str, *, transient: bool) -> Progress:
+    """The progress bar of a long command on stderr: done of total, time so far and an ETA
+    (from the pace of the finished steps)."""
+    return Progress(
+        TextColumn(title),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("eta"),
+        TimeRemainingColumn(),
+        console=console,
+        transient=transient,
+    )
+
+
 """Standard output never wraps lines: piped into a file, a markdown table must stay a table."""
 
 
@@ -155,13 +179,8 @@ def run(
     check_output_folder(out)
     local_actors = (actors or _cpu_count()) if backend is Backend.ray and not address else 0
     check_memory(run_config, copies=1 + local_actors)  # the driver's task and each local actor's
-    progress = Progress(
-        TextColumn(f"[bold]{run_config.strategy.name}[/bold] on {run_config.scenario.name}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=console,
-        transient=True,
+    progress = progress_bar(
+        f"[bold]{run_config.strategy.name}[/bold] on {run_config.scenario.name}", transient=True
     )
     loggers = round_loggers(tensorboard, mlflow, out.name, run_config.as_dict())
     with progress:
@@ -252,13 +271,7 @@ def compare(
             raise ConfigError("--resume without --scenario or --config needs --out")
         out = Path("runs") / f"compare-{_scenario_name(scenario_source(scenario, config), typed)}"
     check_output_folder(out)
-    progress = Progress(
-        TextColumn("[bold]compare[/bold] {task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=console,
-    )
+    progress = progress_bar("[bold]compare[/bold] {task.description}", transient=False)
 
     def started_runs(total: int, to_run: int) -> None:
         console.print(f"{total} runs, {total - to_run} already finished; results in {out}")
@@ -309,6 +322,10 @@ def reproduce(
         Path | None, typer.Option("--out", help="Output folder \\[runs/reproduce-<name>].")
     ] = None,
     list_setups: Annotated[bool, typer.Option("--list", help="Name the setups and exit.")] = False,
+    strategies: Annotated[
+        str | None,
+        typer.Option("--strategies", help="Comma-separated subset of the setup's strategies \\[all]."),
+    ] = None,
     full_grid: Annotated[
         bool | None,
         typer.Option("--full-grid/--reduced-grid", help="The paper's hyper-parameter grid \\[reduced]."),
@@ -355,6 +372,7 @@ def reproduce(
         grid_limit,
         max_rounds,
         overrides,
+        strategies=None if strategies is None else [s.strip() for s in strategies.split(",") if s.strip()],
         explicit_only=mode is sweep_folder.Mode.RESUME,
     )
     data_dir = resolve_data_dir(data_dir)
@@ -363,14 +381,8 @@ def reproduce(
     check_output_folder(out)
     with (
         sweep_folder.locked(out),
-        Progress(
-            TextColumn(f"[bold]reproduce[/bold] {name}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            console=console,
-            transient=True,  # an error (a --resume conflict, say) stays the only line on stderr
-        ) as progress,
+        # transient: an error (a --resume conflict, say) stays the only line on stderr
+        progress_bar(f"[bold]reproduce[/bold] {name}", transient=True) as progress,
     ):
         spec = sweep_folder.settle(
             out,
@@ -384,6 +396,7 @@ def reproduce(
             spec["name"],
             spec["seeds"],
             out,
+            strategies=spec.get("strategies"),
             data_dir=data_dir,
             full_grid=spec["full_grid"],
             grid_limit=spec["grid_limit"],

@@ -73,7 +73,11 @@ def in_background(function: Callable[..., Any], *args: Any) -> Future:
 class RunObserver(Protocol):
     """Sees a run as it goes: ``on_round`` after each finished round (with its row), ``on_finish``
     once at the end -- also after an interruption, when ``run.status`` is ``interrupted``. The
-    file writer, the progress bar, the trackers and a user's callback are observers."""
+    file writer, the progress bar, the trackers and a user's callback are observers.
+
+    An observer may also define ``on_start(run)``, called once just before the first round's
+    sampling (after the run's setup: the task, the actors, on Flower the nodes' identification).
+    """
 
     def on_round(self, row: dict[str, Any], run: RunServer) -> None: ...
 
@@ -150,8 +154,11 @@ class RunServer:
         every other column -- exact counts, simulation diagnostics, what an engine adds -- is
         internal to the server (:func:`fairclip.sims.outputs.split_rows`)."""
         self.stop_reason: str | None = None
+        self.execution: dict[str, Any] | None = None
+        """How the engine runs the clients (backend, workers or actors and nodes), where it
+        says: the summary's ``provenance.execution``."""
         self._started = (dt.datetime.now(dt.UTC), time.perf_counter())
-        self._final_claim = in_background(self.plan.claim, self.rounds_to_run)
+        self._final_claim = in_background(self.plan.epsilon_after, self.rounds_to_run)
         """ε after the last round, computed while the rounds run (PRV for W1's 5 rounds: 0.025 s
         of CPU since the accountants share their RDP work, 0.15 s before; when the summary
         waited for it, 15 % of the run). The accountant's ε for that round is then a cache hit."""
@@ -281,9 +288,7 @@ class RunServer:
         accountant, plan = self.rounds.accountant, self.plan
         if self.rounds_completed == self.rounds_to_run:
             self._final_claim.result()  # the background computation of this very ε
-        event = self.rounds.last_event or DPEvent(
-            plan.noise.update, plan.noise.report if plan.releases_reports else None
-        )
+        event = self.rounds.last_event or DPEvent.planned(plan.noise, plan.releases_reports)
         return PrivacyClaim(
             epsilon=accountant.get_epsilon(plan.delta),
             delta=plan.delta,
@@ -314,7 +319,10 @@ class RunServer:
             "overall": overall,
             **self.task.summary(self.model),
             "config": config.as_dict(),
-            "provenance": provenance(self._started[0], time.perf_counter() - self._started[1]),
+            "provenance": {
+                **provenance(self._started[0], time.perf_counter() - self._started[1]),
+                **({"execution": self.execution} if self.execution is not None else {}),
+            },
         }
 
 
@@ -332,6 +340,8 @@ def simulate(
     server = RunServer(config, task)
     watching = [*observers, *([RoundCallback(on_round)] if on_round is not None else [])]
     execute = executor_factory(task, server.policy)
+    server.execution = getattr(execute, "execution", None)
+    notify_start(watching, server)
     try:
         for round_number in range(1, server.rounds_to_run + 1):
             client_ids = server.sample(round_number)
@@ -349,6 +359,14 @@ def simulate(
     for observer in watching:
         observer.on_finish(server)
     return result
+
+
+def notify_start(observers: Sequence[RunObserver], run: RunServer) -> None:
+    """Call ``on_start(run)`` of the observers that define it (:class:`RunObserver`)."""
+    for observer in observers:
+        start = getattr(observer, "on_start", None)
+        if start is not None:
+            start(run)
 
 
 NOISY_REPORT_COLUMNS = 16

@@ -8,8 +8,9 @@ of ``sims``; this module composes them with the scenarios, the run server and th
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from logging import INFO
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from flwr.app import Array, ArrayRecord, Context
 from flwr.common import log
@@ -24,6 +25,9 @@ from fairclip.server.strategy import EVENT_COLUMNS, PolicyStrategy
 from fairclip.sims.data import DataError
 from fairclip.sims.errors import ConfigError
 from fairclip.sims.flower_config import FlowerRun, flower_run
+
+if TYPE_CHECKING:
+    from fairclip.sims.engine import RunObserver
 
 
 def load_client_run(run_config: dict[str, Any]) -> ClientRun:
@@ -44,10 +48,13 @@ clients = FairclipClient(load_client_run)
 client_app = clients.app()
 
 
-def run_federation(grid: Grid, context: Context) -> None:
+def run_federation(grid: Grid, context: Context, observers: Sequence[RunObserver] = ()) -> None:
     """One federation of fairclip's ServerApp (module docstring of :mod:`fairclip.server.app`);
-    errors are left to the app, which refuses the run with their reason."""
-    from fairclip.sims.engine import RunServer
+    errors are left to the app, which refuses the run with their reason. ``observers`` see the
+    run as in a simulation (:class:`fairclip.sims.engine.RunObserver`): ``on_start`` once the
+    nodes are identified, ``on_round`` after each round's files are written, ``on_finish`` at
+    the end (after an interruption too)."""
+    from fairclip.sims.engine import RunServer, notify_start
     from fairclip.sims.flower_config import flower_run
     from fairclip.sims.outputs import write_server_run
     from fairclip.sims.tasks import build_task
@@ -88,7 +95,18 @@ def run_federation(grid: Grid, context: Context) -> None:
             },
         )
 
-    strategy.on_round = write_outputs
+    def round_finished(row: dict[str, Any]) -> None:
+        write_outputs()
+        for observer in observers:
+            observer.on_round(row, server)
+
+    def finished(interrupted: bool) -> None:
+        server.finish(interrupted=interrupted)
+        write_outputs()
+        for observer in observers:
+            observer.on_finish(server)
+
+    strategy.on_round = round_finished
     log(
         INFO,
         "fairclip: %s on %s, %d rounds; results in %s (exact counts only in its server-internal/)",
@@ -97,6 +115,7 @@ def run_federation(grid: Grid, context: Context) -> None:
         server.rounds_to_run,
         out,
     )
+    notify_start(observers, server)
     try:
         strategy.start(
             grid,
@@ -105,11 +124,9 @@ def run_federation(grid: Grid, context: Context) -> None:
             timeout=REPLY_TIMEOUT_SECONDS,
         )
     except BaseException:
-        server.finish(interrupted=True)
-        write_outputs()
+        finished(interrupted=True)
         raise
-    server.finish()
-    write_outputs()
+    finished(interrupted=False)
     if server.stop_reason:
         log(INFO, "fairclip: %s", server.stop_reason)
     claim = server.summary["privacy"]
@@ -137,4 +154,7 @@ def log_randomness(run: FlowerRun, noise_source: str) -> None:
     log(INFO, "fairclip: DP noise from %s", noise_source)
 
 
-server_app = make_server_app(run_federation, (ConfigError, DataError, FederationError))
+REFUSALS = (ConfigError, DataError, FederationError)
+"""The errors for which fairclip's ServerApp refuses a run with their reason."""
+
+server_app = make_server_app(run_federation, REFUSALS)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -60,6 +60,11 @@ class LocalExecutor:
 
     def __post_init__(self) -> None:
         self._tasks = [self.task, *(self.task.worker() for _ in range(self.workers - 1))]
+
+    @property
+    def execution(self) -> dict[str, Any]:
+        """How the clients run, for the summary's provenance."""
+        return {"backend": "local", "workers": self.workers}
 
     def __call__(self, model, client_ids, round_number, params) -> RoundSums:
         blocks = shard_ids(client_ids, len(self.task.client_cohorts))

@@ -17,7 +17,6 @@ from fairclip.sims.errors import ConfigError
 from fairclip.strategies import NoiseMultipliers, Policy, PolicyConfigError
 from fairclip.strategies.accounting import (
     DEFAULT_COUNT_RATIO,
-    PrivacyClaim,
     calibrate,
     check_privacy_parameters,
     effective_noise_multiplier,
@@ -62,17 +61,6 @@ class PrivacyPlan:
         """
         multiple = max(1, math.ceil(math.ceil(last_round / EPSILON_ROWS) / eval_every))
         return eval_every * multiple
-
-    def claim(self, rounds: int) -> PrivacyClaim:
-        """ε after ``rounds`` rounds with everything it came from."""
-        return PrivacyClaim.of(
-            self.noise,
-            releases_reports=self.releases_reports,
-            sample_rate=self.sample_rate,
-            rounds=rounds,
-            delta=self.delta,
-            accountant=self.accountant,
-        )
 
     def budget_message(self, completed: int) -> str:
         """Why a run stopped after ``completed`` rounds."""

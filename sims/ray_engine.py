@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import socket
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -56,7 +55,11 @@ def check_reachable(address: str, timeout: float = ADDRESS_TIMEOUT_SECONDS) -> N
 
 
 def ensure_ray(address: str | None = None, num_cpus: int | None = None) -> None:
-    """Start Ray locally (dashboard off, ``num_cpus`` set) or connect to ``address``, once."""
+    """Start Ray locally (dashboard off, ``num_cpus`` set) or connect to ``address``, once.
+
+    Without ``address`` this always starts a new local Ray (``address="local"``): left to
+    itself, ``ray.init`` would join the last cluster ``ray start`` began on this machine, or
+    the one ``RAY_ADDRESS`` names, and refuse ``num_cpus`` there."""
     if ray.is_initialized():
         return
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
@@ -66,6 +69,7 @@ def ensure_ray(address: str | None = None, num_cpus: int | None = None) -> None:
         ray.init(address=address, include_dashboard=False, log_to_driver=False)
     else:
         ray.init(
+            address="local",
             num_cpus=num_cpus or os.cpu_count() or 1,
             include_dashboard=False,
             log_to_driver=False,
@@ -83,11 +87,6 @@ def gpu_share(device: str, parallel: int) -> float:
     return min(1.0, gpus / max(parallel, 1))
 
 
-TaskBuilder = Callable[[RunConfig, Path | None], Task]
-"""Builds a run's task from its config and data folder (:func:`fairclip.sims.tasks.build_task`;
-the benchmarks pass their own, a module-level function so that Ray pickles it by reference)."""
-
-
 @ray.remote(num_cpus=1)
 class ClientBlocksActor:
     """Holds the task (clients and data) and trains the sampled clients of its blocks."""
@@ -96,14 +95,13 @@ class ClientBlocksActor:
         self,
         config: dict[str, Any],
         data_dir: str | None,
-        task_builder: TaskBuilder | None = None,
         plugins: dict[str, Any] | None = None,
     ):
         if plugins is not None:  # the driver's registered plug-ins and import path
             from fairclip.plugins import restore
 
             restore(plugins)
-        self.task: Task = (task_builder or build_task)(validate(config), Path(data_dir) if data_dir else None)
+        self.task: Task = build_task(validate(config), Path(data_dir) if data_dir else None)
         self.set_policy(config)
 
     def set_policy(self, config: dict[str, Any]) -> None:
@@ -116,6 +114,10 @@ class ClientBlocksActor:
 
     def rows_per_call(self) -> int:
         return self.task.rows_per_call
+
+    def node_id(self) -> str:
+        """The Ray node this actor runs on."""
+        return ray.get_runtime_context().get_node_id()
 
     def run_groups(
         self,
@@ -137,6 +139,13 @@ class RayExecutor:
     actors: list[Any]
     num_clients: int
     rows_per_call: int
+    nodes: int = 1
+    """On how many Ray nodes the actors run."""
+
+    @property
+    def execution(self) -> dict[str, Any]:
+        """How the clients run, for the summary's provenance."""
+        return {"backend": "ray", "actors": len(self.actors), "nodes": self.nodes}
 
     @classmethod
     def start(
@@ -144,7 +153,6 @@ class RayExecutor:
         config: RunConfig,
         data_dir: Path | None,
         num_actors: int,
-        task_builder: TaskBuilder | None = None,
     ) -> RayExecutor:
         """Start ``num_actors`` actors (one CPU each; at most the cluster's CPUs and the blocks)
         and wait until every one holds its task."""
@@ -157,11 +165,11 @@ class RayExecutor:
         plugins = ray.put(snapshot())
         gpus = gpu_share(config.training.device, num_actors)
         actors = [
-            ClientBlocksActor.options(num_gpus=gpus).remote(raw, folder, task_builder, plugins)
-            for _ in range(num_actors)
+            ClientBlocksActor.options(num_gpus=gpus).remote(raw, folder, plugins) for _ in range(num_actors)
         ]
         rows_per_call = ray.get([actor.rows_per_call.remote() for actor in actors])[0]
-        return cls(actors, config.federation.num_clients, rows_per_call)
+        nodes = len(set(ray.get([actor.node_id.remote() for actor in actors])))
+        return cls(actors, config.federation.num_clients, rows_per_call, nodes)
 
     def set_policy(self, config: RunConfig) -> None:
         """Give every actor the policy of ``config`` (same scenario and task)."""

@@ -28,7 +28,7 @@ import itertools
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -445,11 +445,28 @@ def write_outputs(out: Path, setup: Setup, rows: list[dict[str, Any]], wall: flo
     atomic_write_text(out / "reproduction.md", markdown(setup, rows, wall, extra))
 
 
+def select_strategies(setup: Setup, names: list[str] | None) -> Setup:
+    """The setup with only the strategies ``names`` (all of them for ``None``); a name the
+    setup does not have is a :class:`ConfigError` naming the ones it has."""
+    if names is None:
+        return setup
+    known = [strategy.name for strategy in setup.strategies]
+    if not names:
+        raise ConfigError("--strategies names no strategy")
+    for name in names:
+        if name not in known:
+            raise ConfigError(
+                f"--strategies: setup {setup.name!r} has no strategy {name!r} (it has: {', '.join(known)})"
+            )
+    return replace(setup, strategies=[s for s in setup.strategies if s.name in names])
+
+
 def reproduce(
     name: str,
     seeds: int,
     out: Path,
     *,
+    strategies: list[str] | None = None,
     data_dir: Path | None,
     full_grid: bool = False,
     grid_limit: int | None = None,
@@ -461,10 +478,12 @@ def reproduce(
     on_finished: Callable[[Run], None] | None = None,
     on_plan: Callable[[int], None] | None = None,
 ) -> tuple[list[dict[str, Any]], float]:
-    """Plan, run and tabulate one setup; returns the rows and the wall time in seconds. With
-    ``resume``, runs already finished in ``out`` with the same configuration are reused."""
+    """Plan, run and tabulate one setup (only its ``strategies``, where given); returns the
+    rows and the wall time in seconds. With ``resume``, runs already finished in ``out`` with
+    the same configuration are reused."""
     started = time.perf_counter()
-    setup = load_setup(name)
+    full_setup = load_setup(name)
+    setup = select_strategies(full_setup, strategies)
     if seeds < 1:
         raise ConfigError(f"--seeds must be >= 1 (got {seeds})")
     planner = Planner(setup, data_dir, overrides or [], max_rounds)
@@ -507,6 +526,14 @@ def reproduce(
             f"Resumed: {reused} finished runs were reused from {out} (`--resume`); "
             "the wall time counts this invocation only."
         )
+    if len(setup.strategies) < len(full_setup.strategies):
+        extra.append(
+            "Strategies: "
+            + ", ".join(s.name for s in setup.strategies)
+            + " of the setup's "
+            + ", ".join(s.name for s in full_setup.strategies)
+            + " (`--strategies`)."
+        )
     if max_rounds is not None:
         extra.append(f"Smoke run: at most {max_rounds} rounds per run (not a reproduction).")
     write_outputs(out, setup, rows, wall, extra)
@@ -525,28 +552,50 @@ def reproduce_spec(
     max_rounds: int | None,
     overrides: list[str] | None,
     *,
+    strategies: list[str] | None = None,
     explicit_only: bool = False,
 ) -> dict[str, Any]:
     """The specification of a reproduction (what :mod:`fairclip.sims.sweep_folder` stores), with
-    the defaults filled in -- or, ``explicit_only`` (``--resume``), only what was given."""
+    the defaults filled in -- or, ``explicit_only`` (``--resume``), only what was given. The
+    strategies are checked against the setup here, before any work; the specification names
+    them only when they are a subset (absent: all of the setup's)."""
     from fairclip.sims.sweep_folder import specification
 
+    if strategies is not None:
+        select_strategies(load_setup(name), strategies)
     options = {
+        "strategies": (strategies, None),
         "seeds": (seeds, DEFAULT_SEEDS),
         "full_grid": (full_grid, False),
         "grid_limit": (grid_limit, None),
         "max_rounds": (max_rounds, None),
         "overrides": (overrides or None, []),
     }
-    return specification("reproduce", {"name": name}, options, explicit_only)
+    spec = specification("reproduce", {"name": name}, options, explicit_only)
+    if spec.get("strategies", ...) is None:
+        del spec["strategies"]  # all of the setup's, as in folders stored before --strategies
+    return spec
 
 
 def merge_specs(stored: dict[str, Any], given: dict[str, Any]) -> dict[str, Any]:
-    """``--extend``: the stored reproduction with more seeds (everything else the same)."""
-    differ = sorted(key for key in stored if key != "seeds" and stored[key] != given.get(key))
+    """``--extend``: the stored reproduction with more seeds or more strategies (everything
+    else the same)."""
+    from fairclip.sims.sweep_folder import union
+
+    extendable = ("seeds", "strategies")
+    differ = sorted(
+        key for key in {*stored, *given} if key not in extendable and stored.get(key) != given.get(key)
+    )
     if differ:
-        raise ConfigError(f"--extend adds seeds to the same reproduction; {', '.join(differ)} differ")
-    return {**stored, "seeds": max(stored["seeds"], given["seeds"])}
+        raise ConfigError(
+            f"--extend adds seeds or strategies to the same reproduction; {', '.join(differ)} differ"
+        )
+    merged = {**stored, "seeds": max(stored["seeds"], given["seeds"])}
+    if "strategies" in stored and "strategies" in given:
+        merged["strategies"] = union(stored["strategies"], given["strategies"])
+    else:
+        merged.pop("strategies", None)  # one of them runs them all
+    return merged
 
 
 def setup_titles() -> dict[str, str]:

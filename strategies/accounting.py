@@ -50,15 +50,9 @@ def clear_caches() -> None:
 
 
 def effective_noise_multiplier(noise: NoiseMultipliers, releases_reports: bool) -> float:
-    """σ_eff of one round: σ_Δ alone, or (σ_Δ^−2 + σ_b^−2)^−1/2 when reports are released.
-
-    A zero multiplier on any release makes the round non-private (σ_eff = 0).
-    """
-    if not releases_reports:
-        return noise.update
-    if noise.update == 0 or noise.report == 0:
-        return 0.0
-    return (noise.update**-2 + noise.report**-2) ** -0.5
+    """σ_eff of one round run with ``noise``: σ_Δ alone, or (σ_Δ^−2 + σ_b^−2)^−1/2 when reports
+    are released (:attr:`DPEvent.effective_noise_multiplier`; 0 where any release is noiseless)."""
+    return DPEvent.planned(noise, releases_reports).effective_noise_multiplier
 
 
 def check_privacy_parameters(sample_rate: float, rounds: int, delta: float, accountant: str) -> None:

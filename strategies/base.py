@@ -144,6 +144,12 @@ class DPEvent:
     noise_multiplier: float
     report_noise_multiplier: float | None = None
 
+    @classmethod
+    def planned(cls, noise: NoiseMultipliers, releases_reports: bool) -> DPEvent:
+        """The event of a round run with the multipliers ``noise`` (σ_b only where reports are
+        released)."""
+        return cls(noise.update, noise.report if releases_reports else None)
+
     @property
     def effective_noise_multiplier(self) -> float:
         if self.report_noise_multiplier is None:

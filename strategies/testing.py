@@ -75,8 +75,8 @@ def check_policy(
         state = instance.initial_state(d)
         _check_state(instance, state)
         for _ in range(data.draw(st.integers(0, max_rounds), label="rounds")):
-            state = _check_round(instance, state, d, data.draw(_round_inputs(d), label="round"))
-        updates = data.draw(_update_matrices(n, d), label="updates")
+            state = _check_round(instance, state, d, data.draw(round_inputs(d), label="round"))
+        updates = data.draw(update_matrices(n, d), label="updates")
         cohorts = np.asarray(
             data.draw(st.lists(st.integers(0, cohorts_k - 1), min_size=n, max_size=n), label="cohorts"),
             dtype=np.int64,
@@ -146,43 +146,61 @@ def _check_clients(policy: Policy, state: Any, updates: np.ndarray, cohorts: np.
     assert np.all(out.reports[nonfinite] == 0), "a non-finite update reported"
 
 
-def _round_inputs(d: int) -> Any:
+# ----- hypothesis strategies (also the built-in policies' own property tests use these) -------
+
+
+def noisy_counts() -> Any:
+    """Noisy counts: anything a count plus Gaussian noise can be, far beyond any real federation."""
     from hypothesis import strategies as st
 
-    counts = st.floats(-1e15, 1e15) | st.sampled_from([0.0, 1.0, -1.0, 1e15, -1e15, 0.5])
+    return st.floats(-1e15, 1e15) | st.sampled_from([0.0, 1.0, -1.0, 1e15, -1e15, 0.5])
+
+
+def round_inputs(d: int) -> Any:
+    """One server step's inputs: an arbitrary sum of ``d`` coordinates, report sums, noise
+    multipliers (0 included), m̂, the number of reports and a noise seed."""
+    from hypothesis import strategies as st
+
     return st.fixed_dictionaries(
         {
-            "expected_clients": _log_uniform(-1, 4),
+            "expected_clients": log_uniform(-1, 4),
             "noise": st.builds(
-                NoiseMultipliers, st.just(0.0) | _log_uniform(-3, 3), st.just(0.0) | _log_uniform(-3, 3)
+                NoiseMultipliers, st.just(0.0) | log_uniform(-3, 3), st.just(0.0) | log_uniform(-3, 3)
             ),
             "sum": st.lists(st.floats(-1e30, 1e30), min_size=d, max_size=d).map(np.asarray),
-            "reports": st.lists(counts, min_size=1, max_size=8),
+            "reports": st.lists(noisy_counts(), min_size=1, max_size=8),
             "num_reports": st.integers(0, 50),
             "seed": st.integers(0, 2**32 - 1),
         }
     )
 
 
-def _update_matrices(n: int, d: int) -> Any:
+def update_matrices(n: int, d: int) -> Any:
+    """``n`` client updates of ``d`` coordinates: arbitrary floats (NaN, ±inf, subnormals and
+    extremes included) or Gaussian rows at a scale from 10^−35 to 10^35."""
     from hypothesis import strategies as st
     from hypothesis.extra import numpy as hnp
 
     entries = st.floats(allow_nan=True, allow_infinity=True) | st.sampled_from(
-        [0.0, -0.0, 5e-324, 1e-300, 1e300, -1.7e308, math.inf, -math.inf, math.nan]
+        [0.0, -0.0, 5e-324, -5e-324, 1e-300, 1e300, -1e300, 1.7e308, -1.7e308, math.inf, -math.inf, math.nan]
     )
     gaussian = st.builds(
         lambda seed, scale: np.random.default_rng(seed).normal(size=(n, d)) * scale,
         st.integers(0, 2**32 - 1),
-        _log_uniform(-35, 35),
+        log_uniform(-35, 35),
     )
     return hnp.arrays(np.float64, (n, d), elements=entries) | gaussian
 
 
-def _log_uniform(low: int, high: int) -> Any:
+def log_uniform(low_exponent: int, high_exponent: int) -> Any:
+    """Positive floats spread over the decades 10^low .. 10^high."""
     from hypothesis import strategies as st
 
-    return st.builds(lambda m, e: m * 10.0**e, st.floats(1.0, 9.99), st.integers(low, high))
+    return st.builds(
+        lambda mantissa, exponent: mantissa * 10.0**exponent,
+        st.floats(1.0, 9.99),
+        st.integers(low_exponent, high_exponent),
+    )
 
 
-__all__ = ["check_policy"]
+__all__ = ["check_policy", "log_uniform", "noisy_counts", "round_inputs", "update_matrices"]

@@ -90,6 +90,22 @@ def test_quick_w1_engine_and_floor(tmp_path):
     assert ratios["fairclip/flower"]["met"] is None  # not measured in --quick
 
 
+@pytest.mark.slow
+def test_w1_flower_contender_times_fairclips_own_apps(monkeypatch):
+    """The Flower contender (skipped in --quick runs of the suite) at the quick size: fairclip's
+    ServerApp with a round-timing observer, its ClientApp building the benchmark's image task
+    from the scenario's import paths; every sampled client's reply is accepted."""
+    from fairclip.benchmarks import w1
+
+    monkeypatch.setenv("FLWR_TELEMETRY_ENABLED", "0")
+    measurement = w1.run_flower(True)
+    details = measurement.details
+    assert details["rounds"] == w1.sizes(True)["rounds"]
+    assert details["dropped_replies"] == 0
+    assert details["client_updates"] == measurement.work > 0
+    assert 0 < measurement.wall_s < details["flwr_run_s"]  # the rounds, not Flower's start-up
+
+
 def test_targets_from_figures():
     results = {
         "fairclip": {"status": "ok", "throughput": 80.0},

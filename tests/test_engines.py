@@ -157,7 +157,7 @@ def test_final_claim_from_the_background_equals_the_accountant_now(budget_rounds
     """The server computes ε after its last round in a background thread while the rounds run;
     the summary's claim is the one the accountant gives when asked directly, also when a privacy
     budget ends the run early (then after the last round the budget allows)."""
-    from fairclip.strategies.accounting import epsilon
+    from fairclip.strategies.accounting import PrivacyClaim, epsilon
 
     overrides = ["federation.num_clients=120", "training.rounds=6", "strategy.name=bounded"]
     if budget_rounds is not None:
@@ -171,7 +171,15 @@ def test_final_claim_from_the_background_equals_the_accountant_now(budget_rounds
     server = RunServer(config, build_task(config))
     completed = result.summary["rounds_completed"]
     assert completed == server.rounds_to_run == (budget_rounds or 6)
-    expected = server.plan.claim(completed).as_dict()
+    plan = server.plan
+    expected = PrivacyClaim.of(
+        plan.noise,
+        releases_reports=plan.releases_reports,
+        sample_rate=plan.sample_rate,
+        rounds=completed,
+        delta=plan.delta,
+        accountant=plan.accountant,
+    ).as_dict()
     assert result.summary["privacy"] == expected
     assert result.summary["epsilon"] == expected["epsilon"] > 0
 
@@ -182,3 +190,40 @@ def test_background_work_hands_over_its_result_or_its_error():
     assert in_background(pow, 2, 10).result(timeout=10) == 1024
     with pytest.raises(ZeroDivisionError):
         in_background(divmod, 1, 0).result(timeout=10)
+
+
+def test_observers_see_the_start_every_round_and_the_end_in_order():
+    """``on_start`` (where an observer defines it) comes once before the first round, then
+    ``on_round`` per round, then ``on_finish``; an observer without ``on_start`` is fine."""
+    from fairclip.sims.config import load_config
+    from fairclip.sims.engine import simulate
+    from fairclip.sims.tasks import build_task
+
+    class Recorder:
+        def __init__(self):
+            self.seen = []
+
+        def on_start(self, run):
+            self.seen.append(("start", run.rounds_completed))
+
+        def on_round(self, row, run):
+            self.seen.append(("round", row["round"]))
+
+        def on_finish(self, run):
+            self.seen.append(("finish", run.rounds_completed))
+
+    class WithoutStart:
+        def __init__(self):
+            self.rounds = 0
+
+        def on_round(self, row, run):
+            self.rounds += 1
+
+        def on_finish(self, run):
+            pass
+
+    config = load_config("demo", None, ["federation.num_clients=40", "training.rounds=3"])
+    recorder, plain = Recorder(), WithoutStart()
+    simulate(config, build_task(config), observers=[recorder, plain])
+    assert recorder.seen == [("start", 0), ("round", 1), ("round", 2), ("round", 3), ("finish", 3)]
+    assert plain.rounds == 3

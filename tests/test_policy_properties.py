@@ -24,7 +24,6 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
-from hypothesis.extra import numpy as hnp
 
 from fairclip.strategies import (
     POLICIES,
@@ -34,6 +33,7 @@ from fairclip.strategies import (
     policy_parameters,
 )
 from fairclip.strategies.clipping import SAFETY, clip_rows, clip_rows_with_norms, hard_clip, row_norms
+from fairclip.strategies.testing import log_uniform, noisy_counts, round_inputs, update_matrices
 
 NAMES = sorted(POLICIES)
 SETTINGS = settings(
@@ -47,15 +47,6 @@ TIE = 1e-9
 
 
 # ----- strategies -------------------------------------------------------------------------
-def log_uniform(low_exponent: int, high_exponent: int) -> st.SearchStrategy[float]:
-    """Positive floats spread over the decades 10^low .. 10^high."""
-    return st.builds(
-        lambda mantissa, exponent: mantissa * 10.0**exponent,
-        st.floats(1.0, 9.99),
-        st.integers(low_exponent, high_exponent),
-    )
-
-
 BOUNDS = log_uniform(-30, 30)
 RATES = st.just(0.0) | log_uniform(-4, 3)
 """Learning rates from 0 to 10^3: exp(η) overflows float64 for η > 709 if not guarded."""
@@ -104,36 +95,7 @@ def configurations(draw, name: str) -> tuple[dict, int]:
     return params, cohorts
 
 
-ENTRIES = st.floats(allow_nan=True, allow_infinity=True) | st.sampled_from(
-    [0.0, -0.0, 5e-324, -5e-324, 1e-300, 1e300, -1e300, 1.7e308, -1.7e308, math.inf, -math.inf, math.nan]
-)
-COUNTS = st.floats(-1e15, 1e15) | st.sampled_from([0.0, 1.0, -1.0, 1e15, -1e15, 0.5])
-"""Noisy counts: anything a count plus Gaussian noise can be, far beyond any real federation."""
-
-
-def update_matrices(n: int, d: int) -> st.SearchStrategy[np.ndarray]:
-    arbitrary = hnp.arrays(np.float64, (n, d), elements=ENTRIES)
-    gaussian = st.builds(
-        lambda seed, scale: np.random.default_rng(seed).normal(size=(n, d)) * scale,
-        st.integers(0, 2**32 - 1),
-        log_uniform(-35, 35),
-    )
-    return arbitrary | gaussian
-
-
-@st.composite
-def rounds(draw, d: int) -> dict:
-    """One server step's inputs: arbitrary sums, noisy or exact, and m̂."""
-    return {
-        "expected_clients": draw(log_uniform(-1, 4)),
-        "noise": NoiseMultipliers(
-            update=draw(st.just(0.0) | log_uniform(-3, 3)), report=draw(st.just(0.0) | log_uniform(-3, 3))
-        ),
-        "sum": np.asarray(draw(st.lists(st.floats(-1e30, 1e30), min_size=d, max_size=d)), dtype=np.float64),
-        "reports": draw(st.lists(COUNTS, min_size=1, max_size=8)),
-        "num_reports": draw(st.integers(0, 50)),
-        "seed": draw(st.integers(0, 2**32 - 1)),
-    }
+COUNTS = noisy_counts()
 
 
 # ----- helpers ----------------------------------------------------------------------------
@@ -146,18 +108,18 @@ def not_a_tie(norms: np.ndarray, threshold: float) -> np.ndarray:
     return ~(np.abs(norms - threshold) <= TIE * threshold)
 
 
-def step(policy, state, round_inputs: dict, d: int):
+def step(policy, state, inputs: dict, d: int):
     """Run ``server_side`` with the round's arbitrary sums; the report sum is resized to fit."""
     size = policy.report_size(d)
-    report_sum = np.resize(np.asarray(round_inputs["reports"], dtype=np.float64), size) if size else None
+    report_sum = np.resize(np.asarray(inputs["reports"], dtype=np.float64), size) if size else None
     return policy.server_side(
         state,
-        round_inputs["sum"],
+        inputs["sum"],
         report_sum,
-        expected_clients=round_inputs["expected_clients"],
-        num_reports=round_inputs["num_reports"],
-        noise=round_inputs["noise"],
-        rng=np.random.default_rng(round_inputs["seed"]),
+        expected_clients=inputs["expected_clients"],
+        num_reports=inputs["num_reports"],
+        noise=inputs["noise"],
+        rng=np.random.default_rng(inputs["seed"]),
     )
 
 
@@ -306,16 +268,16 @@ def test_contributions_stay_within_the_noised_sensitivity(name, data):
     state = policy.initial_state(d)
     check_state(name, policy, state, None)
 
-    for round_inputs in data.draw(st.lists(rounds(d), max_size=4), label="rounds"):
+    for inputs in data.draw(st.lists(round_inputs(d), max_size=4), label="rounds"):
         before = policy.sensitivity(state)
-        result = step(policy, state, round_inputs, d)
+        result = step(policy, state, inputs, d)
         # noise of round t uses the sensitivity of round t, whatever the state becomes
         assert result.sensitivity == before
-        expected_std = 0.0 if name == "none" else round_inputs["noise"].update * before
+        expected_std = 0.0 if name == "none" else inputs["noise"].update * before
         assert result.noise_std == expected_std
         assert np.all(np.isfinite(result.estimate))
         assert (result.noisy_reports is None) == (policy.report_size(d) == 0 or name == "none")
-        check_state(name, policy, result.state, round_inputs["expected_clients"])
+        check_state(name, policy, result.state, inputs["expected_clients"])
         state = result.state
 
     updates = data.draw(update_matrices(n, d), label="updates")

@@ -198,3 +198,58 @@ def test_a_reproduction_is_stored_and_resumed_extended_or_replaced(tmp_path):
     assert replaced["seeds"] == 1 and not (tmp_path / "runs").exists()
     assert not (tmp_path / "reproduction.csv").exists()
     assert sweep_folder.stored_spec(tmp_path) == replaced
+
+
+def test_strategies_run_a_subset_and_extend_adds_the_rest(ray_session, cli, tmp_path):
+    """Issue 20, point 3: `--strategies` runs a subset of a setup (named in the report), a
+    strategy the setup lacks is one line and exit 2 before any work, and `--extend` adds
+    strategies while reusing the finished runs."""
+    setup = repro.load_setup("esipova-dutch")
+    skip_without_data(setup)
+    out = tmp_path / "dutch"
+    args = ["reproduce", "esipova-dutch", "--seeds", "1", "--max-rounds", "1", "--out", str(out)]
+    args += ["--data-dir", str(DATA_DIR)]
+
+    status, _stdout, err = cli(*args, "--strategies", "constant,bounded")
+    assert status == 2 and err.strip().count("\n") == 0
+    assert "has no strategy 'bounded'" in err and "global-adapt" in err
+    assert not out.exists()  # refused before any work
+
+    status, stdout, err = cli(*args, "--strategies", "none, global")
+    assert status == 0, err
+    table = pd.read_csv(out / "reproduction.csv", keep_default_na=False)
+    assert sorted(set(table["strategy"])) == ["global", "none"]
+    assert len(table) == 2 * len(setup.metrics)
+    assert "Strategies: none, global of the setup's" in stdout
+    stamps = {path.parent.name: path.stat().st_mtime_ns for path in out.glob("runs/*/summary.json")}
+    assert len(stamps) == 2
+
+    status, stdout, err = cli(*args, "--strategies", "constant", "--extend")
+    assert status == 0, err
+    table = pd.read_csv(out / "reproduction.csv", keep_default_na=False)
+    assert sorted(set(table["strategy"])) == ["constant", "global", "none"]
+    assert "Resumed: 2 finished runs were reused" in stdout
+    after = {path.parent.name: path.stat().st_mtime_ns for path in out.glob("runs/*/summary.json")}
+    assert len(after) == 3 and all(after[key] == stamps[key] for key in stamps)
+
+
+def test_a_strategy_subset_is_part_of_the_stored_reproduction(tmp_path):
+    from fairclip.sims.errors import ConfigError
+    from fairclip.sims.sweep_folder import Mode, settle
+
+    def spec(explicit_only=False, **options):
+        values = {"seeds": None, "full_grid": None, "grid_limit": None, "max_rounds": None, "overrides": None}
+        values.update(options)
+        return repro.reproduce_spec("zhao-dutch", **values, explicit_only=explicit_only)
+
+    assert "strategies" not in spec()  # all of them, as folders stored before the option
+    first = settle(tmp_path, spec(strategies=["bounded"]), Mode.NEW)
+    assert first["strategies"] == ["bounded"]
+    with pytest.raises(ConfigError, match="strategies differ"):
+        settle(tmp_path, spec(explicit_only=True, strategies=["constant"]), Mode.RESUME)
+    more = settle(tmp_path, spec(strategies=["constant"]), Mode.EXTEND, merge=repro.merge_specs)
+    assert more["strategies"] == ["bounded", "constant"]
+    everything = settle(tmp_path, spec(), Mode.EXTEND, merge=repro.merge_specs)
+    assert "strategies" not in everything
+    with pytest.raises(ConfigError, match="has no strategy 'none'"):
+        spec(strategies=["none"])
