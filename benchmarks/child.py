@@ -28,6 +28,10 @@ def contenders(workload: str) -> dict:
         from . import w4
 
         return w4.CONTENDERS
+    if workload == "w5":
+        from . import w5
+
+        return w5.CONTENDERS
     raise SystemExit(f"unknown workload {workload!r}")
 
 

@@ -29,7 +29,7 @@ PREFIX = "bench-image"
 DATASET = f"{__name__}:image_dataset"
 BENCH_MODELS = {
     "w1-cnn": f"{__name__}:w1_cnn_model",
-    **{name: name for name in ("tanh-cnn", "cnn", "logistic", "mlp")},
+    **{name: name for name in ("tanh-cnn", "esipova-cnn", "zhao-cnn", "cnn", "logistic", "mlp")},
 }
 """Benchmark model name -> the scenario's ``model`` reference (a built-in name or import path)."""
 

@@ -1,7 +1,7 @@
 """The runner: every contender of the chosen workloads in a subprocess of its own, one table,
 one JSON report.
 
-``fairclip bench [w1 w2 w3 w4] [--quick] [--json FILE]`` (:mod:`fairclip.sims.cli`).
+``fairclip bench [w1 ... w5] [--quick] [--json FILE]`` (:mod:`fairclip.sims.cli`).
 """
 
 from __future__ import annotations
@@ -19,33 +19,43 @@ from typing import Any
 from fairclip.sims.errors import ConfigError
 
 from .common import REPO_ROOT, RESULT_MARKER, machine_info, usable_cores
+from .w2 import MODELS as W2_MODELS
+from .w2 import contender_name as w2_name
 
-WORKLOADS = ("w1", "w2", "w3", "w4")
+WORKLOADS = ("w1", "w2", "w3", "w4", "w5")
 PACKAGE = __package__ or "benchmarks"
 
 DESCRIPTIONS = {
     "w1": "cross-device: 1,000 clients × 64 images 28×28, ~100/round, 5 rounds, W1 CNN, bounded",
-    "w2": "sample-level DP-SGD: tanh CNN, 60,000 examples, 100 Poisson batches of 256, clip 1, σ 0.8",
+    "w2": "sample-level DP-SGD: 3 CNNs, 60,000 examples, 100/50/20 Poisson batches of 256, clip 1, σ 0.8",
     "w3": "scale: 100,000 clients, ~1,000/round, bounded, in-process engine",
     "w4": "DP overhead: W1 with bounded vs none, fairclip's Ray engine",
+    "w5": "scale-out: W1 on 1 Ray actor, 2 actors, and 2 single-CPU nodes of a local Ray cluster",
 }
 QUICK_DESCRIPTIONS = {
     "w1": "quick: 40 clients × 16 images, q 0.25, 2 rounds",
-    "w2": "quick: 2,048 examples, 3 steps",
+    "w2": "quick: 2,048 examples, 3 or 2 steps",
     "w3": "quick: 10,000 clients, q 0.01, 5 / 2 rounds",
     "w4": "quick: as W1 quick, 1 repeat",
+    "w5": "quick: as W1 quick",
 }
 CONTENDERS = {
     "w1": ("fairclip", "flower", "floor", "pfl"),
-    "w2": ("fairclip", "fairclip-ray", "fairclip-local", "opacus"),
+    "w2": (
+        *(w2_name(model, c) for model in W2_MODELS for c in ("fairclip", "opacus", "opacus-ghost", "sgd")),
+        "fairclip-ray",
+        "fairclip-local",
+    ),
     "w3": ("bimodal-mean", "logistic"),
     "w4": ("pair",),
+    "w5": ("actors-1", "actors-2", "nodes-2"),
 }
 QUICK_SKIPS = {
     ("w1", "flower"): "skipped in --quick (Flower's runtime start alone takes ~30 s)",
     ("w2", "fairclip-local"): "skipped in --quick (same one-step path as w2.fairclip)",
 }
-TIMEOUT_S = {"w1": 1800, "w2": 1200, "w3": 1200, "w4": 1800}
+TIMEOUT_S = {"w1": 1800, "w2": 1200, "w3": 1200, "w4": 1800, "w5": 1800}
+W5_SPEEDUP = 1.7
 W3_MEMORY_LIMIT = 4 * 2**30
 W4_OVERHEAD_LIMIT = 0.05
 
@@ -115,12 +125,23 @@ def targets(workload: str, results: dict[str, dict[str, Any]], cores: int) -> li
         met = None if value is None else value >= at_least
         rows.append({"name": name, "value": value, "target": text, "threshold": at_least, "met": met})
 
+    def at_most(name: str, top: str, bottom: str, limit: float) -> None:
+        a, b = _value(results, top), _value(results, bottom)
+        value = a / b if a is not None and b else None
+        met = None if value is None else value <= limit
+        rows.append({"name": name, "value": value, "target": f"≤ {limit:g}", "threshold": limit, "met": met})
+
     if workload == "w1":
         ratio("fairclip/flower", "fairclip", "flower", 4.0, "≥ 4")
         ratio("fairclip/floor", "fairclip", "floor", cores / 1.3, f"≥ cores/1.3 = {cores / 1.3:.2f}")
         ratio("fairclip/pfl", "fairclip", "pfl", 1.0, "≥ 1")
     elif workload == "w2":
-        ratio("fairclip/opacus", "fairclip", "opacus", 1.0, "≥ 1")
+        for model in W2_MODELS:
+            prefix = "" if model == "tanh-cnn" else f"{model}: "
+            fairclip = w2_name(model, "fairclip")
+            ratio(f"{prefix}fairclip/opacus", fairclip, w2_name(model, "opacus"), 2.0, "≥ 2")
+            ratio(f"{prefix}fairclip/opacus-ghost", fairclip, w2_name(model, "opacus-ghost"), 1.0, "≥ 1")
+            at_most(f"{prefix}sgd/fairclip (time per example)", w2_name(model, "sgd"), fairclip, 1.5)
         ratio("fairclip-ray/opacus", "fairclip-ray", "opacus", 1.0, "≥ 1 (reference)")
         ratio("fairclip-local/opacus", "fairclip-local", "opacus", 1.0, "≥ 1 (reference)")
     elif workload == "w3":
@@ -150,11 +171,14 @@ def targets(workload: str, results: dict[str, dict[str, Any]], cores: int) -> li
                 "met": None if overhead is None else overhead <= W4_OVERHEAD_LIMIT,
             }
         )
+    elif workload == "w5":
+        ratio("actors-2/actors-1", "actors-2", "actors-1", W5_SPEEDUP, f"≥ {W5_SPEEDUP}")
+        ratio("nodes-2/actors-1", "nodes-2", "actors-1", W5_SPEEDUP, f"≥ {W5_SPEEDUP}")
     return rows
 
 
 def run_bench(workloads: list[str], quick: bool, json_path: Path | None) -> dict[str, Any]:
-    """Run ``workloads`` (empty: all four), print the table, write ``json_path``; return the report.
+    """Run ``workloads`` (empty: all of them), print the table, write ``json_path``; return the report.
 
     The report holds ``machine``, ``throughput`` (``"w1.fairclip"`` and so on: the measured
     throughput of every contender, None where it did not run), ``workloads`` (per workload its

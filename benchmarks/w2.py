@@ -1,24 +1,36 @@
-"""W2, sample-level DP-SGD: the tanh CNN of the MNIST reproduction (conv 32 and 16, tanh),
-Poisson batches of 256 (expected), per-example clipping at C = 1 and noise σ = 0.8.
+"""W2, sample-level DP-SGD: Poisson batches of 256 (expected), per-example clipping at C = 1 and
+noise σ = 0.8, on three CNNs (:mod:`fairclip.client.models`):
+
+* ``tanh-cnn``: the tanh CNN of the MNIST reproduction (conv 32 and 16, tanh, 2×2 pooling);
+* ``esipova-cnn``: seed 003's MNIST CNN as its authors ran it (no pooling, 97,114 parameters);
+* ``zhao-cnn``: seed 000's appendix-A.5 CNN (64/64 filters, pooling 3 stride 2, dense 500-500).
+
+Contenders (names of the tanh CNN's; the others' carry the model, ``esipova-cnn/fairclip``):
 
 * ``fairclip``: fairclip's one-step-client path (one client per example, one local step:
   updates are per-sample gradients, ``fairclip.client.training.one_step_updates``), policy
   ``constant``, driven by fairclip's in-process engine with one worker thread per core
   (``LocalExecutor(workers=cores)``; the same result as one thread).
-* ``fairclip-ray``: the same on fairclip's Ray engine (one actor per core), for reference.
-* ``fairclip-local``: the same in-process with one thread, for reference.
-* ``opacus``: Opacus' own ``PrivacyEngine`` training loop (Poisson sampling, per-example
-  clipping and noise; torch's default threads) on the same model, data and batch size.
+* ``fairclip-ray``, ``fairclip-local`` (tanh CNN only, for reference): the same on the Ray engine
+  (one actor per core) and in-process with one thread.
+* ``opacus``: Opacus' own ``PrivacyEngine`` training loop in its default mode (hooks: Poisson
+  sampling, per-sample gradients, clipping and noise; torch's default threads).
+* ``opacus-ghost``: the same with ``grad_sample_mode="ghost"`` (ghost clipping: per-sample norms
+  without per-sample gradients, then a second backward pass of the re-weighted loss).
+* ``sgd``: plain non-private mini-batch SGD on the same model, data and batch size (torch's
+  default threads): the physical anchor.
 
 Examples per second of each contender's fastest of 3 repeats (1 in ``--quick``); the clock
-covers the steps and one ε at the end (and fairclip's evaluation of its small test set). The
-data is 28×28 synthetic (:mod:`benchmarks.imagetask`; no MNIST download), as many examples as
-MNIST's training set (60,000) in the full run.
+covers the steps and, for the private contenders, one ε at the end (and fairclip's evaluation of
+its small test set). The data is 28×28 synthetic (:mod:`benchmarks.imagetask`; no MNIST
+download), as many examples as MNIST's training set (60,000) in the full run; the larger models
+take fewer steps (:data:`STEPS`).
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 from .common import Measurement, measured, usable_cores
@@ -28,12 +40,19 @@ BATCH = 256
 NOISE = 0.8
 CLIP = 1.0
 LR = 0.1
+MODELS = ("tanh-cnn", "esipova-cnn", "zhao-cnn")
+STEPS = {"tanh-cnn": 100, "esipova-cnn": 50, "zhao-cnn": 20}
+"""Steps of the full run per model (the larger models' steps take longer)."""
 
 
-def sizes(quick: bool) -> dict[str, Any]:
+def sizes(quick: bool, model: str = "tanh-cnn") -> dict[str, Any]:
     if quick:
-        return {"examples": 2048, "steps": 3, "repeats": 1}
-    return {"examples": 60000, "steps": 100, "repeats": 3}
+        return {"examples": 2048, "steps": 3 if model == "tanh-cnn" else 2, "repeats": 1}
+    return {"examples": 60000, "steps": STEPS[model], "repeats": 3}
+
+
+def contender_name(model: str, contender: str) -> str:
+    return contender if model == "tanh-cnn" else f"{model}/{contender}"
 
 
 def fastest(runs: list[tuple[float, float, dict[str, Any]]]) -> tuple[float, float, dict[str, Any]]:
@@ -44,17 +63,17 @@ def fastest(runs: list[tuple[float, float, dict[str, Any]]]) -> tuple[float, flo
     return seconds, work, details
 
 
-def config(quick: bool):
+def config(quick: bool, model: str = "tanh-cnn"):
     from .imagetask import image_config, image_run
 
-    size = sizes(quick)
+    size = sizes(quick, model)
     return image_config(
         image_run(
             num_clients=size["examples"],
             sample_rate=BATCH / size["examples"],
             rounds=size["steps"],
             per_client=1,
-            model="tanh-cnn",
+            model=model,
             strategy="constant",
             client_lr=1.0,
             test_per_cohort=100,
@@ -67,12 +86,12 @@ def config(quick: bool):
     )
 
 
-def _run_fairclip(quick: bool, engine: str) -> Measurement:
+def _run_fairclip(quick: bool, engine: str, model: str = "tanh-cnn") -> Measurement:
     from .engine import start_ray, timed_rounds
     from .imagetask import build_task, ray_executor
 
     def body():
-        run_config = config(quick)
+        run_config = config(quick, model)
         task = build_task(run_config)
         assert task.one_step, "the W2 task must take the one-step path"
         workers = 1
@@ -86,11 +105,136 @@ def _run_fairclip(quick: bool, engine: str) -> Measurement:
             workers = usable_cores() if engine == "threads" else 1
             executor = LocalExecutor(task, policy, workers=workers)
         runs = []
-        for _ in range(sizes(quick)["repeats"]):
+        for _ in range(sizes(quick, model)["repeats"]):
             seconds, details = timed_rounds(run_config, task, executor)
-            details.update(engine=engine, workers=workers, examples=details["client_updates"], one_step=True)
+            details.update(
+                engine=engine, workers=workers, examples=details["client_updates"], one_step=True, model=model
+            )
             runs.append((seconds, details["client_updates"], details))
         return fastest(runs)
+
+    return measured(UNIT, body)
+
+
+def _dataset(quick: bool, model: str):
+    import torch
+    from torch.utils.data import TensorDataset
+
+    from .imagetask import synthetic_images
+
+    data = synthetic_images(sizes(quick, model)["examples"], 1, 1, seed=0)
+    return TensorDataset(torch.from_numpy(data["train_x"]), torch.from_numpy(data["train_y"]))
+
+
+def _run_opacus(quick: bool, model: str, mode: str) -> Measurement:
+    """Opacus' ``PrivacyEngine`` loop (``mode``: ``hooks``, its default, or ``ghost``)."""
+    import warnings
+
+    import torch
+    from opacus import PrivacyEngine
+    from torch import nn
+    from torch.utils.data import DataLoader
+
+    from .imagetask import build_bench_model
+
+    size = sizes(quick, model)
+
+    def one_run(dataset) -> tuple[float, float, dict[str, Any]]:
+        torch.manual_seed(0)
+        network = build_bench_model(model)
+        optimizer = torch.optim.SGD(network.parameters(), lr=LR)
+        loader = DataLoader(dataset, batch_size=BATCH)
+        criterion = nn.CrossEntropyLoss()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            engine = PrivacyEngine(accountant="prv")
+            private = engine.make_private(
+                module=network,
+                optimizer=optimizer,
+                data_loader=loader,
+                noise_multiplier=NOISE,
+                max_grad_norm=CLIP,
+                poisson_sampling=True,
+                grad_sample_mode=mode,
+                **({"criterion": criterion} if mode == "ghost" else {}),
+            )
+        if mode == "ghost":
+            network, optimizer, criterion, loader = private
+        else:
+            network, optimizer, loader = private
+        examples = steps = 0
+        started = time.perf_counter()
+        while steps < size["steps"]:
+            for x, y in loader:
+                optimizer.zero_grad(set_to_none=True)
+                if len(y):
+                    criterion(network(x), y).backward()
+                optimizer.step()
+                examples += len(y)
+                steps += 1
+                if steps == size["steps"]:
+                    break
+        epsilon = engine.get_epsilon(1e-5)  # once, inside the clock, as fairclip's ε after its last round
+        seconds = time.perf_counter() - started
+        details = {
+            "steps": steps,
+            "examples": examples,
+            "threads": torch.get_num_threads(),
+            "epsilon": epsilon,
+            "model": model,
+            "grad_sample_mode": mode,
+        }
+        return seconds, examples, details
+
+    def body():
+        from fairclip.client.training import prepare_training
+
+        prepare_training()  # the one-time import fairclip's tasks also do before their rounds
+        dataset = _dataset(quick, model)
+        return fastest([one_run(dataset) for _ in range(size["repeats"])])
+
+    return measured(UNIT, body)
+
+
+def _run_sgd(quick: bool, model: str) -> Measurement:
+    """Plain mini-batch SGD (no clipping, no noise) on batches of :data:`BATCH`."""
+    import torch
+    from torch import nn
+    from torch.utils.data import DataLoader
+
+    from .imagetask import build_bench_model
+
+    size = sizes(quick, model)
+
+    def one_run(dataset) -> tuple[float, float, dict[str, Any]]:
+        torch.manual_seed(0)
+        network = build_bench_model(model)
+        optimizer = torch.optim.SGD(network.parameters(), lr=LR)
+        loader = DataLoader(
+            dataset, batch_size=BATCH, shuffle=True, generator=torch.Generator().manual_seed(0)
+        )
+        criterion = nn.CrossEntropyLoss()
+        examples = steps = 0
+        started = time.perf_counter()
+        while steps < size["steps"]:
+            for x, y in loader:
+                optimizer.zero_grad(set_to_none=True)
+                criterion(network(x), y).backward()
+                optimizer.step()
+                examples += len(y)
+                steps += 1
+                if steps == size["steps"]:
+                    break
+        seconds = time.perf_counter() - started
+        return (
+            seconds,
+            examples,
+            {"steps": steps, "examples": examples, "threads": torch.get_num_threads(), "model": model},
+        )
+
+    def body():
+        dataset = _dataset(quick, model)
+        return fastest([one_run(dataset) for _ in range(size["repeats"])])
 
     return measured(UNIT, body)
 
@@ -107,74 +251,25 @@ def run_fairclip_local(quick: bool) -> Measurement:
     return _run_fairclip(quick, "local")
 
 
-def run_opacus(quick: bool) -> Measurement:
-    import warnings
-
-    import torch
-    from opacus import PrivacyEngine
-    from torch import nn
-    from torch.utils.data import DataLoader, TensorDataset
-
-    from .imagetask import build_bench_model, synthetic_images
-
-    size = sizes(quick)
-
-    def one_run(dataset) -> tuple[float, float, dict[str, Any]]:
-        torch.manual_seed(0)
-        model = build_bench_model("tanh-cnn")
-        optimizer = torch.optim.SGD(model.parameters(), lr=LR)
-        loader = DataLoader(dataset, batch_size=BATCH)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            engine = PrivacyEngine(accountant="prv")
-            model, optimizer, loader = engine.make_private(
-                module=model,
-                optimizer=optimizer,
-                data_loader=loader,
-                noise_multiplier=NOISE,
-                max_grad_norm=CLIP,
-                poisson_sampling=True,
-            )
-        loss_function = nn.CrossEntropyLoss()
-        examples = steps = 0
-        started = time.perf_counter()
-        while steps < size["steps"]:
-            for x, y in loader:
-                optimizer.zero_grad(set_to_none=True)
-                if len(y):
-                    loss_function(model(x), y).backward()
-                optimizer.step()
-                examples += len(y)
-                steps += 1
-                if steps == size["steps"]:
-                    break
-        epsilon = engine.get_epsilon(1e-5)  # once, inside the clock, as fairclip's ε after its last round
-        seconds = time.perf_counter() - started
-        details = {
-            "steps": steps,
-            "examples": examples,
-            "threads": torch.get_num_threads(),
-            "epsilon": epsilon,
-        }
-        return seconds, examples, details
-
-    def body():
-        from fairclip.client.training import prepare_training
-
-        prepare_training()  # the one-time import fairclip's tasks also do before their rounds
-        data = synthetic_images(size["examples"], 1, 1, seed=0)
-        dataset = TensorDataset(torch.from_numpy(data["train_x"]), torch.from_numpy(data["train_y"]))
-        return fastest([one_run(dataset) for _ in range(size["repeats"])])
-
-    return measured(UNIT, body)
+def _per_model() -> dict[str, Callable[[bool], Measurement]]:
+    contenders: dict[str, Callable[[bool], Measurement]] = {}
+    for model in MODELS:
+        contenders[contender_name(model, "fairclip")] = lambda quick, m=model: _run_fairclip(
+            quick, "threads", m
+        )
+        contenders[contender_name(model, "opacus")] = lambda quick, m=model: _run_opacus(quick, m, "hooks")
+        contenders[contender_name(model, "opacus-ghost")] = lambda quick, m=model: _run_opacus(
+            quick, m, "ghost"
+        )
+        contenders[contender_name(model, "sgd")] = lambda quick, m=model: _run_sgd(quick, m)
+    return contenders
 
 
 CONTENDERS = {
-    "fairclip": run_fairclip,
+    **_per_model(),
     "fairclip-ray": run_fairclip_ray,
     "fairclip-local": run_fairclip_local,
-    "opacus": run_opacus,
 }
 
 
-__all__ = ["CONTENDERS", "usable_cores"]
+__all__ = ["CONTENDERS", "MODELS", "contender_name", "usable_cores"]

@@ -2,11 +2,17 @@
 
 * ``logistic``: one linear layer (multinomial logistic regression; binary tasks use 2 logits).
 * ``mlp``: two hidden layers of 256 units with ReLU (Esipova et al. 2023, Adult).
-* ``cnn``: the two-layer CNN used for DP-SGD on MNIST by seed 000 (appendix A.5), as in
-  Papernot et al. 2021 / Opacus' MNIST example: conv 16@8×8 stride 2, max-pool, conv 32@4×4
-  stride 2, max-pool, dense 32, dense 10, tanh activations.
+* ``cnn``: the two-layer CNN of Papernot et al. 2021 / Opacus' MNIST example: conv 16@8×8
+  stride 2, max-pool, conv 32@4×4 stride 2, max-pool, dense 32, dense 10, tanh activations.
+  (Earlier notes called it seed 000's appendix-A.5 CNN; that one is ``zhao-cnn``.)
 * ``tanh-cnn``: the small CNN of seed 003 (Esipova et al.): two 3×3 convolutions of 32 and 16
   channels with tanh, each followed by 2×2 max-pooling, then a dense layer to the classes.
+* ``esipova-cnn``: seed 003's MNIST CNN as its authors' code (``layer6ai-labs/fair-dp``) runs
+  it: conv 32@3×3, tanh, conv 16@3×3, tanh, *no pooling*, flatten, dense to the classes
+  (97,114 parameters on 1×28×28 and 10 classes).
+* ``zhao-cnn``: seed 000's CNN (appendix A.5): two convolutions of 64 filters 3×3, each followed
+  by max-pooling 3 with stride 2, then dense 500, dense 500 and the output, ReLU (the appendix
+  gives no padding; none here: 805,578 parameters on 1×28×28 and 10 classes).
 
 A client's update Δ = θ_i − θ_t is the difference of two flat vectors made by
 :func:`model_to_vector`, in the order of ``model.parameters()``.
@@ -18,7 +24,7 @@ import numpy as np
 import torch
 from torch import nn
 
-MODELS = ("logistic", "mlp", "cnn", "tanh-cnn")
+MODELS = ("logistic", "mlp", "cnn", "tanh-cnn", "esipova-cnn", "zhao-cnn")
 
 
 def build_model(name: str, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
@@ -35,7 +41,7 @@ def build_model(name: str, input_shape: tuple[int, ...], num_classes: int) -> nn
             nn.ReLU(),
             nn.Linear(256, num_classes),
         )
-    if name in ("cnn", "tanh-cnn"):
+    if name in ("cnn", "tanh-cnn", "esipova-cnn", "zhao-cnn"):
         if len(input_shape) != 3:
             raise ValueError(
                 f"model {name!r} needs image inputs (channels, height, width), got {input_shape}"
@@ -52,6 +58,28 @@ def build_model(name: str, input_shape: tuple[int, ...], num_classes: int) -> nn
                 nn.Flatten(),
             )
             head = [nn.LazyLinear(32), nn.Tanh(), nn.Linear(32, num_classes)]
+        elif name == "esipova-cnn":
+            layers = nn.Sequential(
+                nn.Conv2d(channels, 32, 3), nn.Tanh(), nn.Conv2d(32, 16, 3), nn.Tanh(), nn.Flatten()
+            )
+            head = [nn.LazyLinear(num_classes)]
+        elif name == "zhao-cnn":
+            layers = nn.Sequential(
+                nn.Conv2d(channels, 64, 3),
+                nn.ReLU(),
+                nn.MaxPool2d(3, 2),
+                nn.Conv2d(64, 64, 3),
+                nn.ReLU(),
+                nn.MaxPool2d(3, 2),
+                nn.Flatten(),
+            )
+            head = [
+                nn.LazyLinear(500),
+                nn.ReLU(),
+                nn.Linear(500, 500),
+                nn.ReLU(),
+                nn.Linear(500, num_classes),
+            ]
         else:
             layers = nn.Sequential(
                 nn.Conv2d(channels, 32, 3),

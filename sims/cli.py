@@ -416,14 +416,14 @@ def reproduce(
 @app.command()
 def bench(
     workloads: Annotated[
-        list[str] | None, typer.Argument(help="Workloads among w1 w2 w3 w4 \\[all].", show_default=False)
+        list[str] | None, typer.Argument(help="Workloads among w1 w2 w3 w4 w5 \\[all].", show_default=False)
     ] = None,
     quick: Annotated[
         bool, typer.Option("--quick", help="Tiny sizes: a smoke test, no timing claims.")
     ] = False,
     json_path: Annotated[Path | None, typer.Option("--json", help="Write the JSON report here.")] = None,
 ) -> None:
-    """Benchmark fairclip against Flower, Opacus, pfl-research and the compute floor (W1-W4)."""
+    """Benchmark fairclip against Flower, Opacus, pfl-research and the compute floor (W1-W5)."""
     from fairclip.benchmarks import failed_contenders, run_bench
 
     report = run_bench(workloads or [], quick, json_path)

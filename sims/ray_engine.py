@@ -154,8 +154,8 @@ class RayExecutor:
         data_dir: Path | None,
         num_actors: int,
     ) -> RayExecutor:
-        """Start ``num_actors`` actors (one CPU each; at most the cluster's CPUs and the blocks)
-        and wait until every one holds its task."""
+        """Start ``num_actors`` actors (one CPU each; at most the cluster's CPUs and the
+        :data:`SUM_SHARDS` blocks) and wait until every one holds its task."""
         available = int(ray.cluster_resources().get("CPU", 1))
         num_actors = max(1, min(num_actors, available, SUM_SHARDS))
         raw = config.as_dict()

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from fairclip.benchmarks import WORKLOADS, run_bench, targets
+from fairclip.benchmarks.run import CONTENDERS
 from fairclip.sims.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -23,14 +24,15 @@ def _positive(value) -> bool:
 
 @pytest.mark.slow
 def test_quick_suite_writes_the_report(tmp_path):
-    """W2 (fairclip one-step vs Opacus), W3 and W4 in their quick sizes, through the CLI."""
+    """W2 (fairclip one-step vs Opacus' two modes and plain SGD, on three CNNs), W3 and W4 in
+    their quick sizes, through the CLI."""
     report_path = tmp_path / "bench.json"
     completed = subprocess.run(
         [sys.executable, "-m", "fairclip", "bench", "w2", "w3", "w4", "--quick", "--json", str(report_path)],
         cwd=ROOT,
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=900,
     )
     assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
     assert "targets" in completed.stdout and "w3" in completed.stdout
@@ -39,7 +41,8 @@ def test_quick_suite_writes_the_report(tmp_path):
     assert machine["cores"] >= 1 and machine["cpu_model"]
     assert machine["libraries"]["torch"] and machine["libraries"]["flwr"]
     assert report["quick"] is True
-    expected = {"w2.fairclip", "w2.fairclip-ray", "w2.fairclip-local", "w2.opacus"}
+    expected = {f"w2.{name}" for name in CONTENDERS["w2"]}
+    assert {"w2.opacus-ghost", "w2.sgd", "w2.esipova-cnn/opacus-ghost", "w2.zhao-cnn/sgd"} <= expected
     expected |= {"w3.bimodal-mean", "w3.logistic"}
     expected |= {"w4.bounded", "w4.none"}
     assert set(report["throughput"]) == expected
@@ -55,7 +58,8 @@ def test_quick_suite_writes_the_report(tmp_path):
             assert result["peak_rss_bytes"] > 2**20
             assert result["total_s"] >= result["wall_s"]
     measures = {(row["workload"], row["name"]) for row in report["targets"]}
-    assert ("w2", "fairclip/opacus") in measures
+    for name in ("fairclip/opacus", "fairclip/opacus-ghost", "zhao-cnn: sgd/fairclip (time per example)"):
+        assert ("w2", name) in measures
     assert ("w4", "bounded wall / none wall − 1 (median of pairs)") in measures
     for row in report["targets"]:
         if row["name"].startswith("fairclip-local"):
@@ -137,4 +141,22 @@ def test_unknown_workload_is_an_error(capsys):
         main(["bench", "w9", "--quick"])
     assert exited.value.code == 2
     assert "unknown workload" in capsys.readouterr().err
-    assert WORKLOADS == ("w1", "w2", "w3", "w4")
+    assert WORKLOADS == ("w1", "w2", "w3", "w4", "w5")
+
+
+@pytest.mark.slow
+def test_quick_w5_scale_out(tmp_path):
+    """W5 at W1's quick size: 1 actor, 2 actors, and 2 actors on a 2-node cluster started with
+    ``ray start``; every contender runs and the speed-up rows are computed (no timing claims)."""
+    report = run_bench(["w5"], True, tmp_path / "w5.json")
+    contenders = report["workloads"]["w5"]["contenders"]
+    for name, (actors, nodes) in {"actors-1": (1, 1), "actors-2": (2, 1), "nodes-2": (2, 2)}.items():
+        assert contenders[name]["status"] == "ok", contenders[name]
+        assert (contenders[name]["actors"], contenders[name]["nodes"]) == (actors, nodes)
+        assert _positive(report["throughput"][f"w5.{name}"])
+    # The same seed gives the same run on 1 actor, 2 actors and 2 nodes.
+    finals = {(c["final_accuracy"], c["epsilon"], c["client_updates"]) for c in contenders.values()}
+    assert len(finals) == 1
+    ratios = {row["name"]: row for row in report["targets"]}
+    for name in ("actors-2/actors-1", "nodes-2/actors-1"):
+        assert math.isfinite(ratios[name]["value"]) and ratios[name]["met"] in (True, False)

@@ -16,7 +16,8 @@ from fairclip.sims.config import load_config
 from fairclip.sims.engine import simulate
 from fairclip.sims.tasks import build_task
 
-INPUT_SHAPES = {"logistic": (10,), "mlp": (10,), "cnn": (1, 28, 28), "tanh-cnn": (1, 28, 28)}
+IMAGE_MODELS = ["cnn", "tanh-cnn", "esipova-cnn", "zhao-cnn"]
+INPUT_SHAPES = {"logistic": (10,), "mlp": (10,), **{name: (1, 28, 28) for name in IMAGE_MODELS}}
 
 
 def _generator(seed: int) -> torch.Generator:
@@ -32,7 +33,10 @@ def _float32_vector(size: int, seed: int) -> np.ndarray:
 
 
 def test_every_model_is_covered():
+    from fairclip.sims.config import BUILTIN_MODELS
+
     assert set(INPUT_SHAPES) == set(MODELS)
+    assert BUILTIN_MODELS == MODELS  # configuration checks names without importing torch
 
 
 @pytest.mark.parametrize("name", MODELS)
@@ -68,10 +72,28 @@ def test_model_builds_for_its_input_shape_and_vectors_round_trip(name):
     np.testing.assert_array_equal(model_to_vector(other), arbitrary)
 
 
-@pytest.mark.parametrize("name", ["cnn", "tanh-cnn"])
+@pytest.mark.parametrize("name", IMAGE_MODELS)
 def test_image_models_reject_flat_inputs(name):
     with pytest.raises(ValueError, match="image inputs"):
         build_model(name, (10,), 2)
+
+
+def test_the_papers_cnns_have_their_published_sizes():
+    """Seed 003's MNIST CNN without pooling (97,114 parameters, issue 21) and seed 000's A.5 CNN."""
+    models = {name: build_model(name, (1, 28, 28), 10) for name in IMAGE_MODELS}
+    count = {name: sum(p.numel() for p in model.parameters()) for name, model in models.items()}
+    assert count["esipova-cnn"] == 97_114
+    # conv 1->64 and 64->64 (3x3): 28 -> 26 -> pool 12 -> 10 -> pool 4, so 64 * 4 * 4 = 1,024 inputs
+    convolutions = (9 + 1) * 64 + (9 * 64 + 1) * 64
+    assert count["zhao-cnn"] == convolutions + (1024 + 1) * 500 + (500 + 1) * 500 + (500 + 1) * 10
+
+    def pools(name):
+        return [
+            (m.kernel_size, m.stride) for m in models[name].modules() if isinstance(m, torch.nn.MaxPool2d)
+        ]
+
+    assert pools("zhao-cnn") == [(3, 2), (3, 2)]
+    assert pools("esipova-cnn") == []
 
 
 def test_unknown_model_is_refused():
