@@ -188,6 +188,22 @@ class ClassificationTask:
         self.client_indices[client] = np.arange(start, start + features.shape[0])
         self.one_step = self.one_step and features.shape[0] == 1
 
+    def keep_clients(self, owned: np.ndarray) -> None:
+        """Keep the training examples of the clients ``owned`` (a boolean mask over the N
+        clients) and drop every other client's: a Ray actor holds only the clients it trains.
+        Training a dropped client afterwards raises ``KeyError``."""
+        kept = np.flatnonzero(owned)
+        rows = [np.asarray(self.client_indices[c]) for c in kept]
+        order = torch.from_numpy(np.concatenate(rows) if rows else np.empty(0, dtype=np.int64))
+        self.train_x = self.train_x[order.to(self.device)]
+        self.train_y = self.train_y[order.to(self.device)]
+        held: dict[int, np.ndarray] = {}
+        start = 0
+        for client, client_rows in zip(kept, rows, strict=True):
+            held[int(client)] = np.arange(start, start + len(client_rows))
+            start += len(client_rows)
+        self.client_indices = _HeldClients(held)
+
     def local_updates(self, model: np.ndarray, client_ids: np.ndarray, round_number: int) -> np.ndarray:
         if self.one_step:
             # The sample-level special case (docs/design.md, section 2): no shuffling to draw, so no
@@ -224,3 +240,11 @@ class ClassificationTask:
 
     def summary(self, model: np.ndarray) -> dict[str, Any]:
         return {}
+
+
+class _HeldClients(dict):
+    """``client_indices`` after :meth:`ClassificationTask.keep_clients`: the rows of the clients
+    held; any other client is a ``KeyError`` that says so."""
+
+    def __missing__(self, client: int) -> np.ndarray:
+        raise KeyError(f"client {client} is not held by this worker (keep_clients dropped its data)")

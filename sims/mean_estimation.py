@@ -38,19 +38,43 @@ class MeanEstimationTask:
         spreads = np.array([c.spread for c in scenario.cohorts.values()])[self.client_cohorts]
         noise = generator.standard_normal((num_clients, self.dimension))
         self.points = self.centres[self.client_cohorts] + spreads[:, None] * noise
+        self._position: np.ndarray | None = None
+        """Row of each client in ``points`` after :meth:`keep_clients` (−1: dropped)."""
 
     def initial_model(self) -> np.ndarray:
         return np.zeros(self.dimension)
 
+    def keep_clients(self, owned: np.ndarray) -> None:
+        """Keep the points of the clients ``owned`` (a boolean mask over the N clients) only: a
+        Ray actor holds only the clients it trains. Afterwards a dropped client's update, the
+        evaluation and the summary raise (they need every point)."""
+        self._position = np.where(owned, np.cumsum(owned) - 1, -1)
+        self.points = self.points[owned]
+
+    def _held_points(self, client_ids: np.ndarray) -> np.ndarray:
+        if self._position is None:
+            return self.points[client_ids]
+        positions = self._position[client_ids]
+        if np.any(positions < 0):
+            missing = int(np.asarray(client_ids)[positions < 0][0])
+            raise KeyError(f"client {missing} is not held by this worker (keep_clients dropped its data)")
+        return self.points[positions]
+
+    def _all_points(self) -> np.ndarray:
+        if self._position is not None:
+            raise RuntimeError("this task keeps only some clients' points (keep_clients): it cannot evaluate")
+        return self.points
+
     def local_updates(self, model: np.ndarray, client_ids: np.ndarray, round_number: int) -> np.ndarray:
-        return local_updates(self.points[client_ids], model)
+        return local_updates(self._held_points(client_ids), model)
 
     def worker(self) -> MeanEstimationTask:
         """Local updates only read the points: threads can share this task."""
         return self
 
     def evaluate(self, model: np.ndarray) -> tuple[dict[str, float], dict[str, dict[str, float]]]:
-        squared = np.sum((self.points - model[None, :]) ** 2, axis=1)
+        points = self._all_points()
+        squared = np.sum((points - model[None, :]) ** 2, axis=1)
         per_cohort = {}
         for index, name in enumerate(self.cohort_names):
             members = self.client_cohorts == index
@@ -60,7 +84,7 @@ class MeanEstimationTask:
             }
         overall = {
             "loss": float(0.5 * squared.mean()),
-            "distance_to_mean": float(np.linalg.norm(model - self.points.mean(0))),
+            "distance_to_mean": float(np.linalg.norm(model - points.mean(0))),
         }
         if self.dimension == 1:
             overall["estimate"] = float(model[0])
@@ -69,5 +93,5 @@ class MeanEstimationTask:
     def summary(self, model: np.ndarray) -> dict[str, Any]:
         return {
             "estimate": [float(v) for v in model],
-            "population_mean": [float(v) for v in self.points.mean(0)],
+            "population_mean": [float(v) for v in self._all_points().mean(0)],
         }

@@ -59,8 +59,17 @@ def ensure_ray(address: str | None = None, num_cpus: int | None = None) -> None:
 
     Without ``address`` this always starts a new local Ray (``address="local"``): left to
     itself, ``ray.init`` would join the last cluster ``ray start`` began on this machine, or
-    the one ``RAY_ADDRESS`` names, and refuse ``num_cpus`` there."""
+    the one ``RAY_ADDRESS`` names, and refuse ``num_cpus`` there. Where this process is already
+    connected to Ray, that connection is kept -- unless ``address`` names another cluster (a
+    different port), which is a :class:`ConfigError` rather than a run on the wrong cluster."""
     if ray.is_initialized():
+        if address and address != "auto" and "://" not in address:
+            current = ray.get_runtime_context().gcs_address
+            if address.rpartition(":")[2] != str(current).rpartition(":")[2]:
+                raise ConfigError(
+                    f"--address {address}: this process is already connected to the Ray cluster at "
+                    f"{current} (run in a new process, or ray.shutdown() first)"
+                )
         return
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
     os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
@@ -96,12 +105,18 @@ class ClientBlocksActor:
         config: dict[str, Any],
         data_dir: str | None,
         plugins: dict[str, Any] | None = None,
+        owner: tuple[int, int] | None = None,
     ):
         if plugins is not None:  # the driver's registered plug-ins and import path
             from fairclip.plugins import restore
 
             restore(plugins)
         self.task: Task = build_task(validate(config), Path(data_dir) if data_dir else None)
+        if owner is not None and owns_clients(self.task.rows_per_call):
+            actor, num_actors = owner
+            held = held_clients(len(self.task.client_cohorts), num_actors, actor)
+            if not held.all():
+                self.task.keep_clients(held)
         self.set_policy(config)
 
     def set_policy(self, config: dict[str, Any]) -> None:
@@ -129,12 +144,61 @@ class ClientBlocksActor:
         return groups_sums(self.task, self.policy, model, groups, round_number, params)
 
 
+def owns_clients(rows_per_call: int) -> bool:
+    """Whether the actors of a task split its clients between them: where clients train one
+    after the other (``rows_per_call`` 1), a group of blocks holds the sampled clients of one
+    block at most, so the actors that hold that block can train it. The one-step path's groups
+    span many blocks, and every actor keeps every client (each example is small)."""
+    return rows_per_call == 1
+
+
+def block_owners(num_actors: int) -> np.ndarray:
+    """Primary actor of each summation block: contiguous runs of :data:`SUM_SHARDS` / A blocks.
+    The next actor (mod A) holds the block's clients too."""
+    return np.arange(SUM_SHARDS) * num_actors // SUM_SHARDS
+
+
+def held_clients(num_clients: int, num_actors: int, actor: int) -> np.ndarray:
+    """Mask of the clients ``actor`` holds: those of the blocks it or the actor before it
+    (mod A) owns -- 2/A of the population (all of it for 1 or 2 actors)."""
+    primary = block_owners(num_actors)[np.arange(num_clients, dtype=np.int64) * SUM_SHARDS // num_clients]
+    return (primary == actor) | (primary == (actor - 1) % num_actors)
+
+
+def owned_shares(groups: list[dict[int, np.ndarray]], num_actors: int) -> list[list[dict[int, np.ndarray]]]:
+    """Each group to one of the two actors that hold its sampled clients (its block's owner and
+    the next one), by longest-processing-time first: the largest group goes to the less loaded
+    of its two (the "power of two choices" keeps the actors as even as :func:`balance`, which
+    may choose any). A group whose clients lie in two blocks of different owners is a bug,
+    refused here."""
+    owners = block_owners(num_actors)
+    shares: list[list[dict[int, np.ndarray]]] = [[] for _ in range(num_actors)]
+    loads = [0] * num_actors
+
+    def size(group: dict[int, np.ndarray]) -> int:
+        return sum(len(ids) for ids in group.values())
+
+    for group in sorted(groups, key=lambda g: -size(g)):
+        holding = {int(owners[block]) for block, ids in group.items() if len(ids)}
+        if len(holding) > 1:
+            raise RuntimeError(f"a group of blocks {sorted(group)} spans the clients of actors {holding}")
+        first = holding.pop() if holding else int(owners[min(group)])
+        second = (first + 1) % num_actors
+        chosen = first if loads[first] <= loads[second] else second
+        shares[chosen].append(group)
+        loads[chosen] += size(group)
+    return shares
+
+
 @dataclass
 class RayExecutor:
-    """Client side of a round on Ray actors: the round's groups of blocks
-    (:func:`~fairclip.sims.engine.group_blocks`) are shared out by :func:`balance` so that the
-    actors finish together. Which actor trains a group changes nothing in the result: the groups
-    are fixed and the block sums are added in block order."""
+    """Client side of a round on Ray actors. Where clients train one after the other, each actor
+    owns a contiguous run of the summation blocks and holds the clients of its blocks and of the
+    previous actor's, with their data (:meth:`Task.keep_clients`; 2/A of the population), and a
+    round's groups go to the less loaded of the two actors that hold them (:func:`owned_shares`);
+    the one-step path's groups are shared out by :func:`balance`. Either way the actors finish
+    together. Which actor trains a group changes nothing in the result: the
+    groups are fixed and the block sums are added in block order."""
 
     actors: list[Any]
     num_clients: int
@@ -165,7 +229,8 @@ class RayExecutor:
         plugins = ray.put(snapshot())
         gpus = gpu_share(config.training.device, num_actors)
         actors = [
-            ClientBlocksActor.options(num_gpus=gpus).remote(raw, folder, plugins) for _ in range(num_actors)
+            ClientBlocksActor.options(num_gpus=gpus).remote(raw, folder, plugins, (index, num_actors))
+            for index in range(num_actors)
         ]
         rows_per_call = ray.get([actor.rows_per_call.remote() for actor in actors])[0]
         nodes = len(set(ray.get([actor.node_id.remote() for actor in actors])))
@@ -180,9 +245,13 @@ class RayExecutor:
         blocks = shard_ids(client_ids, self.num_clients)
         groups = group_blocks(blocks, self.rows_per_call, model.shape[0])
         model_ref = ray.put(model)
+        if owns_clients(self.rows_per_call):
+            shares = owned_shares(groups, len(self.actors))
+        else:
+            shares = balance(groups, len(self.actors))
         futures = [
             actor.run_groups.remote(model_ref, share, round_number, params)
-            for actor, share in zip(self.actors, balance(groups, len(self.actors)), strict=False)
+            for actor, share in zip(self.actors, shares, strict=True)
             if share
         ]
         by_block: dict[int, RoundSums] = {}

@@ -33,6 +33,11 @@ class Task(Protocol):
     def summary(self, model: np.ndarray) -> dict[str, Any]:
         """Task-specific entries of ``summary.json`` for the final model."""
 
+    def keep_clients(self, owned: np.ndarray) -> None:
+        """Keep only the clients ``owned`` (a boolean mask over the N clients) and their data;
+        ``local_updates`` of any other client raises afterwards. The Ray engine's actors call it
+        with the clients of the summation blocks they own."""
+
     def worker(self) -> Task:
         """A view of this task that another thread can call ``local_updates`` on at the same time:
         it shares the clients and their data, not mutable state such as the model."""

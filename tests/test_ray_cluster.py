@@ -93,3 +93,23 @@ def test_a_local_cluster_leaves_the_machines_ray_record_as_it_was():
     except ClusterError as error:
         pytest.skip(f"no local Ray cluster: {error}")
     assert (record.read_bytes() if record.is_file() else None) == before
+
+
+def test_an_address_other_than_the_connected_cluster_is_refused(cluster):
+    """In a process already connected to a local Ray, ``address`` naming another cluster is one
+    error line, not a silent run on the local Ray."""
+    script = (
+        "from fairclip.sims.ray_engine import ensure_ray\n"
+        "from fairclip.sims.errors import ConfigError\n"
+        "ensure_ray(None, 1)\n"
+        "ensure_ray(None, 1)  # the same connection: fine\n"
+        "try:\n"
+        f"    ensure_ray({cluster!r})\n"
+        "except ConfigError as error:\n"
+        "    print('refused:', error)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, env=_env(), timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert f"refused: --address {cluster}: this process is already connected" in done.stdout

@@ -65,3 +65,58 @@ def test_blocks_are_the_ids_with_the_same_floor_of_i_s_over_n(num_clients, shard
 def test_unsorted_ids_are_refused():
     with pytest.raises(ValueError, match="sorted"):
         shard_ids(np.array([5, 3]), 10)
+
+
+@settings(max_examples=100, deadline=None, derandomize=True)
+@given(
+    num_clients=st.integers(1, 5000),
+    rate=st.floats(0.001, 1.0),
+    actors=st.integers(1, SUM_SHARDS),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_each_group_of_one_by_one_clients_belongs_to_one_actor(num_clients, rate, actors, seed):
+    """Where clients train one after the other, every group's sampled clients are owned by one
+    actor (the one that holds their data), and every sampled client is trained exactly once."""
+    from fairclip.sims.ray_engine import held_clients, owned_shares
+    from fairclip.strategies.aggregation import group_blocks
+
+    ids = np.flatnonzero(np.random.default_rng(seed).random(num_clients) < rate)
+    groups = group_blocks(shard_ids(ids, num_clients), rows_per_call=1, dimension=10)
+    shares = owned_shares(groups, actors)
+    held = [held_clients(num_clients, actors, actor) for actor in range(actors)]
+    assert np.all(np.sum(held, axis=0) == min(actors, 2))  # every client on two actors (one if A = 1)
+    trained = []
+    for actor, share in enumerate(shares):
+        for group in share:
+            for block_ids in group.values():
+                assert np.all(held[actor][block_ids])
+                trained.extend(block_ids.tolist())
+    assert sorted(trained) == ids.tolist()
+    loads = [sum(len(ids) for group in share for ids in group.values()) for share in shares]
+    biggest = max((sum(len(ids) for ids in group.values()) for group in groups), default=0)
+    if actors == 2:  # both actors hold every client: as even as any split of these groups
+        assert max(loads) - min(loads) <= biggest
+    assert sorted(b for share in shares for g in share for b in g) == list(range(SUM_SHARDS))
+
+
+@pytest.mark.parametrize("scenario", ["demo", "bimodal-mean"])
+def test_a_task_keeps_only_its_clients_and_trains_them_as_before(scenario):
+    from fairclip.sims.config import load_config
+    from fairclip.sims.ray_engine import held_clients
+    from fairclip.sims.tasks import build_task
+
+    config = load_config(scenario, None, ["federation.num_clients=90"])
+    full, part = build_task(config), build_task(config)
+    owned = held_clients(90, 4, 1)
+    part.keep_clients(owned)
+    model = full.initial_model()
+    mine = np.flatnonzero(owned)
+    np.testing.assert_array_equal(part.local_updates(model, mine, 2), full.local_updates(model, mine, 2))
+    if scenario == "demo":
+        rows = sum(len(full.client_indices[c]) for c in mine)
+        assert part.train_x.shape[0] == rows < full.train_x.shape[0]
+    else:
+        assert part.points.shape[0] == len(mine) < full.points.shape[0]
+    other = int(np.flatnonzero(~owned)[0])
+    with pytest.raises(KeyError, match=f"client {other} is not held"):
+        part.local_updates(model, np.array([other]), 2)
