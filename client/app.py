@@ -28,7 +28,7 @@ Reading a run's scenario is not this module's job: :class:`FairclipClient` is gi
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -77,18 +77,45 @@ class LocalClient:
     """Whether replies carry the simulation-only diagnostics (enabled, and a simulated partition)."""
 
 
+@dataclass
+class _ProcessCache:
+    """What a process keeps between messages: runs, tasks and clients by run (and node)."""
+
+    clients: dict[tuple[int, int], LocalClient] = field(default_factory=dict)
+    tasks: dict[int, Any] = field(default_factory=dict)
+    runs: dict[int, ClientRun] = field(default_factory=dict)
+
+
+_CACHES: dict[str, _ProcessCache] = {}
+"""Per process and per ``load_run``: Flower's simulation runtime ships the ClientApp object to
+its Ray workers pickled by value with every message, so a cache held by the object would start
+empty each time (and every message rebuild the scenario's task: W1's 1,000 nodes took minutes)."""
+
+
 class FairclipClient:
     """The handlers of fairclip's ClientApp over runs that ``load_run`` describes.
 
     A run's task is built once per process and shared by every node that the process serves
     (Flower's simulation runtime runs many nodes' ClientApps in one worker); a node with its own
-    data file gets a task of its own."""
+    data file gets a task of its own. The cache belongs to the process (:data:`_CACHES`, keyed by
+    ``load_run``'s import path), not to this object, which may arrive as a fresh copy with every
+    message."""
 
     def __init__(self, load_run: Callable[[dict[str, Any]], ClientRun]) -> None:
         self.load_run = load_run
-        self._clients: dict[tuple[int, int], LocalClient] = {}
-        self._tasks: dict[int, Any] = {}
-        self._runs: dict[int, ClientRun] = {}
+        self.cache_key = f"{load_run.__module__}.{load_run.__qualname__}"
+
+    @property
+    def _cache(self) -> _ProcessCache:
+        return _CACHES.setdefault(self.cache_key, _ProcessCache())
+
+    @property
+    def _clients(self) -> dict[tuple[int, int], LocalClient]:
+        return self._cache.clients
+
+    @property
+    def _tasks(self) -> dict[int, Any]:
+        return self._cache.tasks
 
     def app(self) -> ClientApp:
         """A ClientApp that answers *identify* queries and *train* messages."""
@@ -99,9 +126,11 @@ class FairclipClient:
         return app
 
     def run(self, context: Context) -> ClientRun:
-        if context.run_id not in self._runs:
-            self._runs = {context.run_id: self.load_run(dict(context.run_config))}
-        return self._runs[context.run_id]
+        runs = self._cache.runs
+        if context.run_id not in runs:
+            runs.clear()
+            runs[context.run_id] = self.load_run(dict(context.run_config))
+        return runs[context.run_id]
 
     def local_client(self, context: Context) -> LocalClient:
         """This node's client, built once per run, node and process."""

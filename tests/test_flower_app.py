@@ -335,3 +335,33 @@ def test_a_node_tells_its_cohort_only_to_policies_that_need_it(server_task_ident
     needs = policy in ("per-cohort", "reweight")
     assert (COHORT in identity) == needs
     assert identity["partition-id"] == 1 and identity["num-partitions"] == 6
+
+
+def test_the_client_app_keeps_its_task_across_copies_of_itself(monkeypatch, tmp_path):
+    """Flower's simulation runtime sends the ClientApp object to its Ray workers pickled by value
+    with every message: the scenario's task must be built once per process, not per message."""
+    import cloudpickle
+    from flwr.app import Context, RecordDict
+
+    import fairclip.sims.tasks as tasks
+    from fairclip.sims import flower_apps
+
+    built = []
+    original = tasks.build_task
+    monkeypatch.setattr(tasks, "build_task", lambda *a, **k: built.append(1) or original(*a, **k))
+    run_config = {"scenario": "demo", "out": str(tmp_path), "seed": 0, "set": "federation.num_clients=6"}
+    # The app's handlers are bound methods of this object: it travels by value with the app.
+    shipped = cloudpickle.dumps(flower_apps.clients)
+    for node in range(3):
+        copy = cloudpickle.loads(shipped)  # a fresh copy per message, as the runtime delivers it
+        assert copy is not flower_apps.clients
+        context = Context(
+            run_id=4242,
+            node_id=10 + node,
+            node_config={"partition-id": node, "num-partitions": 6},
+            state=RecordDict(),
+            run_config=run_config,
+        )
+        client = copy.local_client(context)
+        assert client.client_id == node
+    assert len(built) == 1
