@@ -77,6 +77,10 @@ class RunObserver(Protocol):
 
     An observer may also define ``on_start(run)``, called once just before the first round's
     sampling (after the run's setup: the task, the actors, on Flower the nodes' identification).
+
+    A row holds server-internal values too (exact counts, simulation diagnostics): only the
+    columns in ``run.public_columns`` are covered by DP or public, and an observer that publishes
+    anything must keep to them (as the file writer does, :func:`fairclip.sims.outputs.split_rows`).
     """
 
     def on_round(self, row: dict[str, Any], run: RunServer) -> None: ...

@@ -12,7 +12,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from fairclip.client.contributions import contribute
+from fairclip.client.contributions import contribute_blocks
 from fairclip.sims.tasks import Task
 from fairclip.strategies import Policy
 from fairclip.strategies.aggregation import RoundSums, add_in_order, balance, group_blocks, shard_ids
@@ -35,14 +35,11 @@ def groups_sums(
     for group in groups:
         ids = np.concatenate(list(group.values()))
         updates = task.local_updates(model, ids, round_number)
-        cohorts = task.client_cohorts[ids]
-        start = 0
-        for block, block_ids in group.items():
-            stop = start + len(block_ids)
-            sums[block] = contribute(
-                policy, params, updates[start:stop], cohorts[start:stop], len(task.cohort_names)
-            )
-            start = stop
+        sizes = [len(block_ids) for block_ids in group.values()]
+        parts = contribute_blocks(
+            policy, params, updates, task.client_cohorts[ids], len(task.cohort_names), sizes
+        )
+        sums.update(zip(group, parts, strict=True))
     return sums
 
 

@@ -21,7 +21,9 @@ from fairclip.strategies.randomness import Stream, rng
 class MeanEstimationTask:
     """Each client holds one point; the model is their mean."""
 
-    rows_per_call = 1
+    rows_per_call = 2**16
+    """Updates are x_i − μ, exact whatever the batch: one call for a round's clients (64 calls of
+    a few rows each cost ``bimodal-mean`` 3.5× its rounds)."""
 
     def __init__(self, scenario: ScenarioSpec, num_clients: int, seed: int):
         generator = rng(seed, Stream.DATA)

@@ -120,3 +120,36 @@ def test_a_task_keeps_only_its_clients_and_trains_them_as_before(scenario):
     other = int(np.flatnonzero(~owned)[0])
     with pytest.raises(KeyError, match=f"client {other} is not held"):
         part.local_updates(model, np.array([other]), 2)
+
+
+@pytest.mark.parametrize("name", sorted(__import__("fairclip.strategies", fromlist=["POLICIES"]).POLICIES))
+@settings(max_examples=25, deadline=None, derandomize=True)
+@given(sizes=st.lists(st.integers(0, 5), min_size=1, max_size=6), seed=st.integers(0, 2**32 - 1))
+def test_blocks_contributed_together_equal_blocks_contributed_one_by_one(name, sizes, seed):
+    """The engines clip a group's rows in one call and sum each block on its own rows: bit for
+    bit what one call per block gives (a policy's client side acts on each row alone)."""
+    from fairclip.client.contributions import contribute, contribute_blocks
+    from fairclip.strategies import build_policy
+
+    generator = np.random.default_rng(seed)
+    policy = build_policy(name, {"lower_bound": 0.1} if name == "bounded" else {}, num_cohorts=3)
+    state = policy.initial_state(4)
+    params = policy.broadcast(state)
+    updates = generator.normal(size=(sum(sizes), 4)) * generator.choice(
+        [0.01, 1.0, 100.0], size=(sum(sizes), 1)
+    )
+    cohorts = generator.integers(0, 3, size=sum(sizes))
+    together = contribute_blocks(policy, params, updates, cohorts, 3, sizes)
+    start = 0
+    for size, block in zip(sizes, together, strict=True):
+        alone = contribute(policy, params, updates[start : start + size], cohorts[start : start + size], 3)
+        start += size
+        np.testing.assert_array_equal(block.contribution_sum, alone.contribution_sum)
+        np.testing.assert_array_equal(block.report_sum, alone.report_sum)
+        assert block.num_reports == alone.num_reports == size
+        for field in ("sampled", "exceeded", "nonfinite", "norm_before", "norm_after"):
+            np.testing.assert_array_equal(
+                getattr(block.diagnostics, field), getattr(alone.diagnostics, field)
+            )
+        for mine, theirs in zip(block.diagnostics.norms, alone.diagnostics.norms, strict=True):
+            np.testing.assert_array_equal(mine, theirs)
