@@ -23,7 +23,8 @@ class MeanEstimationTask:
 
     rows_per_call = 2**16
     """Updates are x_i − μ, exact whatever the batch: one call for a round's clients (64 calls of
-    a few rows each cost ``bimodal-mean`` 3.5× its rounds)."""
+    a few rows each cost ``bimodal-mean`` 3.5× its rounds). So the Ray actors keep every point
+    (:func:`fairclip.sims.ray_engine.owns_clients`) and this task needs no ``keep_clients``."""
 
     def __init__(self, scenario: ScenarioSpec, num_clients: int, seed: int):
         generator = rng(seed, Stream.DATA)
@@ -40,43 +41,19 @@ class MeanEstimationTask:
         spreads = np.array([c.spread for c in scenario.cohorts.values()])[self.client_cohorts]
         noise = generator.standard_normal((num_clients, self.dimension))
         self.points = self.centres[self.client_cohorts] + spreads[:, None] * noise
-        self._position: np.ndarray | None = None
-        """Row of each client in ``points`` after :meth:`keep_clients` (−1: dropped)."""
 
     def initial_model(self) -> np.ndarray:
         return np.zeros(self.dimension)
 
-    def keep_clients(self, owned: np.ndarray) -> None:
-        """Keep the points of the clients ``owned`` (a boolean mask over the N clients) only: a
-        Ray actor holds only the clients it trains. Afterwards a dropped client's update, the
-        evaluation and the summary raise (they need every point)."""
-        self._position = np.where(owned, np.cumsum(owned) - 1, -1)
-        self.points = self.points[owned]
-
-    def _held_points(self, client_ids: np.ndarray) -> np.ndarray:
-        if self._position is None:
-            return self.points[client_ids]
-        positions = self._position[client_ids]
-        if np.any(positions < 0):
-            missing = int(np.asarray(client_ids)[positions < 0][0])
-            raise KeyError(f"client {missing} is not held by this worker (keep_clients dropped its data)")
-        return self.points[positions]
-
-    def _all_points(self) -> np.ndarray:
-        if self._position is not None:
-            raise RuntimeError("this task keeps only some clients' points (keep_clients): it cannot evaluate")
-        return self.points
-
     def local_updates(self, model: np.ndarray, client_ids: np.ndarray, round_number: int) -> np.ndarray:
-        return local_updates(self._held_points(client_ids), model)
+        return local_updates(self.points[client_ids], model)
 
     def worker(self) -> MeanEstimationTask:
         """Local updates only read the points: threads can share this task."""
         return self
 
     def evaluate(self, model: np.ndarray) -> tuple[dict[str, float], dict[str, dict[str, float]]]:
-        points = self._all_points()
-        squared = np.sum((points - model[None, :]) ** 2, axis=1)
+        squared = np.sum((self.points - model[None, :]) ** 2, axis=1)
         per_cohort = {}
         for index, name in enumerate(self.cohort_names):
             members = self.client_cohorts == index
@@ -86,7 +63,7 @@ class MeanEstimationTask:
             }
         overall = {
             "loss": float(0.5 * squared.mean()),
-            "distance_to_mean": float(np.linalg.norm(model - points.mean(0))),
+            "distance_to_mean": float(np.linalg.norm(model - self.points.mean(0))),
         }
         if self.dimension == 1:
             overall["estimate"] = float(model[0])
@@ -95,5 +72,5 @@ class MeanEstimationTask:
     def summary(self, model: np.ndarray) -> dict[str, Any]:
         return {
             "estimate": [float(v) for v in model],
-            "population_mean": [float(v) for v in self._all_points().mean(0)],
+            "population_mean": [float(v) for v in self.points.mean(0)],
         }

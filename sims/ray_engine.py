@@ -167,27 +167,19 @@ def held_clients(num_clients: int, num_actors: int, actor: int) -> np.ndarray:
 
 def owned_shares(groups: list[dict[int, np.ndarray]], num_actors: int) -> list[list[dict[int, np.ndarray]]]:
     """Each group to one of the two actors that hold its sampled clients (its block's owner and
-    the next one), by longest-processing-time first: the largest group goes to the less loaded
-    of its two (the "power of two choices" keeps the actors as even as :func:`balance`, which
-    may choose any). A group whose clients lie in two blocks of different owners is a bug,
-    refused here."""
+    the next one): :func:`balance` restricted to those two, the "power of two choices" that
+    keeps the actors as even as a free choice would. A group whose clients lie in two blocks of
+    different owners is a bug, refused here."""
     owners = block_owners(num_actors)
-    shares: list[list[dict[int, np.ndarray]]] = [[] for _ in range(num_actors)]
-    loads = [0] * num_actors
 
-    def size(group: dict[int, np.ndarray]) -> int:
-        return sum(len(ids) for ids in group.values())
-
-    for group in sorted(groups, key=lambda g: -size(g)):
+    def holders(group: dict[int, np.ndarray]) -> tuple[int, int]:
         holding = {int(owners[block]) for block, ids in group.items() if len(ids)}
         if len(holding) > 1:
             raise RuntimeError(f"a group of blocks {sorted(group)} spans the clients of actors {holding}")
         first = holding.pop() if holding else int(owners[min(group)])
-        second = (first + 1) % num_actors
-        chosen = first if loads[first] <= loads[second] else second
-        shares[chosen].append(group)
-        loads[chosen] += size(group)
-    return shares
+        return first, (first + 1) % num_actors
+
+    return balance(groups, num_actors, holders)
 
 
 @dataclass

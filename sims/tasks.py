@@ -36,7 +36,8 @@ class Task(Protocol):
     def keep_clients(self, owned: np.ndarray) -> None:
         """Keep only the clients ``owned`` (a boolean mask over the N clients) and their data;
         ``local_updates`` of any other client raises afterwards. The Ray engine's actors call it
-        with the clients of the summation blocks they own."""
+        with the clients of the summation blocks they hold, and only where ``rows_per_call`` is 1
+        (:func:`fairclip.sims.ray_engine.owns_clients`): other tasks need not implement it."""
 
     def worker(self) -> Task:
         """A view of this task that another thread can call ``local_updates`` on at the same time:

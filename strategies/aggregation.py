@@ -13,6 +13,7 @@ This module is pure numpy and sits with the policies because the client side (wh
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -127,15 +128,22 @@ def group_blocks(blocks: list[np.ndarray], rows_per_call: int, dimension: int) -
     return groups
 
 
-def balance(groups: list[dict[int, np.ndarray]], workers: int) -> list[list[dict[int, np.ndarray]]]:
+def balance(
+    groups: list[dict[int, np.ndarray]],
+    workers: int,
+    candidates: Callable[[dict[int, np.ndarray]], Sequence[int]] | None = None,
+) -> list[list[dict[int, np.ndarray]]]:
     """Share groups out to ``workers`` by longest-processing-time first: the largest group (in
-    clients) goes to the least-loaded worker. Dealing groups round-robin instead cost W1 (8 blocks
-    then, of Poisson size, on 2 Ray actors) 7.5 % of its round time, waiting for the busier
-    actor; this left about 1.6 % (simulated over 2,000 rounds)."""
+    clients) goes to the least-loaded worker among its ``candidates`` (default: every worker;
+    the first of them on ties). Dealing groups round-robin instead cost W1 (8 blocks then, of
+    Poisson size, on 2 Ray actors) 7.5 % of its round time, waiting for the busier actor; this
+    left about 1.6 % (simulated over 2,000 rounds)."""
     shares: list[list[dict[int, np.ndarray]]] = [[] for _ in range(workers)]
     loads = [0] * workers
+    everyone = range(workers)
     for group in sorted(groups, key=lambda g: -sum(len(ids) for ids in g.values())):
-        lightest = loads.index(min(loads))
+        allowed = everyone if candidates is None else candidates(group)
+        lightest = min(allowed, key=loads.__getitem__)
         shares[lightest].append(group)
         loads[lightest] += sum(len(ids) for ids in group.values())
     return shares
