@@ -8,9 +8,9 @@ noise σ = 0.8, on three CNNs (:mod:`fairclip.client.models`):
 Contenders (names of the tanh CNN's; the others' carry the model, ``esipova-cnn/fairclip``):
 
 * ``fairclip``: fairclip's one-step-client path (one client per example, one local step:
-  updates are per-sample gradients, ``fairclip.client.training.one_step_updates``), policy
-  ``constant``, driven by fairclip's in-process engine with one worker thread per core
-  (``LocalExecutor(workers=cores)``; the same result as one thread).
+  updates are per-sample gradients, clipped from their norms without being formed,
+  ``fairclip.client.ghost``), policy ``constant``, driven by fairclip's in-process engine with
+  one worker thread per core (``LocalExecutor(workers=cores)``; the same result as one thread).
 * ``fairclip-ray``, ``fairclip-local`` (tanh CNN only, for reference): the same on the Ray engine
   (one actor per core) and in-process with one thread.
 * ``opacus``: Opacus' own ``PrivacyEngine`` training loop in its default mode (hooks: Poisson

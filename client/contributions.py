@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from fairclip.client.ghost import OneStepGradients
 from fairclip.strategies import Policy
 from fairclip.strategies.aggregation import CohortDiagnostics, RoundSums
-from fairclip.strategies.base import Broadcast
+from fairclip.strategies.base import Broadcast, ClientReports, ScaledReports
 
 
 def contribute(
@@ -39,36 +40,75 @@ def contribute_blocks(
     updates = np.atleast_2d(np.asarray(updates, dtype=np.float64))
     cohorts = np.asarray(cohorts, dtype=np.int64)
     reports = policy.client_side(updates, cohorts, params)
-    norms = np.asarray(reports.norms, dtype=np.float64)
     sums = []
-    start = 0
-    for size in sizes:
-        rows = slice(start, start + size)
-        start += size
-        block_cohorts = cohorts[rows]
-
-        def per_cohort(values: np.ndarray, rows: slice = rows, block_cohorts: np.ndarray = block_cohorts):
-            return np.bincount(
-                block_cohorts, weights=np.asarray(values[rows], dtype=np.float64), minlength=num_cohorts
-            )
-
-        block_norms = norms[rows]
-        diagnostics = CohortDiagnostics(
-            sampled=np.bincount(block_cohorts, minlength=num_cohorts).astype(np.float64),
-            exceeded=per_cohort(reports.exceeded),
-            nonfinite=per_cohort(reports.nonfinite),
-            norm_before=per_cohort(norms),
-            norm_after=per_cohort(reports.contribution_norms),
-            norms=tuple(block_norms[block_cohorts == k] for k in range(num_cohorts)),
-        )
+    for rows, size in _block_rows(sizes, updates.shape[0]):
         sums.append(
             RoundSums(
                 contribution_sum=reports.contributions[rows].sum(axis=0),
                 report_sum=reports.reports[rows].sum(axis=0),
                 num_reports=size,
-                diagnostics=diagnostics,
+                diagnostics=_diagnostics(reports, cohorts[rows], rows, num_cohorts),
             )
         )
-    if start != updates.shape[0]:
-        raise ValueError(f"blocks of {start} rows for {updates.shape[0]} updates")
     return sums
+
+
+def contribute_scaled_blocks(
+    policy: Policy,
+    params: Broadcast,
+    gradients: OneStepGradients,
+    cohorts: np.ndarray,
+    num_cohorts: int,
+    sizes: list[int],
+) -> list[RoundSums]:
+    """:func:`contribute_blocks` for a row-scaling policy (:attr:`Policy.row_scaling`) from the
+    norms and weighted sums of updates that are never materialised (:mod:`fairclip.client.ghost`):
+    the policy decides each client's factors from its norm, and each block's sums are the
+    factor-weighted sums of its rows -- what :func:`contribute_blocks` sums, to rounding."""
+    cohorts = np.asarray(cohorts, dtype=np.int64)
+    scaled = policy.scaled_client_side(gradients.norms, cohorts, params)
+    sums = []
+    for rows, size in _block_rows(sizes, cohorts.shape[0]):
+        weights = [scaled.contribution_scales[rows]]
+        if scaled.report_scales is not None:
+            weights.append(scaled.report_scales[rows])
+        weighted = gradients.weighted_sums(rows, np.stack(weights))
+        report_sum = scaled.reports[rows].sum(axis=0) if scaled.reports is not None else weighted[1]
+        sums.append(
+            RoundSums(
+                contribution_sum=weighted[0],
+                report_sum=report_sum,
+                num_reports=size,
+                diagnostics=_diagnostics(scaled, cohorts[rows], rows, num_cohorts),
+            )
+        )
+    return sums
+
+
+def _block_rows(sizes: list[int], rows: int) -> list[tuple[slice, int]]:
+    """The rows of consecutive blocks of ``sizes[j]`` rows, which must cover all ``rows``."""
+    if sum(sizes) != rows:
+        raise ValueError(f"blocks of {sum(sizes)} rows for {rows} updates")
+    ends = np.cumsum([0, *sizes])
+    return [(slice(int(ends[j]), int(ends[j + 1])), size) for j, size in enumerate(sizes)]
+
+
+def _diagnostics(
+    reports: ClientReports | ScaledReports, block_cohorts: np.ndarray, rows: slice, num_cohorts: int
+) -> CohortDiagnostics:
+    """The simulation-only per-cohort diagnostics of one block's rows."""
+
+    def per_cohort(values: np.ndarray) -> np.ndarray:
+        return np.bincount(
+            block_cohorts, weights=np.asarray(values[rows], dtype=np.float64), minlength=num_cohorts
+        )
+
+    block_norms = np.asarray(reports.norms, dtype=np.float64)[rows]
+    return CohortDiagnostics(
+        sampled=np.bincount(block_cohorts, minlength=num_cohorts).astype(np.float64),
+        exceeded=per_cohort(reports.exceeded),
+        nonfinite=per_cohort(reports.nonfinite),
+        norm_before=per_cohort(reports.norms),
+        norm_after=per_cohort(reports.contribution_norms),
+        norms=tuple(block_norms[block_cohorts == k] for k in range(num_cohorts)),
+    )

@@ -80,7 +80,9 @@ def one_step_updates(
     Δ_i = θ_i − θ_t with θ_i = θ_t − η_l ∇_θ ℓ(θ_t; x_i, y_i): a per-sample gradient. They are
     computed with ``torch.func`` (``vmap`` of ``grad``) in micro-batches, and the step is taken in
     the model's float32 exactly as :func:`local_update` takes it, so both paths agree to rounding.
-    Row i belongs to example i.
+    Row i belongs to example i. Where the policy is row-scaling and the model's layers allow,
+    the engines do not call this: :mod:`fairclip.client.ghost` clips these clients from their
+    per-example norms without forming the rows.
     """
     from torch.func import functional_call, grad, vmap
 

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 import fairclip
-from fairclip.policies import Fraction, Policy, PolicyParams, PositiveFinite, check_policy, hard_clip
+from fairclip.policies import Fraction, Policy, PolicyParams, PositiveFinite, RowScales, check_policy
 
 COHORTS = ("north", "south", "east")
 
@@ -76,9 +76,11 @@ class DecayingClipping(Policy):
     def contribution_bounds(self, params, cohorts):
         return np.full(cohorts.shape[0], params["bound"])
 
-    def transform(self, updates, norms, cohorts, params):
-        bound = params["bound"]
-        return hard_clip(updates, norms, bound), np.zeros((updates.shape[0], 0)), norms > bound
+    def scales(self, norms, cohorts, params) -> RowScales:
+        # Δ̄_i = Δ_i · min(1, C / ||Δ_i||): a hard clip, decided from the norms alone, so that
+        # one-example clients are clipped without forming their gradients
+        n, bound = norms.shape[0], params["bound"]
+        return RowScales(np.ones(n), np.zeros((n, 0)), norms > bound, clip=np.full(n, bound))
 
     def next_state(self, state, estimate, noisy_reports, expected_clients) -> Round:
         return Round(state.number + 1)

@@ -18,6 +18,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from fairclip.client.contributions import contribute_scaled_blocks
+from fairclip.client.ghost import one_step_gradients
 from fairclip.client.models import MODELS, build_model, model_to_vector, resolve_device
 from fairclip.client.training import (
     ONE_STEP_ROWS_PER_CALL,
@@ -31,6 +33,9 @@ from fairclip.sims.config import ClassificationSpec, TrainingSpec
 from fairclip.sims.data import cohort_client_counts
 from fairclip.sims.federated_dataset import FederatedDataset
 from fairclip.sims.synthetic import sample_cohort
+from fairclip.strategies import Policy
+from fairclip.strategies.aggregation import RoundSums
+from fairclip.strategies.base import Broadcast
 from fairclip.strategies.randomness import Stream, rng
 
 
@@ -163,6 +168,8 @@ class ClassificationTask:
         """Evaluation's own copy: :func:`predict` may change its memory format."""
         self.one_step = training.local_epochs == 1 and all(len(ix) == 1 for ix in self.client_indices)
         """Every client holds one example and takes one step: updates are per-sample gradients."""
+        self.per_example = training.per_example
+        """``training.per_example``: whether one-step clients may be clipped from their norms."""
 
     @property
     def rows_per_call(self) -> int:
@@ -210,12 +217,7 @@ class ClassificationTask:
             # per-client generator; all sampled clients' gradients at once.
             if len(client_ids) == 0:
                 return np.empty((0, model.shape[0]))
-            indices = torch.from_numpy(np.concatenate([self.client_indices[c] for c in client_ids])).to(
-                self.device
-            )
-            return one_step_updates(
-                self.model, model, self.train_x[indices], self.train_y[indices], self.training.lr
-            )
+            return one_step_updates(self.model, model, *self._examples(client_ids), self.training.lr)
         updates = np.empty((len(client_ids), model.shape[0]))
         for row, client in enumerate(client_ids):
             indices = torch.from_numpy(self.client_indices[client]).to(self.device)
@@ -226,6 +228,34 @@ class ClassificationTask:
                 self.model, model, self.train_x[indices], self.train_y[indices], self.training, generator
             )
         return updates
+
+    def clipped_block_sums(
+        self,
+        model: np.ndarray,
+        client_ids: np.ndarray,
+        round_number: int,
+        policy: Policy,
+        params: Broadcast,
+        sizes: list[int],
+    ) -> list[RoundSums] | None:
+        """What :func:`contribute_blocks` returns for ``local_updates(model, client_ids, ...)``
+        in blocks of ``sizes[j]`` clients, without forming the updates: one-step clients of a
+        row-scaling policy on a model of ``Linear``/``Conv2d`` layers are clipped from their
+        per-example norms (:mod:`fairclip.client.ghost`). ``None`` where that does not apply
+        (the engine then materialises the updates)."""
+        if not (self.one_step and self.per_example == "auto" and policy.row_scaling and len(client_ids)):
+            return None
+        gradients = one_step_gradients(self.model, model, *self._examples(client_ids), self.training.lr)
+        if gradients is None:
+            return None
+        cohorts = self.client_cohorts[client_ids]
+        return contribute_scaled_blocks(policy, params, gradients, cohorts, len(self.cohort_names), sizes)
+
+    def _examples(self, client_ids: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        """The training examples and labels of ``client_ids``, in their order."""
+        indices = np.concatenate([self.client_indices[c] for c in client_ids])
+        rows = torch.from_numpy(indices).to(self.device)
+        return self.train_x[rows], self.train_y[rows]
 
     def worker(self) -> ClassificationTask:
         """This task with its own copy of the model (local training writes θ into the model)."""

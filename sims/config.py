@@ -213,6 +213,12 @@ class TrainingSpec(_Section):
     server_momentum: Annotated[float, Field(ge=0, lt=1)] = 0.0
     eval_every: Annotated[int, Field(ge=1)] = 1
     """Evaluate the model (and report ε in ``rounds.csv``) after every k-th round and the last."""
+    per_example: Literal["auto", "materialize"] = "auto"
+    """How one-step clients (one example, one step) are clipped: ``auto`` takes each example's
+    gradient norm from its layers' inputs and output gradients and sums the clipped gradients
+    without forming them, where the policy is row-scaling and the model's parameterised layers
+    are ``Linear`` or ``Conv2d`` (:mod:`fairclip.client.ghost`); ``materialize`` always forms each
+    example's gradient with ``torch.func``. Both give the same run to float32 rounding."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """Where clients train and the server evaluates (classification): ``auto`` picks a GPU when
     torch sees one; ``cuda`` requires one."""

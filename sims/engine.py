@@ -37,7 +37,7 @@ from fairclip.strategies import Policy, ServerRound, build_policy
 from fairclip.strategies.accounting import Accountant, PrivacyClaim
 from fairclip.strategies.aggregation import RoundSums
 from fairclip.strategies.base import Broadcast, DPEvent, GaussianSampler
-from fairclip.strategies.randomness import Stream, poisson_sample, rng
+from fairclip.strategies.randomness import Stream, poisson_sample, rng, sample_ids
 
 
 @dataclass
@@ -212,7 +212,7 @@ class RunServer:
         clients, rate = self.config.federation.num_clients, self.config.federation.sample_rate
         if self.seeded:
             return poisson_sample(self.config.seed, round_number, clients, rate)
-        return np.flatnonzero(np.random.default_rng().random(clients) < rate)
+        return sample_ids(np.random.default_rng(), clients, rate)
 
     def _noise(self, round_number: int) -> np.random.Generator | GaussianSampler:
         if self._secure_sampler is not None:

@@ -30,15 +30,22 @@ class ClientExecutor(Protocol):
 def groups_sums(
     task: Task, policy: Policy, model, groups: list[dict[int, np.ndarray]], round_number: int, params
 ) -> dict[int, RoundSums]:
-    """Train each group of blocks in one call, then clip and sum per block; sums by block index."""
+    """Train each group of blocks in one call, then clip and sum per block; sums by block index.
+    A task that can clip its clients without forming their updates does so (its
+    ``clipped_block_sums``, :meth:`fairclip.sims.classification.ClassificationTask.clipped_block_sums`)."""
     sums: dict[int, RoundSums] = {}
+    clipped_block_sums = getattr(task, "clipped_block_sums", None)
     for group in groups:
         ids = np.concatenate(list(group.values()))
-        updates = task.local_updates(model, ids, round_number)
         sizes = [len(block_ids) for block_ids in group.values()]
-        parts = contribute_blocks(
-            policy, params, updates, task.client_cohorts[ids], len(task.cohort_names), sizes
-        )
+        parts = None
+        if clipped_block_sums is not None:
+            parts = clipped_block_sums(model, ids, round_number, policy, params, sizes)
+        if parts is None:
+            updates = task.local_updates(model, ids, round_number)
+            parts = contribute_blocks(
+                policy, params, updates, task.client_cohorts[ids], len(task.cohort_names), sizes
+            )
         sums.update(zip(group, parts, strict=True))
     return sums
 

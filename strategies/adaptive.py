@@ -24,8 +24,7 @@ from __future__ import annotations
 import numpy as np
 
 from fairclip.strategies import reports
-from fairclip.strategies.base import Broadcast, Policy, geometric_update, noisy_fraction
-from fairclip.strategies.clipping import hard_clip
+from fairclip.strategies.base import Broadcast, Policy, RowScales, geometric_update, noisy_fraction
 from fairclip.strategies.constant import BoundState
 from fairclip.strategies.params import Fraction, NonNegativeFinite, PolicyParams, PositiveFinite
 
@@ -74,10 +73,11 @@ class AdaptiveClipping(Policy):
     def report_is_valid(self, report: np.ndarray, cohort: int | None) -> bool:
         return reports.is_bit(report)
 
-    def transform(self, updates, norms, cohorts, params):
+    def scales(self, norms, cohorts, params) -> RowScales:
         bound = float(params["bound"])
         above = norms > float(params["threshold_multiplier"]) * bound
-        return hard_clip(updates, norms, bound), above[:, None].astype(np.float64), above
+        n = norms.shape[0]
+        return RowScales(np.ones(n), above[:, None].astype(np.float64), above, clip=np.full(n, bound))
 
     def next_state(self, state: BoundState, estimate, noisy_reports, expected_clients) -> BoundState:
         fraction = noisy_fraction(noisy_reports, expected_clients)

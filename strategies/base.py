@@ -43,7 +43,14 @@ from typing import Any, ClassVar, Protocol
 import numpy as np
 
 from fairclip.strategies import reports
-from fairclip.strategies.clipping import clip_rows_with_norms, row_norms
+from fairclip.strategies.clipping import (
+    clip_factors,
+    clip_rows,
+    clip_rows_with_norms,
+    guard_scales,
+    hard_clip,
+    row_norms,
+)
 from fairclip.strategies.errors import PolicyConfigError
 from fairclip.strategies.params import PolicyParams
 
@@ -128,6 +135,59 @@ class ClientReports:
     """||Δ_i|| of each update (0 for a non-finite one): a diagnostic, computed for clipping anyway."""
     contribution_norms: np.ndarray
     """||Δ̄_i|| of each contribution: a diagnostic, computed by the final projection anyway."""
+
+
+@dataclass(frozen=True)
+class RowScales:
+    """A row-scaling policy's client transform, decided from the update norms alone
+    (:meth:`Policy.scales`)::
+
+        Δ̄_i = c_i · Δ_i · min(1, C_i / ||Δ_i||)        (C_i = ∞ where ``clip`` is None)
+        a_i  = a fixed report vector,  or  r_i · Δ_i
+
+    Every built-in policy has this shape: a hard clip, a tanh or global scale, a cohort weight;
+    a count bit or one-hot cohort as report, or ``online``'s unit direction. Knowing the
+    factors, an engine can form Σ Δ̄_i and Σ a_i without materialising any Δ_i (per-example
+    gradient norms and weighted sums, :mod:`fairclip.client.ghost`).
+    """
+
+    contribution: np.ndarray
+    """c_i (n,)."""
+    reports: np.ndarray | None
+    """The report vectors (n, k) where they do not depend on Δ_i's direction; ``None`` where the
+    report is r_i · Δ_i (:attr:`report_scales`)."""
+    exceeded: np.ndarray
+    """The diagnostic of :attr:`ClientReports.exceeded` (n,)."""
+    clip: np.ndarray | None = None
+    """C_i (n,), the hard-clipping bound applied before c_i, or ``None`` for no clipping."""
+    report_scales: np.ndarray | None = None
+    """r_i (n,) where a_i = r_i · Δ_i, else ``None``."""
+
+    def factors(self, norms: np.ndarray) -> np.ndarray:
+        """The total factor of each row: c_i · min(1, C_i·:data:`GUARD_RADIUS` / ||Δ_i||)."""
+        contribution = np.asarray(self.contribution, dtype=np.float64)
+        return contribution if self.clip is None else contribution * clip_factors(norms, self.clip)
+
+
+@dataclass(frozen=True)
+class ScaledReports:
+    """What :meth:`Policy.scaled_client_side` decides for a batch of clients from their norms:
+    the guarded factors, the reports that do not depend on direction, and the diagnostics of
+    :class:`ClientReports` (without any d-dimensional row)."""
+
+    contribution_scales: np.ndarray
+    """c_i after the guard: c_i · ||Δ_i|| stays inside each client's bound; 0 for a non-finite
+    update."""
+    reports: np.ndarray | None
+    """(n, k) reports (zero for a non-finite update), or ``None`` where they are r_i · Δ_i."""
+    report_scales: np.ndarray | None
+    """r_i after the guard (r_i · ||Δ_i|| < 1; 0 for a non-finite update), or ``None``."""
+    exceeded: np.ndarray
+    nonfinite: np.ndarray
+    norms: np.ndarray
+    """||Δ_i|| (0 for a non-finite update)."""
+    contribution_norms: np.ndarray
+    """c_i · ||Δ_i||."""
 
 
 @dataclass(frozen=True)
@@ -224,11 +284,41 @@ class Policy(ABC):
     def contribution_bounds(self, params: Broadcast, cohorts: np.ndarray) -> np.ndarray:
         """Per-client norm bound of the contribution (each at most the round's sensitivity)."""
 
-    @abstractmethod
+    def scales(self, norms: np.ndarray, cohorts: np.ndarray, params: Broadcast) -> RowScales:
+        """The client transform of a row-scaling policy, from the norms of finite updates:
+        Δ̄_i = c_i · Δ_i, and reports that are fixed vectors or r_i · Δ_i (:class:`RowScales`).
+        A policy defines this *or* :meth:`transform`; defining this one lets the one-step path
+        clip per-example gradients it never materialises (:mod:`fairclip.client.ghost`)."""
+        raise NotImplementedError(f"policy {type(self).__name__} defines neither scales() nor transform()")
+
     def transform(
         self, updates: np.ndarray, norms: np.ndarray, cohorts: np.ndarray, params: Broadcast
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Client transform of finite updates: (contributions, reports, exceeded)."""
+        """Client transform of finite updates: (contributions, reports, exceeded). By default
+        the rows scaled by :meth:`scales`; a policy whose transform is not a per-row scale
+        overrides this instead (and its one-step clients then materialise their gradients)."""
+        row = self.scales(norms, cohorts, params)
+        contributions = updates if row.clip is None else hard_clip(updates, norms, row.clip)
+        contribution = np.asarray(row.contribution, dtype=np.float64)
+        if not np.all(contribution == 1.0):
+            contributions = contributions * contribution[:, None]
+        if row.report_scales is None:
+            reports = row.reports
+        else:  # Δ/||Δ|| can have norm 1 + 2^-52 after rounding; the guard keeps it <= 1
+            reports = clip_rows(updates * np.asarray(row.report_scales, dtype=np.float64)[:, None], 1.0)
+        return contributions, reports, row.exceeded
+
+    @property
+    def row_scaling(self) -> bool:
+        """Whether the client transform is :meth:`scales` alone (not an overridden
+        :meth:`transform` or :meth:`client_side`), so that :meth:`scaled_client_side` gives
+        exactly what :meth:`client_side` sends."""
+        kind = type(self)
+        return (
+            kind.scales is not Policy.scales
+            and kind.transform is Policy.transform
+            and kind.client_side is Policy.client_side
+        )
 
     def report_size(self, dim: int) -> int:
         """Length k of each client's report vector (0: the policy releases nothing else)."""
@@ -287,6 +377,46 @@ class Policy(ABC):
             nonfinite=nonfinite,
             norms=norms,
             contribution_norms=contribution_norms,
+        )
+
+    def scaled_client_side(self, norms: np.ndarray, cohorts: np.ndarray, params: Broadcast) -> ScaledReports:
+        """:meth:`client_side` of a row-scaling policy (:attr:`row_scaling`) from the update norms
+        alone: the factors c_i (and r_i) such that c_i · Δ_i is the contribution it sends.
+
+        The final projection acts on the factors: where c_i · ||Δ_i|| exceeds a client's bound
+        by more than :data:`SAFETY` below it, c_i becomes bound · :data:`GUARD_RADIUS` / ||Δ_i||
+        (r_i likewise against 1), as :func:`clip_rows` would scale the row. ``norms`` must be
+        the exact norms of the rows the factors will multiply (to float64 rounding); a
+        non-finite norm marks a non-finite update, whose factors are 0."""
+        if not self.row_scaling:
+            raise TypeError(f"policy {type(self).__name__} is not row-scaling (it overrides transform)")
+        norms = np.asarray(norms, dtype=np.float64).reshape(-1)
+        cohorts = np.asarray(cohorts, dtype=np.int64).reshape(-1)
+        if cohorts.shape[0] != norms.shape[0]:
+            raise ValueError(f"{norms.shape[0]} norms but {cohorts.shape[0]} cohort labels")
+        if self.needs_cohorts and cohorts.size and (cohorts.min() < 0 or cohorts.max() >= self.num_cohorts):
+            raise ValueError(f"cohort index outside 0..{self.num_cohorts - 1}")
+        nonfinite = ~np.isfinite(norms)
+        norms = np.where(nonfinite, 0.0, norms)
+        row = self.scales(norms, cohorts, params)
+        contribution = guard_scales(row.factors(norms), norms, self.contribution_bounds(params, cohorts))
+        contribution[nonfinite] = 0.0
+        report_scales = None
+        reports_out = None
+        if row.report_scales is None:
+            reports_out = np.array(row.reports, dtype=np.float64)
+            reports_out[nonfinite] = 0.0
+        else:
+            report_scales = guard_scales(row.report_scales, norms, np.ones_like(norms))
+            report_scales[nonfinite] = 0.0
+        return ScaledReports(
+            contribution_scales=contribution,
+            reports=reports_out,
+            report_scales=report_scales,
+            exceeded=np.asarray(row.exceeded, dtype=bool) & ~nonfinite,
+            nonfinite=nonfinite,
+            norms=norms,
+            contribution_norms=np.abs(contribution) * norms,
         )
 
     # ----- the server side, shared by every engine -------------------------------------

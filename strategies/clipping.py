@@ -78,6 +78,35 @@ def hard_clip(updates: np.ndarray, norms: np.ndarray, bounds: np.ndarray | float
     return _rescale(np.asarray(updates, dtype=np.float64), norms, bounds * GUARD_RADIUS, norms > bounds)
 
 
+def clip_factors(norms: np.ndarray, bounds: np.ndarray | float) -> np.ndarray:
+    """The factors by which :func:`hard_clip` scales the rows: C·:data:`GUARD_RADIUS` / ||Δ||
+    where ||Δ|| > C, else 1."""
+    norms = np.asarray(norms, dtype=np.float64)
+    bounds = np.broadcast_to(np.asarray(bounds, dtype=np.float64), norms.shape)
+    over = norms > bounds
+    factors = np.ones(norms.shape[0])
+    with np.errstate(divide="ignore", invalid="ignore", under="ignore"):
+        factors[over] = bounds[over] * GUARD_RADIUS / norms[over]
+    return factors
+
+
+def guard_scales(factors: np.ndarray, norms: np.ndarray, bounds: np.ndarray | float) -> np.ndarray:
+    """The final projection of :func:`clip_rows` acting on row factors: a copy of ``factors``
+    where each row whose scaled norm |c|·||x|| exceeds C·(1 − SAFETY) gets
+    c = ±C·:data:`GUARD_RADIUS` / ||x||, so the scaled row lies inside C by SAFETY·C; a factor
+    that is not finite becomes 0."""
+    factors = np.array(factors, dtype=np.float64)
+    factors[~np.isfinite(factors)] = 0.0
+    norms = np.asarray(norms, dtype=np.float64)
+    bounds = np.broadcast_to(np.asarray(bounds, dtype=np.float64), norms.shape)
+    with np.errstate(over="ignore", invalid="ignore"):
+        over = np.abs(factors) * norms > bounds * (1.0 - SAFETY)
+    if over.any():
+        with np.errstate(divide="ignore", invalid="ignore", under="ignore"):
+            factors[over] = np.sign(factors[over]) * bounds[over] * GUARD_RADIUS / norms[over]
+    return factors
+
+
 PRECISE_FACTOR_BELOW = 1e-280
 """Scale factors below this may be subnormal; such rows are divided by their norm first."""
 

@@ -12,8 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fairclip.strategies.base import Broadcast, Policy
-from fairclip.strategies.clipping import hard_clip
+from fairclip.strategies.base import Broadcast, Policy, RowScales
 from fairclip.strategies.params import PolicyParams, PositiveFinite
 
 
@@ -47,6 +46,7 @@ class ConstantClipping(Policy):
     def contribution_bounds(self, params: Broadcast, cohorts: np.ndarray) -> np.ndarray:
         return np.full(cohorts.shape[0], float(params["bound"]))
 
-    def transform(self, updates, norms, cohorts, params):
+    def scales(self, norms, cohorts, params) -> RowScales:
         bound = float(params["bound"])
-        return hard_clip(updates, norms, bound), np.zeros((updates.shape[0], 0)), norms > bound
+        n = norms.shape[0]
+        return RowScales(np.ones(n), np.zeros((n, 0)), norms > bound, clip=np.full(n, bound))

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from fairclip.strategies import reports
-from fairclip.strategies.base import Broadcast, Policy, exponential_step, noisy_fraction
+from fairclip.strategies.base import Broadcast, Policy, RowScales, exponential_step, noisy_fraction
 from fairclip.strategies.params import NonNegativeFinite, PolicyParams, PositiveFinite
 
 
@@ -74,12 +74,12 @@ class GlobalAdaptiveScaling(Policy):
     def report_is_valid(self, report: np.ndarray, cohort: int | None) -> bool:
         return reports.is_bit(report)
 
-    def transform(self, updates, norms, cohorts, params):
+    def scales(self, norms, cohorts, params) -> RowScales:
         bound = float(params["bound"])
         threshold = float(params["scale_threshold"])
         divisor = np.maximum(norms, threshold)
         above = norms > float(params["threshold_multiplier"]) * threshold
-        return updates * (bound / divisor)[:, None], above[:, None].astype(np.float64), above
+        return RowScales(bound / divisor, above[:, None].astype(np.float64), above)
 
     def next_state(self, state: ThresholdState, estimate, noisy_reports, expected_clients) -> ThresholdState:
         fraction = min(max(noisy_fraction(noisy_reports, expected_clients), 0.0), 1.0)

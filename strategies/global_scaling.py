@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from fairclip.strategies.base import Broadcast, Policy
+from fairclip.strategies.base import Broadcast, Policy, RowScales
 from fairclip.strategies.params import PolicyParams, PositiveFinite
 
 
@@ -44,11 +44,11 @@ class GlobalScaling(Policy):
     def contribution_bounds(self, params: Broadcast, cohorts: np.ndarray) -> np.ndarray:
         return np.full(cohorts.shape[0], float(params["bound"]))
 
-    def transform(self, updates, norms, cohorts, params):
+    def scales(self, norms, cohorts, params) -> RowScales:
         threshold = float(params["scale_threshold"])
         above = norms > threshold
         factors = np.where(above, 0.0, float(params["bound"]) / threshold)
-        return updates * factors[:, None], np.zeros((updates.shape[0], 0)), above
+        return RowScales(factors, np.zeros((norms.shape[0], 0)), above)
 
     def round_info(self, state: None) -> dict[str, float]:
         return {"scale_threshold": self.scale_threshold}

@@ -12,7 +12,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fairclip.strategies.base import Broadcast, GaussianSampler, NoiseMultipliers, Policy, ServerRound
+from fairclip.strategies.base import (
+    Broadcast,
+    GaussianSampler,
+    NoiseMultipliers,
+    Policy,
+    RowScales,
+    ServerRound,
+)
 
 
 @dataclass(frozen=True)
@@ -38,9 +45,9 @@ class NoClipping(Policy):
     def contribution_bounds(self, params: Broadcast, cohorts: np.ndarray) -> np.ndarray:
         return np.full(cohorts.shape[0], np.inf)
 
-    def transform(self, updates, norms, cohorts, params):
-        n = updates.shape[0]
-        return updates, np.zeros((n, 0)), np.zeros(n, dtype=bool)
+    def scales(self, norms, cohorts, params) -> RowScales:
+        n = norms.shape[0]
+        return RowScales(np.ones(n), np.zeros((n, 0)), np.zeros(n, dtype=bool))
 
     def server_side(
         self,

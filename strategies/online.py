@@ -26,8 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from fairclip.strategies import reports
-from fairclip.strategies.base import Broadcast, Policy, exponential_step
-from fairclip.strategies.clipping import clip_rows, hard_clip
+from fairclip.strategies.base import Broadcast, Policy, RowScales, exponential_step
 from fairclip.strategies.params import NonNegativeFinite, PolicyParams, PositiveFinite
 
 
@@ -90,13 +89,13 @@ class OnlineSensitivityClipping(Policy):
     def report_is_valid(self, report: np.ndarray, cohort: int | None) -> bool:
         return reports.is_unit_or_zero(report)
 
-    def transform(self, updates, norms, cohorts, params):
+    def scales(self, norms, cohorts, params) -> RowScales:
         bound = float(params["bound"])
         above = norms > bound
-        directions = np.zeros_like(updates)
-        directions[above] = updates[above] / norms[above][:, None]
-        # Δ/||Δ|| can have norm 1 + 2^-52 after rounding; the guarded projection keeps it <= 1
-        return hard_clip(updates, norms, bound), clip_rows(directions, 1.0), above
+        directions = np.zeros(norms.shape[0])
+        directions[above] = 1.0 / norms[above]  # q_i = Δ_i / ||Δ_i||
+        n = norms.shape[0]
+        return RowScales(np.ones(n), None, above, clip=np.full(n, bound), report_scales=directions)
 
     def next_state(self, state: OnlineState, estimate, noisy_reports, expected_clients) -> OnlineState:
         direction = np.asarray(noisy_reports, dtype=np.float64) / expected_clients

@@ -29,8 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from fairclip.strategies import reports
-from fairclip.strategies.base import Broadcast, Policy
-from fairclip.strategies.clipping import hard_clip
+from fairclip.strategies.base import Broadcast, Policy, RowScales
 from fairclip.strategies.params import PolicyParams, PositiveFinite
 
 
@@ -73,12 +72,12 @@ class PerCohortClipping(Policy):
             return False
         return reports.is_one_hot_or_zero(report, 2 * self.num_cohorts, (2 * cohort, 2 * cohort + 1))
 
-    def transform(self, updates, norms, cohorts, params):
+    def scales(self, norms, cohorts, params) -> RowScales:
         own_bounds = self.contribution_bounds(params, cohorts)
         above_base = norms > float(params["bound"])
-        reports = np.zeros((updates.shape[0], self.report_size(updates.shape[1])))
-        reports[np.arange(updates.shape[0]), 2 * cohorts + (~above_base).astype(np.int64)] = 1.0
-        return hard_clip(updates, norms, own_bounds), reports, norms > own_bounds
+        reports = np.zeros((norms.shape[0], 2 * self.num_cohorts))
+        reports[np.arange(norms.shape[0]), 2 * cohorts + (~above_base).astype(np.int64)] = 1.0
+        return RowScales(np.ones(norms.shape[0]), reports, norms > own_bounds, clip=own_bounds)
 
     def next_state(self, state, estimate, noisy_reports, expected_clients) -> CohortBoundsState:
         counts = np.maximum(np.asarray(noisy_reports, dtype=np.float64).reshape(self.num_cohorts, 2), 0.0)

@@ -23,8 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from fairclip.strategies import reports
-from fairclip.strategies.base import Broadcast, Policy
-from fairclip.strategies.clipping import hard_clip
+from fairclip.strategies.base import Broadcast, Policy, RowScales
 from fairclip.strategies.params import PolicyParams, PositiveFinite
 
 
@@ -70,13 +69,12 @@ class CohortReweighting(Policy):
             return False
         return reports.is_one_hot_or_zero(report, self.num_cohorts, (cohort,))
 
-    def transform(self, updates, norms, cohorts, params):
+    def scales(self, norms, cohorts, params) -> RowScales:
         bound = float(params["bound"])
         weights = np.asarray(params["cohort_weights"], dtype=np.float64)[cohorts]
-        reports = np.zeros((updates.shape[0], self.num_cohorts))
-        reports[np.arange(updates.shape[0]), cohorts] = 1.0
-        contributions = hard_clip(updates, norms, bound) * weights[:, None]
-        return contributions, reports, norms > bound
+        reports = np.zeros((norms.shape[0], self.num_cohorts))
+        reports[np.arange(norms.shape[0]), cohorts] = 1.0
+        return RowScales(weights, reports, norms > bound, clip=np.full(norms.shape[0], bound))
 
     def next_state(self, state, estimate, noisy_reports, expected_clients) -> CohortWeightsState:
         sizes = np.maximum(np.asarray(noisy_reports, dtype=np.float64), 1.0)

@@ -19,7 +19,7 @@ import numpy as np
 from pydantic import model_validator
 
 from fairclip.strategies import reports
-from fairclip.strategies.base import Broadcast, Policy, geometric_update, noisy_fraction
+from fairclip.strategies.base import Broadcast, Policy, RowScales, geometric_update, noisy_fraction
 from fairclip.strategies.constant import BoundState
 from fairclip.strategies.params import (
     Fraction,
@@ -86,12 +86,12 @@ class SoftClipping(Policy):
     def report_is_valid(self, report: np.ndarray, cohort: int | None) -> bool:
         return reports.is_bit(report) if self.adaptive else reports.is_empty(report)
 
-    def transform(self, updates, norms, cohorts, params):
+    def scales(self, norms, cohorts, params) -> RowScales:
         bound = float(params["bound"])
         factors = np.tanh(bound / (norms + float(params["tanh_epsilon"])))
         above = norms > float(params["threshold_multiplier"]) * bound
-        reports = above[:, None].astype(np.float64) if self.adaptive else np.zeros((updates.shape[0], 0))
-        return updates * factors[:, None], reports, above
+        reports = above[:, None].astype(np.float64) if self.adaptive else np.zeros((norms.shape[0], 0))
+        return RowScales(factors, reports, above)
 
     def next_state(self, state: BoundState, estimate, noisy_reports, expected_clients) -> BoundState:
         if not self.adaptive:

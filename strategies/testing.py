@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from fairclip.strategies.base import NoiseMultipliers, Policy
-from fairclip.strategies.clipping import row_norms
+from fairclip.strategies.clipping import PRECISE_FACTOR_BELOW, row_norms
 from fairclip.strategies.registry import check_policy_class, policy_class
 
 
@@ -144,6 +144,36 @@ def _check_clients(policy: Policy, state: Any, updates: np.ndarray, cohorts: np.
     nonfinite = ~np.isfinite(updates).all(axis=1)
     assert np.all(out.contributions[nonfinite] == 0), "a non-finite update contributed"
     assert np.all(out.reports[nonfinite] == 0), "a non-finite update reported"
+    if policy.row_scaling:
+        _check_scaled_clients(policy, params, updates, cohorts, out, bounds)
+
+
+def _check_scaled_clients(
+    policy: Policy, params: dict, updates: np.ndarray, cohorts: np.ndarray, out: Any, bounds: np.ndarray
+) -> None:
+    """A row-scaling policy decides from the norms alone what :meth:`Policy.client_side` sends:
+    the factors keep every contribution inside its bound and rebuild the same rows (to
+    rounding; where a factor is subnormal only the bound is checked)."""
+    nonfinite = ~np.isfinite(updates).all(axis=1)
+    safe = np.where(nonfinite[:, None], 0.0, updates)
+    norms = row_norms(safe)
+    scaled = policy.scaled_client_side(np.where(nonfinite, np.inf, norms), cohorts, params)
+    assert np.array_equal(scaled.nonfinite, nonfinite) and np.array_equal(scaled.exceeded, out.exceeded)
+    assert np.all(scaled.contribution_norms <= bounds), "a scaled contribution exceeds its bound"
+    assert np.all(scaled.contribution_scales[nonfinite] == 0), "a non-finite update has a factor"
+    precise = np.abs(scaled.contribution_scales) >= PRECISE_FACTOR_BELOW
+    rebuilt = safe[precise] * scaled.contribution_scales[precise, None]
+    difference = row_norms(rebuilt - out.contributions[precise])
+    assert np.all(difference <= 1e-8 * row_norms(out.contributions[precise]) + 1e-300), (
+        "the factors do not rebuild the contributions"
+    )
+    if scaled.report_scales is None:
+        assert np.array_equal(scaled.reports, out.reports), "the scaled reports differ"
+    else:
+        assert np.all(np.abs(scaled.report_scales) * norms <= 1.0), "a scaled report has norm > 1"
+        directions = safe * scaled.report_scales[:, None]
+        difference = row_norms(directions - out.reports)
+        assert np.all(difference <= 1e-8), "the report factors do not rebuild the reports"
 
 
 # ----- hypothesis strategies (also the built-in policies' own property tests use these) -------

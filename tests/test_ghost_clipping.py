@@ -1,0 +1,227 @@
+"""One-step clients clipped from their per-example norms (``fairclip.client.ghost``) give what
+materialised per-example gradients give: on every built-in model with every built-in policy,
+block by block, and through whole noisy runs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from fairclip.benchmarks.imagetask import image_config, image_run
+from fairclip.client.contributions import contribute_blocks, contribute_scaled_blocks
+from fairclip.client.ghost import ghost_layers, one_step_gradients
+from fairclip.client.models import MODELS, build_model, model_to_vector
+from fairclip.client.training import one_step_updates
+from fairclip.sims.engine import simulate
+from fairclip.sims.tasks import build_task
+from fairclip.strategies.clipping import row_norms
+from fairclip.strategies.registry import POLICIES, build_policy, policy_parameters
+
+SHAPES = {"logistic": (1, 6, 6), "mlp": (1, 6, 6)}
+"""Input shapes of the models that take any input (the CNNs take 1×28×28)."""
+
+
+def _policy(name: str, bound: float, num_cohorts: int):
+    """Policy ``name`` with its bound (and any other bound-like parameter) at ``bound``."""
+    known = policy_parameters(name)
+    params = {key: bound for key in ("initial_bound", "scale_threshold") if key in known}
+    if "lower_bound" in known:
+        params["lower_bound"] = bound / 2
+    return build_policy(name, params, num_cohorts=num_cohorts)
+
+
+def _float32_tolerance(theta: np.ndarray, count: int) -> float:
+    """How far a sum of ``count`` materialised updates θ_i − θ_t may lie from the exact one
+    beyond the float32 rounding of the gradients themselves (``rtol``): each θ_i is rounded to
+    float32 (half an ulp of the largest |θ_j|), clipped by factors <= 1."""
+    return count * float(np.spacing(np.float32(np.abs(theta).max())))
+
+
+@pytest.mark.parametrize("model_name", MODELS)
+def test_every_policy_sums_each_block_as_the_materialised_gradients_do(model_name):
+    torch.manual_seed(0)
+    shape = SHAPES.get(model_name, (1, 28, 28))
+    model = build_model(model_name, shape, 10)
+    assert ghost_layers(model) is not None, f"{model_name} should take the ghost path"
+    theta = model_to_vector(model)
+    count, sizes = 24, [5, 0, 11, 8]
+    features = torch.randn(count, *shape, generator=torch.Generator().manual_seed(1))
+    labels = torch.arange(count) % 10
+    cohorts = np.arange(count) % 2
+    updates = one_step_updates(model, theta, features, labels, lr=0.5)
+    gradients = one_step_gradients(model, theta, features, labels, lr=0.5)
+    norms = row_norms(updates)
+    np.testing.assert_allclose(gradients.norms, norms, rtol=1e-5)
+    tolerance = _float32_tolerance(theta, count)
+    for name in sorted(POLICIES):
+        policy = _policy(name, float(np.median(norms)), num_cohorts=2)
+        assert policy.row_scaling
+        params = policy.broadcast(policy.initial_state(theta.shape[0]))
+        expected = contribute_blocks(policy, params, updates, cohorts, 2, sizes)
+        got = contribute_scaled_blocks(policy, params, gradients, cohorts, 2, sizes)
+        for block, (want, have) in enumerate(zip(expected, got, strict=True)):
+            where = f"{model_name}/{name}, block {block}"
+            np.testing.assert_allclose(
+                have.contribution_sum, want.contribution_sum, atol=tolerance, err_msg=where
+            )
+            np.testing.assert_allclose(have.report_sum, want.report_sum, atol=1e-6, err_msg=where)
+            assert have.num_reports == want.num_reports == sizes[block]
+            for field in ("sampled", "exceeded", "nonfinite"):
+                np.testing.assert_array_equal(
+                    getattr(have.diagnostics, field), getattr(want.diagnostics, field), err_msg=where
+                )
+            np.testing.assert_allclose(have.diagnostics.norm_after, want.diagnostics.norm_after, rtol=1e-5)
+        assert any(np.abs(part.contribution_sum).max() > 100 * tolerance for part in got)
+
+
+@pytest.mark.parametrize("name", sorted(POLICIES))
+def test_a_noisy_run_clipped_from_norms_equals_the_materialised_run(name):
+    """Every policy through whole runs with noise (tanh CNN, 150 one-example clients): the
+    clipping bounds, noise, accuracy and final model agree with ``training.per_example =
+    "materialize"`` to float32 rounding."""
+    runs = {}
+    for mode in ("auto", "materialize"):
+        raw = image_run(
+            num_clients=150,
+            sample_rate=0.2,
+            rounds=3,
+            per_client=1,
+            model="tanh-cnn",
+            strategy=name,
+            client_lr=0.5,
+            test_per_cohort=40,
+            training={"per_example": mode},
+            privacy={"noise_multiplier": 0.0 if name == "none" else 0.7},
+        )
+        params = {k: 0.3 for k in ("initial_bound", "scale_threshold") if k in policy_parameters(name)}
+        if "lower_bound" in policy_parameters(name):
+            params["lower_bound"] = 0.1
+        raw["strategy"][name] = params
+        config = image_config(raw)
+        task = build_task(config)
+        assert task.one_step
+        policy = build_policy(name, params, num_cohorts=2)
+        direct = task.clipped_block_sums(
+            task.initial_model(), np.arange(4), 1, policy, policy.broadcast(policy.initial_state(1)), [4]
+        )
+        assert (direct is not None) == (mode == "auto"), "the run must take the path it names"
+        runs[mode] = simulate(config, task)
+    fast, slow = runs["auto"], runs["materialize"]
+    assert [r["sampled_clients"] for r in fast.rows] == [r["sampled_clients"] for r in slow.rows]
+    for key in ("clip_bound", "noise_std", "accuracy", "loss", "clipped_fraction"):
+        np.testing.assert_allclose(
+            [r[key] for r in fast.rows], [r[key] for r in slow.rows], rtol=1e-5, atol=1e-7, err_msg=key
+        )
+    if name != "none":
+        assert fast.rows[-1]["noise_std"] > 0
+    np.testing.assert_allclose(fast.model, slow.model, rtol=1e-4, atol=1e-5)
+
+
+class _Scaled(nn.Module):
+    """A layer the ghost path does not know (a parameter outside Linear and Conv2d)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.scale = nn.Parameter(torch.ones(1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.scale
+
+
+class _Twice(nn.Module):
+    """A Linear layer applied twice in one forward pass (shared weights)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.layer(torch.tanh(self.layer(x)))
+
+
+@pytest.mark.parametrize(
+    ("model", "features"),
+    [
+        (nn.Sequential(nn.Linear(4, 4), _Scaled()), torch.randn(5, 4)),
+        (nn.Sequential(nn.Linear(4, 8), nn.LayerNorm(8), nn.Linear(8, 4)), torch.randn(5, 4)),
+        (
+            nn.Sequential(nn.Conv2d(1, 2, 3, padding="same"), nn.Flatten(), nn.Linear(2 * 16, 4)),
+            torch.randn(5, 1, 4, 4),
+        ),
+        (_Twice(), torch.randn(5, 4)),
+    ],
+    ids=["own-parameter", "layer-norm", "padding-same", "shared-layer"],
+)
+def test_models_it_cannot_take_fall_back_to_materialised_gradients(model, features):
+    theta = model_to_vector(model)
+    assert one_step_gradients(model, theta, features, torch.arange(5) % 4, lr=0.1) is None
+    assert np.isfinite(one_step_updates(model, theta, features, torch.arange(5) % 4, lr=0.1)).all()
+
+
+def test_a_non_finite_gradient_adds_nothing_and_is_counted():
+    """An example whose gradient overflows is a non-finite update: factor 0, no contribution,
+    no report, counted in ``nonfinite``; the other examples' sums are untouched."""
+    torch.manual_seed(0)
+    model = build_model("mlp", (6,), 3)
+    theta = model_to_vector(model)
+    features = torch.randn(6, 6)
+    features[2] = 3e38  # its activations overflow to inf
+    labels = torch.arange(6) % 3
+    gradients = one_step_gradients(model, theta, features, labels, lr=0.5)
+    assert not np.isfinite(gradients.norms[2]) and np.isfinite(np.delete(gradients.norms, 2)).all()
+    policy = build_policy("adaptive", {"initial_bound": 0.5})
+    params = policy.broadcast(policy.initial_state(theta.shape[0]))
+    (got,) = contribute_scaled_blocks(policy, params, gradients, np.zeros(6, dtype=int), 1, [6])
+    updates = one_step_updates(model, theta, features, labels, lr=0.5)
+    updates[2] = np.nan  # what the materialised path sees for it
+    (want,) = contribute_blocks(policy, params, updates, np.zeros(6, dtype=int), 1, [6])
+    assert np.isfinite(got.contribution_sum).all()
+    assert got.diagnostics.nonfinite[0] == 1 == want.diagnostics.nonfinite[0]
+    np.testing.assert_allclose(got.contribution_sum, want.contribution_sum, atol=_float32_tolerance(theta, 6))
+    np.testing.assert_array_equal(got.report_sum, want.report_sum)
+
+
+@pytest.mark.parametrize("channels", [3, 32])
+@pytest.mark.parametrize(
+    ("stride", "padding", "dilation"), [(1, 0, 1), (2, 1, 1), (1, 2, 2), ((2, 1), (1, 0), (1, 2))]
+)
+def test_convolutions_of_any_stride_padding_and_dilation(channels, stride, padding, dilation):
+    """Both ways of forming a convolution's per-example gradients (unfolded input below
+    ``SHIFTED_MIN_CHANNELS`` input channels, one kernel offset at a time from it), for strides,
+    paddings and dilations, and sequences through a Linear layer: the norms and weighted sums
+    of the materialised updates."""
+    torch.manual_seed(3)
+    model = nn.Sequential(
+        nn.Conv2d(channels, 4, 3, stride=stride, padding=padding, dilation=dilation),
+        nn.Tanh(),
+        nn.Conv2d(4, 5, 2, bias=False),
+        nn.Flatten(start_dim=2),
+        nn.Linear(_flat_positions(channels, stride, padding, dilation), 6),
+        nn.Flatten(),
+        nn.LazyLinear(3),
+    )
+    features = torch.randn(7, channels, 9, 9)
+    model(features)  # materialise the lazy layer
+    theta = model_to_vector(model)
+    labels = torch.arange(7) % 3
+    updates = one_step_updates(model, theta, features, labels, lr=0.7)
+    gradients = one_step_gradients(model, theta, features, labels, lr=0.7)
+    assert gradients is not None
+    np.testing.assert_allclose(gradients.norms, row_norms(updates), rtol=1e-5)
+    weights = np.random.default_rng(4).uniform(-1, 1, (2, 4))
+    np.testing.assert_allclose(
+        gradients.weighted_sums(slice(2, 6), weights),
+        weights @ updates[2:6],
+        rtol=1e-5,
+        atol=_float32_tolerance(theta, 4),
+    )
+
+
+def _flat_positions(channels, stride, padding, dilation) -> int:
+    """Output positions of the test's two convolutions on 9×9 inputs."""
+    probe = nn.Sequential(
+        nn.Conv2d(channels, 4, 3, stride=stride, padding=padding, dilation=dilation), nn.Conv2d(4, 5, 2)
+    )
+    return int(np.prod(probe(torch.zeros(1, channels, 9, 9)).shape[2:]))
