@@ -28,14 +28,14 @@ PACKAGE = __package__ or "benchmarks"
 DESCRIPTIONS = {
     "w1": "cross-device: 1,000 clients × 64 images 28×28, ~100/round, 5 rounds, W1 CNN, bounded",
     "w2": "sample-level DP-SGD: 3 CNNs, 60,000 examples, 100/50/20 Poisson batches of 256, clip 1, σ 0.8",
-    "w3": "scale: 100,000 clients, ~1,000/round, bounded, in-process engine",
+    "w3": "scale: 100,000 clients, ~1,000/round; 10^9 and 10^6 clients, 10^4/round; bounded, in-process",
     "w4": "DP overhead: W1 with bounded vs none, fairclip's Ray engine",
     "w5": "scale-out: W1 on 1 Ray actor, 2 actors, and 2 single-CPU nodes of a local Ray cluster",
 }
 QUICK_DESCRIPTIONS = {
     "w1": "quick: 40 clients × 16 images, q 0.25, 2 rounds",
     "w2": "quick: 2,048 examples, 3 or 2 steps",
-    "w3": "quick: 10,000 clients, q 0.01, 5 / 2 rounds",
+    "w3": "quick: 10,000 clients, q 0.01, 5 / 2 rounds; 10^9 and 10^6 clients, 100/round, 2 rounds",
     "w4": "quick: as W1 quick, 1 repeat",
     "w5": "quick: as W1 quick",
 }
@@ -46,7 +46,7 @@ CONTENDERS = {
         "fairclip-ray",
         "fairclip-local",
     ),
-    "w3": ("bimodal-mean", "logistic"),
+    "w3": ("bimodal-mean", "logistic", "logistic-1e9", "logistic-1e6"),
     "w4": ("pair",),
     "w5": ("actors-1", "actors-2", "nodes-2"),
 }
@@ -57,6 +57,8 @@ QUICK_SKIPS = {
 TIMEOUT_S = {"w1": 1800, "w2": 1200, "w3": 1200, "w4": 1800, "w5": 1800}
 W5_SPEEDUP = 1.7
 W3_MEMORY_LIMIT = 4 * 2**30
+W3_POPULATION_SLOWDOWN = 1.5
+"""The million-client run's rounds/s over the billion-client run's, at most."""
 W4_OVERHEAD_LIMIT = 0.05
 
 
@@ -156,6 +158,9 @@ def targets(workload: str, results: dict[str, dict[str, Any]], cores: int) -> li
                     "met": None if peak is None else peak < W3_MEMORY_LIMIT,
                 }
             )
+        at_most(
+            "logistic-1e6/logistic-1e9 (rounds/s)", "logistic-1e6", "logistic-1e9", W3_POPULATION_SLOWDOWN
+        )
     elif workload == "w4":
         # The median of the repeats' paired overheads (benchmarks/w4.py); else the walls' ratio.
         overhead = _value(results, "bounded", "overhead")

@@ -32,6 +32,7 @@ from fairclip.server.evaluation import evaluate
 from fairclip.sims.config import ClassificationSpec, TrainingSpec
 from fairclip.sims.data import cohort_client_counts
 from fairclip.sims.federated_dataset import FederatedDataset
+from fairclip.sims.generated_clients import GeneratedClients, generates_clients
 from fairclip.sims.synthetic import sample_cohort
 from fairclip.strategies import Policy
 from fairclip.strategies.aggregation import RoundSums
@@ -112,7 +113,11 @@ class ClassificationTask:
         seed: int,
         data_dir: Path | None = None,
     ):
-        data = federated_data(spec, num_clients, seed, data_dir)
+        data = (
+            GeneratedClients(spec, num_clients, seed)
+            if generates_clients(spec, num_clients)
+            else federated_data(spec, num_clients, seed, data_dir)
+        )
         self._hold(data, list(spec.cohorts), training, seed, model_factory(spec.model))
 
     @classmethod
@@ -131,7 +136,7 @@ class ClassificationTask:
 
     def _hold(
         self,
-        data: FederatedDataset,
+        data: FederatedDataset | GeneratedClients,
         cohort_names: list[str],
         training: TrainingSpec,
         seed: int,
@@ -147,26 +152,36 @@ class ClassificationTask:
         self.seed = seed
         self.cohort_names = cohort_names
         self.client_cohorts = data.client_cohorts
-        self.client_indices = data.client_indices
+        self.client_indices = data.client_indices if isinstance(data, FederatedDataset) else None
         self.num_classes = data.num_classes
         self.device = resolve_device(training.device)
         """Where local training and evaluation run (``training.device``); data and models live there."""
-        self.train_x = torch.from_numpy(data.train_x).to(self.device)
-        self.train_y = torch.from_numpy(data.train_y).to(self.device)
+        self.generated = data if isinstance(data, GeneratedClients) else None
+        """The population whose examples are generated when sampled, or ``None`` (held data)."""
+        if self.generated is None:
+            self.train_x = torch.from_numpy(data.train_x).to(self.device)
+            self.train_y = torch.from_numpy(data.train_y).to(self.device)
+            input_shape = tuple(data.train_x.shape[1:])
+        else:
+            input_shape = (self.generated.features,)
         self.test_x = torch.from_numpy(data.test_x).to(self.device)
         self.test_y = torch.from_numpy(data.test_y).to(self.device)
         self.cohort_weights = data.cohort_weights
         self.training = LocalTraining(training.local_epochs, training.batch_size, training.client_lr)
         torch.manual_seed(int(rng(seed, Stream.DATA, 1).integers(2**62)))
         if isinstance(model, str):
-            self.model = build_model(model, tuple(data.train_x.shape[1:]), data.num_classes)
+            self.model = build_model(model, input_shape, data.num_classes)
         else:
-            self.model = checked_model(model(tuple(data.train_x.shape[1:]), data.num_classes))
+            self.model = checked_model(model(input_shape, data.num_classes))
         self.model = self.model.to(self.device)  # initialised on the CPU: the same θ_0 on any device
         self._initial = model_to_vector(self.model)
         self.evaluation_model = copy.deepcopy(self.model)
         """Evaluation's own copy: :func:`predict` may change its memory format."""
-        self.one_step = training.local_epochs == 1 and all(len(ix) == 1 for ix in self.client_indices)
+        self.one_step = training.local_epochs == 1 and (
+            self.generated.examples_per_client == 1
+            if self.generated is not None
+            else all(len(ix) == 1 for ix in self.client_indices)
+        )
         """Every client holds one example and takes one step: updates are per-sample gradients."""
         self.per_example = training.per_example
         """``training.per_example``: whether one-step clients may be clipped from their norms."""
@@ -182,6 +197,8 @@ class ClassificationTask:
         """Let ``client`` train on its own examples (a deployed node's data file) from now on."""
         features = np.asarray(features, dtype=np.float32)
         labels = np.asarray(labels)
+        if self.generated is not None:
+            raise ValueError("a generated population's clients cannot take local examples")
         expected = tuple(self.train_x.shape[1:])
         if features.ndim < 1 or tuple(features.shape[1:]) != expected:
             raise ValueError(f"local examples have shape {features.shape}, expected (n, *{expected})")
@@ -198,7 +215,10 @@ class ClassificationTask:
     def keep_clients(self, owned: np.ndarray) -> None:
         """Keep the training examples of the clients ``owned`` (a boolean mask over the N
         clients) and drop every other client's: a Ray actor holds only the clients it trains.
-        Training a dropped client afterwards raises ``KeyError``."""
+        Training a dropped client afterwards raises ``KeyError``. A generated population holds
+        no examples to drop."""
+        if self.generated is not None:
+            return
         kept = np.flatnonzero(owned)
         rows = [np.asarray(self.client_indices[c]) for c in kept]
         order = torch.from_numpy(np.concatenate(rows) if rows else np.empty(0, dtype=np.int64))
@@ -220,13 +240,11 @@ class ClassificationTask:
             return one_step_updates(self.model, model, *self._examples(client_ids), self.training.lr)
         updates = np.empty((len(client_ids), model.shape[0]))
         for row, client in enumerate(client_ids):
-            indices = torch.from_numpy(self.client_indices[client]).to(self.device)
+            features, labels = self._examples(np.array([client]))
             generator = torch.Generator().manual_seed(
                 int(rng(self.seed, Stream.CLIENT, round_number, client).integers(2**62))
             )
-            updates[row] = local_update(
-                self.model, model, self.train_x[indices], self.train_y[indices], self.training, generator
-            )
+            updates[row] = local_update(self.model, model, features, labels, self.training, generator)
         return updates
 
     def clipped_block_sums(
@@ -253,6 +271,9 @@ class ClassificationTask:
 
     def _examples(self, client_ids: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
         """The training examples and labels of ``client_ids``, in their order."""
+        if self.generated is not None:
+            features, labels = self.generated.examples(client_ids)
+            return torch.from_numpy(features).to(self.device), torch.from_numpy(labels).to(self.device)
         indices = np.concatenate([self.client_indices[c] for c in client_ids])
         rows = torch.from_numpy(indices).to(self.device)
         return self.train_x[rows], self.train_y[rows]

@@ -31,6 +31,7 @@ from fairclip.strategies.aggregation import (
     add_in_order,
     balance,
     group_blocks,
+    shard_bounds,
     shard_ids,
 )
 
@@ -112,7 +113,8 @@ class ClientBlocksActor:
 
             restore(plugins)
         self.task: Task = build_task(validate(config), Path(data_dir) if data_dir else None)
-        if owner is not None and owns_clients(self.task.rows_per_call):
+        generated = getattr(self.task, "generated", None) is not None  # no data to drop
+        if owner is not None and owns_clients(self.task.rows_per_call) and not generated:
             actor, num_actors = owner
             held = held_clients(len(self.task.client_cohorts), num_actors, actor)
             if not held.all():
@@ -160,9 +162,14 @@ def block_owners(num_actors: int) -> np.ndarray:
 
 def held_clients(num_clients: int, num_actors: int, actor: int) -> np.ndarray:
     """Mask of the clients ``actor`` holds: those of the blocks it or the actor before it
-    (mod A) owns -- 2/A of the population (all of it for 1 or 2 actors)."""
-    primary = block_owners(num_actors)[np.arange(num_clients, dtype=np.int64) * SUM_SHARDS // num_clients]
-    return (primary == actor) | (primary == (actor - 1) % num_actors)
+    (mod A) owns -- 2/A of the population (all of it for 1 or 2 actors). Block s holds the ids
+    ⌈s·N/S⌉ ≤ i < ⌈(s+1)·N/S⌉ (:func:`shard_bounds`), so the mask is set range by range."""
+    owners = block_owners(num_actors)
+    bounds = shard_bounds(num_clients)
+    held = np.zeros(num_clients, dtype=bool)
+    for shard in np.flatnonzero((owners == actor) | (owners == (actor - 1) % num_actors)):
+        held[bounds[shard] : bounds[shard + 1]] = True
+    return held
 
 
 def owned_shares(groups: list[dict[int, np.ndarray]], num_actors: int) -> list[list[dict[int, np.ndarray]]]:

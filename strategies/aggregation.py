@@ -81,6 +81,11 @@ split). 64 blocks let a run use up to 64 actors; the sums of all blocks are held
 round's aggregation holds 64 model-sized vectors (W1's CNN: 54 MB)."""
 
 
+def shard_bounds(num_clients: int, num_shards: int = SUM_SHARDS) -> list[int]:
+    """The first id of each block and the end of the last: block s holds ⌈s·N/S⌉ ≤ i < ⌈(s+1)·N/S⌉."""
+    return [-(-shard * num_clients // num_shards) for shard in range(num_shards + 1)]
+
+
 def shard_ids(client_ids: np.ndarray, num_clients: int, num_shards: int = SUM_SHARDS) -> list[np.ndarray]:
     """Split sorted client ids into the contiguous id blocks: block s holds the ids i with
     ⌊i·S/N⌋ = s, that is ⌈s·N/S⌉ ≤ i < ⌈(s+1)·N/S⌉ (cut by binary search, so the cost does not
@@ -88,8 +93,7 @@ def shard_ids(client_ids: np.ndarray, num_clients: int, num_shards: int = SUM_SH
     client_ids = np.asarray(client_ids)
     if client_ids.size > 1 and np.any(client_ids[1:] < client_ids[:-1]):
         raise ValueError("shard_ids needs sorted client ids")
-    starts = [-(-shard * num_clients // num_shards) for shard in range(num_shards + 1)]
-    cuts = np.searchsorted(client_ids, starts, side="left")
+    cuts = np.searchsorted(client_ids, shard_bounds(num_clients, num_shards), side="left")
     return [client_ids[cuts[shard] : cuts[shard + 1]] for shard in range(num_shards)]
 
 

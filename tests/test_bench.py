@@ -43,7 +43,7 @@ def test_quick_suite_writes_the_report(tmp_path):
     assert report["quick"] is True
     expected = {f"w2.{name}" for name in CONTENDERS["w2"]}
     assert {"w2.opacus-ghost", "w2.sgd", "w2.esipova-cnn/opacus-ghost", "w2.zhao-cnn/sgd"} <= expected
-    expected |= {"w3.bimodal-mean", "w3.logistic"}
+    expected |= {"w3.bimodal-mean", "w3.logistic", "w3.logistic-1e9", "w3.logistic-1e6"}
     expected |= {"w4.bounded", "w4.none"}
     assert set(report["throughput"]) == expected
     assert report["throughput"]["w2.fairclip-local"] is None  # skipped in --quick
@@ -61,6 +61,9 @@ def test_quick_suite_writes_the_report(tmp_path):
     for name in ("fairclip/opacus", "fairclip/opacus-ghost", "zhao-cnn: sgd/fairclip (time per example)"):
         assert ("w2", name) in measures
     assert ("w4", "bounded wall / none wall − 1 (median of pairs)") in measures
+    assert {("w3", "logistic-1e9 peak RSS (GiB)"), ("w3", "logistic-1e6/logistic-1e9 (rounds/s)")} <= measures
+    billion = report["workloads"]["w3"]["contenders"]["logistic-1e9"]
+    assert billion["num_clients"] == 10**9 and billion["peak_rss_bytes"] < 2**32
     for row in report["targets"]:
         if row["name"].startswith("fairclip-local"):
             assert row["met"] is None
