@@ -1,7 +1,12 @@
 """The models fairclip trains, and the flat parameter vectors that policies clip.
 
 * ``logistic``: one linear layer (multinomial logistic regression; binary tasks use 2 logits).
-* ``mlp``: two hidden layers of 256 units with ReLU (Esipova et al. 2023, Adult).
+* ``mlp``: two hidden layers of 256 units with ReLU.
+* ``mlp-tanh``: the same with tanh, as seed 003 (Esipova et al. 2023) trains Adult (its appendix
+  and its authors' code, ``layer6ai-labs/fair-dp``).
+* ``sigmoid-logistic``: seed 003's "logistic regression" as its authors' code runs it: one linear
+  layer to the classes, a sigmoid on each output, and those sigmoids fed to cross-entropy as
+  logits (so per-example gradients stay small: Dutch, seed 003).
 * ``cnn``: the two-layer CNN of Papernot et al. 2021 / Opacus' MNIST example: conv 16@8×8
   stride 2, max-pool, conv 32@4×4 stride 2, max-pool, dense 32, dense 10, tanh activations.
   (Earlier notes called it seed 000's appendix-A.5 CNN; that one is ``zhao-cnn``.)
@@ -24,7 +29,7 @@ import numpy as np
 import torch
 from torch import nn
 
-MODELS = ("logistic", "mlp", "cnn", "tanh-cnn", "esipova-cnn", "zhao-cnn")
+MODELS = ("logistic", "mlp", "mlp-tanh", "sigmoid-logistic", "cnn", "tanh-cnn", "esipova-cnn", "zhao-cnn")
 
 
 def build_model(name: str, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
@@ -32,13 +37,16 @@ def build_model(name: str, input_shape: tuple[int, ...], num_classes: int) -> nn
     features = int(np.prod(input_shape))
     if name == "logistic":
         return nn.Sequential(nn.Flatten(), nn.Linear(features, num_classes))
-    if name == "mlp":
+    if name == "sigmoid-logistic":
+        return nn.Sequential(nn.Flatten(), nn.Linear(features, num_classes), nn.Sigmoid())
+    if name in ("mlp", "mlp-tanh"):
+        activation = nn.ReLU if name == "mlp" else nn.Tanh
         return nn.Sequential(
             nn.Flatten(),
             nn.Linear(features, 256),
-            nn.ReLU(),
+            activation(),
             nn.Linear(256, 256),
-            nn.ReLU(),
+            activation(),
             nn.Linear(256, num_classes),
         )
     if name in ("cnn", "tanh-cnn", "esipova-cnn", "zhao-cnn"):

@@ -152,7 +152,16 @@ class ClassificationSpec(_ScenarioBase):
         return self
 
 
-BUILTIN_MODELS = ("logistic", "mlp", "cnn", "tanh-cnn", "esipova-cnn", "zhao-cnn")
+BUILTIN_MODELS = (
+    "logistic",
+    "mlp",
+    "mlp-tanh",
+    "sigmoid-logistic",
+    "cnn",
+    "tanh-cnn",
+    "esipova-cnn",
+    "zhao-cnn",
+)
 """The models of :mod:`fairclip.client.models` (named here so that validation needs no torch)."""
 
 

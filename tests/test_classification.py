@@ -17,7 +17,10 @@ from fairclip.sims.engine import simulate
 from fairclip.sims.tasks import build_task
 
 IMAGE_MODELS = ["cnn", "tanh-cnn", "esipova-cnn", "zhao-cnn"]
-INPUT_SHAPES = {"logistic": (10,), "mlp": (10,), **{name: (1, 28, 28) for name in IMAGE_MODELS}}
+INPUT_SHAPES = {
+    **{name: (10,) for name in ("logistic", "sigmoid-logistic", "mlp", "mlp-tanh")},
+    **{name: (1, 28, 28) for name in IMAGE_MODELS},
+}
 
 
 def _generator(seed: int) -> torch.Generator:

@@ -19,7 +19,7 @@ from fairclip.sims.tasks import build_task
 from fairclip.strategies.clipping import row_norms
 from fairclip.strategies.registry import POLICIES, build_policy, policy_parameters
 
-SHAPES = {"logistic": (1, 6, 6), "mlp": (1, 6, 6)}
+SHAPES = {name: (1, 6, 6) for name in ("logistic", "sigmoid-logistic", "mlp", "mlp-tanh")}
 """Input shapes of the models that take any input (the CNNs take 1×28×28)."""
 
 

@@ -253,3 +253,37 @@ def test_a_strategy_subset_is_part_of_the_stored_reproduction(tmp_path):
     assert "strategies" not in everything
     with pytest.raises(ConfigError, match="has no strategy 'none'"):
         spec(strategies=["none"])
+
+
+def test_esipova_setups_run_the_authors_models_and_count_noise():
+    """Seed 003's setups train the networks its authors' code trains (no pooling in the MNIST
+    CNN, tanh in the Adult MLP, a sigmoid on the Dutch model's outputs), and Global-Adapt's
+    count noise is the paper's absolute σ₂ = 10, not 10σ."""
+    models = {
+        "esipova-skewed-mnist": "esipova-cnn",
+        "esipova-adult": "mlp-tanh",
+        "esipova-dutch": "sigmoid-logistic",
+    }
+    for name, model in models.items():
+        setup = repro.load_setup(name)
+        assert setup.settings["scenario.model"] == model, name
+        (adapt,) = [s for s in setup.strategies if s.name == "global-adapt"]
+        assert adapt.settings["privacy.count_noise_multiplier"] == 10.0, name
+        assert "privacy.count_noise_multiplier" not in setup.settings, name
+
+
+def test_the_authors_model_variants():
+    import torch
+
+    from fairclip.client.models import build_model
+
+    torch.manual_seed(0)
+    tanh_mlp, relu_mlp = build_model("mlp-tanh", (5,), 2), build_model("mlp", (5,), 2)
+    assert [type(m).__name__ for m in tanh_mlp] == [
+        type(m).__name__.replace("ReLU", "Tanh") for m in relu_mlp
+    ]
+    sigmoid = build_model("sigmoid-logistic", (5,), 2)
+    outputs = sigmoid(torch.randn(64, 5) * 100)
+    assert outputs.shape == (64, 2) and float(outputs.min()) >= 0 and float(outputs.max()) <= 1
+    assert sum(p.numel() for p in sigmoid.parameters()) == 12
+    assert sum(p.numel() for p in build_model("esipova-cnn", (1, 28, 28), 10).parameters()) == 97_114
