@@ -37,9 +37,22 @@ import numpy as np
 from fairclip.sims.config import apply_overrides, read_toml, scenario_source, set_value, validate
 from fairclip.sims.errors import ConfigError
 from fairclip.sims.outputs import atomic_write_text, write_csv, write_json
+from fairclip.strategies import accounting
+from fairclip.strategies.errors import PolicyConfigError
 
 SETUP_DIR = Path(__file__).parent / "reproductions"
-COLUMNS = ["setup", "strategy", "epsilon", "metric", "paper", "fairclip_mean", "fairclip_stderr", "seeds"]
+COLUMNS = [
+    "setup",
+    "strategy",
+    "epsilon",
+    "epsilon_rdp",
+    "epsilon_prv",
+    "metric",
+    "paper",
+    "fairclip_mean",
+    "fairclip_stderr",
+    "seeds",
+]
 POINTS = 0.02
 """Tolerance where the paper gives no standard error: ± 2 accuracy points."""
 
@@ -383,6 +396,7 @@ def table_rows(setup: Setup, runs: list[Run], summaries: dict[str, dict[str, Any
                         "setup": setup.name,
                         "strategy": strategy.name,
                         "epsilon": "inf" if math.isinf(shown) else float(f"{shown:.4g}"),
+                        **{f"epsilon_{name}": both_accountants(found, name) for name in ("rdp", "prv")},
                         "metric": metric,
                         "paper": "" if paper is None else paper,
                         "fairclip_mean": round(mean, 6),
@@ -395,13 +409,37 @@ def table_rows(setup: Setup, runs: list[Run], summaries: dict[str, dict[str, Any
     return rows
 
 
+def both_accountants(summaries: list[dict[str, Any]], accountant: str) -> float | str:
+    """The mean ε of runs under ``accountant`` (``rdp`` or ``prv``), whichever accountant they ran
+    with: both seed papers report Opacus' RDP ε, and fairclip defaults to PRV; every run's claim
+    holds the parameters (σ_eff, q, T, δ) to compute either. "inf" without noise; "" where the
+    accountant refuses the parameters (PRV beyond its rounds)."""
+    values = []
+    for summary in summaries:
+        claim = summary["privacy"]
+        try:
+            values.append(
+                accounting.epsilon(
+                    float(claim["effective_noise_multiplier"]),
+                    float(claim["sample_rate"]),
+                    int(claim["rounds"]),
+                    float(claim["delta"]),
+                    accountant,
+                )
+            )
+        except PolicyConfigError:
+            return ""
+    mean = float(np.mean(values))
+    return "inf" if math.isinf(mean) else float(f"{mean:.4g}")
+
+
 def markdown(setup: Setup, rows: list[dict[str, Any]], wall_seconds: float, extra: list[str]) -> str:
     lines = [f"# fairclip reproduce: {setup.name}", "", setup.title, ""]
     if setup.paper_epsilon is not None:
         lines += [f"Paper's ε: {setup.paper_epsilon:g}.", ""]
     lines += [
-        "| strategy | ε | metric | paper | fairclip (mean ± s.e.) | seeds | chosen | |",
-        "|---|---|---|---|---|---|---|---|",
+        "| strategy | ε | ε RDP / PRV | metric | paper | fairclip (mean ± s.e.) | seeds | chosen | |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for row in rows:
         se = "" if row["fairclip_stderr"] == "" else f" ± {row['fairclip_stderr']:.4f}"
@@ -409,7 +447,8 @@ def markdown(setup: Setup, rows: list[dict[str, Any]], wall_seconds: float, extr
         chosen = ", ".join(f"{k.split('.')[-1]}={v:g}" for k, v in row["grid_point"].items())
         flag = "**outside**" if row["outside"] else ""
         lines.append(
-            f"| `{row['strategy']}` | {row['epsilon']} | {row['metric']} | {paper} | "
+            f"| `{row['strategy']}` | {row['epsilon']} | {row['epsilon_rdp']} / {row['epsilon_prv']} | "
+            f"{row['metric']} | {paper} | "
             f"{row['fairclip_mean']:.4f}{se} | {row['seeds']} | {chosen} | {flag} |"
         )
     flagged = [row for row in rows if row["outside"]]

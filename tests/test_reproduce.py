@@ -105,7 +105,13 @@ def test_table_rows_flag_constructed_summaries():
             key = f"{strategy}-{seed}"
             runs.append(repro.Run(key, strategy, None, seed, {}))
             cohorts = {"male": {"accuracy": male + 0.001 * seed}, "female": {"accuracy": 0.866}}
-            summaries[key] = {"epsilon": "inf" if strategy == "none" else 2.0, "cohorts": cohorts}
+            sigma = 0.0 if strategy == "none" else 1.0
+            claim = {"effective_noise_multiplier": sigma, "sample_rate": 0.005, "rounds": 400, "delta": 1e-6}
+            summaries[key] = {
+                "epsilon": "inf" if strategy == "none" else 2.0,
+                "cohorts": cohorts,
+                "privacy": claim,
+            }
     rows = {(r["strategy"], r["metric"]): r for r in repro.table_rows(setup, runs, summaries)}
     assert not rows[("none", "accuracy_male")]["outside"]
     assert rows[("constant", "accuracy_male")]["outside"]  # 0.70 vs the paper's 0.760
@@ -114,6 +120,21 @@ def test_table_rows_flag_constructed_summaries():
     assert rows[("constant", "accuracy_male")]["epsilon"] == 2.0
     assert rows[("constant", "accuracy_male")]["fairclip_stderr"] == pytest.approx(0.0005)
     assert rows[("constant", "accuracy_male")]["seeds"] == 2
+    # both seed papers report Opacus' RDP ε; the table gives it and PRV's for every run
+    from fairclip.strategies.accounting import epsilon
+
+    constant = rows[("constant", "accuracy_male")]
+    assert constant["epsilon_rdp"] == float(f"{epsilon(1.0, 0.005, 400, 1e-6, 'rdp'):.4g}")
+    assert constant["epsilon_prv"] == float(f"{epsilon(1.0, 0.005, 400, 1e-6, 'prv'):.4g}")
+    assert constant["epsilon_rdp"] > constant["epsilon_prv"] > 0
+    assert (
+        rows[("none", "accuracy_male")]["epsilon_rdp"]
+        == "inf"
+        == rows[("none", "accuracy_male")]["epsilon_prv"]
+    )
+    assert all(
+        repro.load_setup(name).settings["privacy.accountant"] == "rdp" for name in repro.builtin_setups()
+    )
 
 
 def test_resume_reuses_finished_runs_and_refuses_other_settings(ray_session, cli, tmp_path):
@@ -150,6 +171,8 @@ def test_markdown_says_what_was_compared():
         return {
             "strategy": "constant",
             "epsilon": 2.0,
+            "epsilon_rdp": 2.1,
+            "epsilon_prv": 1.9,
             "metric": "accuracy_male",
             "paper": paper,
             "fairclip_mean": 0.7,
@@ -166,7 +189,7 @@ def test_markdown_says_what_was_compared():
     )
     text = repro.markdown(setup, [row(0.76, True), row("", False)], 1.0, [])
     assert "1 of 1 numbers with a paper value lie outside" in text
-    assert "**outside**" in text
+    assert "**outside**" in text and "| 2.1 / 1.9 |" in text
 
 
 def test_a_reproduction_is_stored_and_resumed_extended_or_replaced(tmp_path):
