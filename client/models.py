@@ -1,6 +1,9 @@
 """The models fairclip trains, and the flat parameter vectors that policies clip.
 
 * ``logistic``: one linear layer (multinomial logistic regression; binary tasks use 2 logits).
+* ``binary-logistic``: binary logistic regression as seed 000 trains it, one linear output z and
+  a sigmoid (binary cross-entropy): the logits are (0, z), whose softmax cross-entropy is the
+  binary cross-entropy of σ(z) (two classes only; half the parameters of a 2-logit ``logistic``).
 * ``mlp``: two hidden layers of 256 units with ReLU.
 * ``mlp-tanh``: the same with tanh, as seed 003 (Esipova et al. 2023) trains Adult (its appendix
   and its authors' code, ``layer6ai-labs/fair-dp``).
@@ -29,7 +32,17 @@ import numpy as np
 import torch
 from torch import nn
 
-MODELS = ("logistic", "mlp", "mlp-tanh", "sigmoid-logistic", "cnn", "tanh-cnn", "esipova-cnn", "zhao-cnn")
+MODELS = (
+    "logistic",
+    "binary-logistic",
+    "sigmoid-logistic",
+    "mlp",
+    "mlp-tanh",
+    "cnn",
+    "tanh-cnn",
+    "esipova-cnn",
+    "zhao-cnn",
+)
 
 
 def build_model(name: str, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
@@ -37,6 +50,10 @@ def build_model(name: str, input_shape: tuple[int, ...], num_classes: int) -> nn
     features = int(np.prod(input_shape))
     if name == "logistic":
         return nn.Sequential(nn.Flatten(), nn.Linear(features, num_classes))
+    if name == "binary-logistic":
+        if num_classes != 2:
+            raise ValueError(f"model 'binary-logistic' needs 2 classes (got {num_classes})")
+        return nn.Sequential(nn.Flatten(), nn.Linear(features, 1), ZeroLogit())
     if name == "sigmoid-logistic":
         return nn.Sequential(nn.Flatten(), nn.Linear(features, num_classes), nn.Sigmoid())
     if name in ("mlp", "mlp-tanh"):
@@ -104,6 +121,13 @@ def build_model(name: str, input_shape: tuple[int, ...], num_classes: int) -> nn
             model(torch.zeros(1, *input_shape))  # materialise the lazy layer
         return model
     raise ValueError(f"unknown model {name!r} (known: {', '.join(MODELS)})")
+
+
+class ZeroLogit(nn.Module):
+    """(N, 1) scores z -> (N, 2) logits (0, z): softmax gives (1 − σ(z), σ(z))."""
+
+    def forward(self, scores: torch.Tensor) -> torch.Tensor:
+        return torch.cat([torch.zeros_like(scores), scores], dim=1)
 
 
 def model_to_vector(model: nn.Module) -> np.ndarray:

@@ -154,9 +154,10 @@ class ClassificationSpec(_ScenarioBase):
 
 BUILTIN_MODELS = (
     "logistic",
+    "binary-logistic",
+    "sigmoid-logistic",
     "mlp",
     "mlp-tanh",
-    "sigmoid-logistic",
     "cnn",
     "tanh-cnn",
     "esipova-cnn",

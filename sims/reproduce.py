@@ -53,6 +53,8 @@ COLUMNS = [
     "fairclip_stderr",
     "seeds",
 ]
+SELECTION_METRICS = ("accuracy", "macro_accuracy")
+"""Overall validation metrics a grid search may choose by."""
 POINTS = 0.02
 """Tolerance where the paper gives no standard error: ± 2 accuracy points."""
 
@@ -85,6 +87,9 @@ class Setup:
     full_grid: dict[str, list[Any]]
     paper_epsilon: float | None = None
     notes: str = ""
+    select_by: str = "accuracy"
+    """The overall validation metric a grid point is chosen by (``accuracy``, or ``macro_accuracy``:
+    the mean of the per-class accuracies, as seed 000 selects)."""
 
     @property
     def has_grid(self) -> bool:
@@ -142,7 +147,10 @@ def load_setup(name: str) -> Setup:
             full_grid=_axes(raw.get("full_grid", {})),
             paper_epsilon=head.get("paper_epsilon"),
             notes=head.get("notes", ""),
+            select_by=head.get("select_by", "accuracy"),
         )
+        if setup.select_by not in SELECTION_METRICS:
+            raise ConfigError(f"{where}: setup.select_by must be one of {', '.join(SELECTION_METRICS)}")
     except KeyError as error:
         raise ConfigError(f"{where}: required key {error.args[0]!r} is missing") from None
     return setup
@@ -331,17 +339,19 @@ def execute(
     return summaries
 
 
-def overall_accuracy(summary: dict[str, Any]) -> float:
-    value = summary.get("overall", {}).get("accuracy", math.nan)
+def overall_metric(summary: dict[str, Any], metric: str = "accuracy") -> float:
+    value = summary.get("overall", {}).get(metric, math.nan)
     return float(value) if value is not None else math.nan
 
 
-def choose(grid: list[Run], summaries: dict[str, dict[str, Any]]) -> dict[tuple[str, float | None], dict]:
-    """Per (strategy, ε): the grid point of best overall validation accuracy (first on ties; a
-    diverged run, NaN, never wins unless all did)."""
+def choose(
+    grid: list[Run], summaries: dict[str, dict[str, Any]], metric: str = "accuracy"
+) -> dict[tuple[str, float | None], dict]:
+    """Per (strategy, ε): the grid point of the best overall validation ``metric`` (first on ties;
+    a diverged run, NaN, never wins unless all did)."""
     best: dict[tuple[str, float | None], tuple[float, dict[str, Any]]] = {}
     for run in grid:
-        score = overall_accuracy(summaries[run.key])
+        score = overall_metric(summaries[run.key], metric)
         score = -math.inf if not math.isfinite(score) else score
         cell = (run.strategy, run.target_epsilon)
         if cell not in best or score > best[cell][0]:
@@ -545,7 +555,7 @@ def reproduce(
             on_finished=on_finished,
             reuse=reuse,
         )
-        chosen = choose(grid, summaries)
+        chosen = choose(grid, summaries, setup.select_by)
         extra.append(
             f"Grid search: {'the paper grid' if full_grid else 'the reduced default grid'}, "
             f"{len(grid)} runs on the validation split (seed {grid[0].seed if grid else '-'})."

@@ -18,7 +18,7 @@ from fairclip.sims.tasks import build_task
 
 IMAGE_MODELS = ["cnn", "tanh-cnn", "esipova-cnn", "zhao-cnn"]
 INPUT_SHAPES = {
-    **{name: (10,) for name in ("logistic", "sigmoid-logistic", "mlp", "mlp-tanh")},
+    **{name: (10,) for name in ("logistic", "binary-logistic", "sigmoid-logistic", "mlp", "mlp-tanh")},
     **{name: (1, 28, 28) for name in IMAGE_MODELS},
 }
 
@@ -45,9 +45,10 @@ def test_every_model_is_covered():
 @pytest.mark.parametrize("name", MODELS)
 def test_model_builds_for_its_input_shape_and_vectors_round_trip(name):
     shape = INPUT_SHAPES[name]
+    classes = 2 if name == "binary-logistic" else 10
     torch.manual_seed(0)
-    model = build_model(name, shape, 10)
-    assert model(torch.zeros(3, *shape)).shape == (3, 10)
+    model = build_model(name, shape, classes)
+    assert model(torch.zeros(3, *shape)).shape == (3, classes)
 
     vector = model_to_vector(model)
     parameters = list(model.parameters())
@@ -61,7 +62,7 @@ def test_model_builds_for_its_input_shape_and_vectors_round_trip(name):
 
     # A vector loaded into a differently initialised model of the same kind reads back exactly.
     torch.manual_seed(1)
-    other = build_model(name, shape, 10)
+    other = build_model(name, shape, classes)
     assert not np.array_equal(model_to_vector(other), vector)
     load_vector(other, vector)
     np.testing.assert_array_equal(model_to_vector(other), vector)

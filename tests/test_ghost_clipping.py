@@ -19,7 +19,7 @@ from fairclip.sims.tasks import build_task
 from fairclip.strategies.clipping import row_norms
 from fairclip.strategies.registry import POLICIES, build_policy, policy_parameters
 
-SHAPES = {name: (1, 6, 6) for name in ("logistic", "sigmoid-logistic", "mlp", "mlp-tanh")}
+SHAPES = {name: (1, 6, 6) for name in ("logistic", "binary-logistic", "sigmoid-logistic", "mlp", "mlp-tanh")}
 """Input shapes of the models that take any input (the CNNs take 1×28×28)."""
 
 
@@ -43,12 +43,13 @@ def _float32_tolerance(theta: np.ndarray, count: int) -> float:
 def test_every_policy_sums_each_block_as_the_materialised_gradients_do(model_name):
     torch.manual_seed(0)
     shape = SHAPES.get(model_name, (1, 28, 28))
-    model = build_model(model_name, shape, 10)
+    classes = 2 if model_name == "binary-logistic" else 10
+    model = build_model(model_name, shape, classes)
     assert ghost_layers(model) is not None, f"{model_name} should take the ghost path"
     theta = model_to_vector(model)
     count, sizes = 24, [5, 0, 11, 8]
     features = torch.randn(count, *shape, generator=torch.Generator().manual_seed(1))
-    labels = torch.arange(count) % 10
+    labels = torch.arange(count) % classes
     cohorts = np.arange(count) % 2
     updates = one_step_updates(model, theta, features, labels, lr=0.5)
     gradients = one_step_gradients(model, theta, features, labels, lr=0.5)

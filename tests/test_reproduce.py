@@ -121,7 +121,8 @@ def test_table_rows_flag_constructed_summaries():
     assert rows[("constant", "accuracy_male")]["fairclip_stderr"] == pytest.approx(0.0005)
     assert rows[("constant", "accuracy_male")]["seeds"] == 2
     # both seed papers report Opacus' RDP ε; the table gives it and PRV's for every run
-    from fairclip.strategies.accounting import epsilon
+    from fairclip.strategies.accounting import calibrate, epsilon
+    from fairclip.strategies.errors import PolicyConfigError
 
     constant = rows[("constant", "accuracy_male")]
     assert constant["epsilon_rdp"] == float(f"{epsilon(1.0, 0.005, 400, 1e-6, 'rdp'):.4g}")
@@ -132,9 +133,14 @@ def test_table_rows_flag_constructed_summaries():
         == "inf"
         == rows[("none", "accuracy_male")]["epsilon_prv"]
     )
-    assert all(
-        repro.load_setup(name).settings["privacy.accountant"] == "rdp" for name in repro.builtin_setups()
-    )
+    # Esipova et al.'s ε are RDP's; Zhao et al.'s ε 0.1 lies below what Opacus' RDP can certify
+    # at δ 1e-5 (its orders end at 63), so those targets are calibrated with PRV (setup notes)
+    accountants = {
+        name: repro.load_setup(name).settings["privacy.accountant"] for name in repro.builtin_setups()
+    }
+    assert accountants == {name: "prv" if name.startswith("zhao") else "rdp" for name in accountants}
+    with pytest.raises(PolicyConfigError):
+        calibrate(0.1, 1.0, 40, 1e-5, "rdp", releases_reports=False)
 
 
 def test_resume_reuses_finished_runs_and_refuses_other_settings(ray_session, cli, tmp_path):
@@ -310,3 +316,33 @@ def test_the_authors_model_variants():
     assert outputs.shape == (64, 2) and float(outputs.min()) >= 0 and float(outputs.max()) <= 1
     assert sum(p.numel() for p in sigmoid.parameters()) == 12
     assert sum(p.numel() for p in build_model("esipova-cnn", (1, 28, 28), 10).parameters()) == 97_114
+    # seed 000's logistic regression: one output and a sigmoid; its cross-entropy is the BCE of σ(z)
+    binary = build_model("binary-logistic", (5,), 2)
+    features, labels = torch.randn(32, 5), torch.arange(32) % 2
+    scores = binary[1](features)[:, 0]
+    torch.testing.assert_close(
+        torch.nn.functional.cross_entropy(binary(features), labels),
+        torch.nn.functional.binary_cross_entropy_with_logits(scores, labels.float()),
+    )
+    assert sum(p.numel() for p in binary.parameters()) == 6
+    with pytest.raises(ValueError, match="2 classes"):
+        build_model("binary-logistic", (5,), 3)
+
+
+def test_zhao_setups_choose_their_grid_point_by_macro_accuracy():
+    """Seed 000 selects by macro accuracy: a point with the better overall accuracy but the worse
+    mean of per-class accuracies loses."""
+    for name in ("zhao-adult", "zhao-dutch"):
+        setup = repro.load_setup(name)
+        assert setup.select_by == "macro_accuracy" and setup.settings["scenario.model"] == "binary-logistic"
+    assert repro.load_setup("esipova-adult").select_by == "accuracy"
+    grid = [
+        repro.Run(f"p{i}", "bounded", 0.5, 0, {}, {"training.server_lr": lr})
+        for i, lr in enumerate((1.0, 2.0))
+    ]
+    summaries = {
+        "p0": {"overall": {"accuracy": 0.85, "macro_accuracy": 0.70}},
+        "p1": {"overall": {"accuracy": 0.83, "macro_accuracy": 0.78}},
+    }
+    assert repro.choose(grid, summaries)[("bounded", 0.5)] == {"training.server_lr": 1.0}
+    assert repro.choose(grid, summaries, "macro_accuracy")[("bounded", 0.5)] == {"training.server_lr": 2.0}
