@@ -12,7 +12,12 @@ if TYPE_CHECKING:
 
 
 class Task(Protocol):
-    """A federated task: the population of clients and how they train and are evaluated."""
+    """A federated task: the population of clients and how they train and are evaluated.
+
+    A task may also define ``clipped_block_sums(model, client_ids, round_number, policy, params,
+    sizes)``, returning what :func:`fairclip.client.contributions.contribute_blocks` returns for
+    those clients' updates without forming them, or ``None`` where it cannot; the engines use it
+    first (:meth:`fairclip.sims.classification.ClassificationTask.clipped_block_sums`)."""
 
     cohort_names: list[str]
     client_cohorts: np.ndarray

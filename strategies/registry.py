@@ -70,6 +70,8 @@ def check_policy_class(cls: object, name: str) -> type[Policy]:
     if not isinstance(getattr(cls, "name", None), str):
         raise PolicyConfigError(f"strategy {name!r}: the class needs a `name` (a string)")
     missing = sorted(getattr(cls, "__abstractmethods__", ()))
+    if cls.scales is Policy.scales and cls.transform is Policy.transform:
+        missing.append("scales (or transform)")
     if missing:
         raise PolicyConfigError(f"strategy {name!r} does not implement {', '.join(missing)}")
     return cls

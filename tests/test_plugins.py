@@ -419,3 +419,28 @@ def test_federated_dataset_from_torch_datasets():
         fairclip.FederatedDataset.from_torch(
             [1, 2], test, clients=[0, 0], cohorts=["a"], test_cohorts=["a"] * 4
         )
+
+
+def test_a_policy_without_a_client_transform_is_refused_in_one_line():
+    """A policy defines ``scales`` (row factors) or ``transform``; one with neither is refused
+    where it is registered, naming what is missing."""
+    from fairclip.policies import Policy, PolicyConfigError, PolicyParams, register
+
+    class Silent(Policy):
+        name = "silent"
+        Params = PolicyParams
+
+        def initial_state(self, dim):
+            return None
+
+        def broadcast(self, state):
+            return {"bound": 1.0}
+
+        def sensitivity(self, state):
+            return 1.0
+
+        def contribution_bounds(self, params, cohorts):
+            return np.ones(cohorts.shape[0])
+
+    with pytest.raises(PolicyConfigError, match=r"does not implement scales \(or transform\)"):
+        register(Silent)
