@@ -24,9 +24,10 @@ float64 rounding, far inside :data:`fairclip.strategies.clipping.SAFETY`). Δ_i 
 −η_l ∇ℓ_i exactly; the materialised path's θ_i − θ_t carries θ_i's float32 rounding, so the
 two agree to that rounding.
 
-A model with any other parameterised layer (or a layer called twice in one forward pass) is
-not handled here: :func:`one_step_gradients` returns ``None`` and the caller materialises the
-gradients with ``torch.func`` (:func:`fairclip.client.training.one_step_updates`).
+A model with any other parameterised layer (or a layer called twice in one forward pass, one it
+skips, one whose output the loss ignores, or one frozen from the input on) is not handled here:
+:func:`one_step_gradients` returns ``None`` and the caller materialises the gradients with
+``torch.func`` (:func:`fairclip.client.training.one_step_updates`).
 """
 
 from __future__ import annotations
@@ -165,12 +166,18 @@ def one_step_gradients(
         with torch.enable_grad():
             logits = model(features)
             losses = nn.functional.cross_entropy(logits, labels, reduction="none")
-            output_grads = torch.autograd.grad(losses.sum(), [outputs[layer] for layer in layers])
+            if any(layer not in outputs or not outputs[layer].requires_grad for layer in layers):
+                return None  # a layer the forward pass skips, or frozen all the way down
+            output_grads = torch.autograd.grad(
+                losses.sum(), [outputs[layer] for layer in layers], allow_unused=True
+            )
     except _UnsupportedError:
         return None
     finally:
         for handle in handles:
             handle.remove()
+    if any(grad is None for grad in output_grads):
+        return None  # a layer whose output the loss does not use
     pieces = [
         _piece(layer, inputs[layer], grad.detach()) for layer, grad in zip(layers, output_grads, strict=True)
     ]

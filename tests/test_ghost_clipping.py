@@ -131,6 +131,35 @@ class _Scaled(nn.Module):
         return x * self.scale
 
 
+class _Skips(nn.Module):
+    """A Linear layer that the forward pass never calls (its gradient is zero)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.used, self.unused = nn.Linear(4, 4), nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.used(x)
+
+
+class _Ignores(nn.Module):
+    """A Linear layer whose output the loss does not use."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.used, self.ignored = nn.Linear(4, 4), nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.ignored(x)
+        return self.used(x)
+
+
+def _frozen_first_layer() -> nn.Module:
+    model = nn.Sequential(nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 4))
+    model[0].requires_grad_(False)
+    return model
+
+
 class _Twice(nn.Module):
     """A Linear layer applied twice in one forward pass (shared weights)."""
 
@@ -152,8 +181,19 @@ class _Twice(nn.Module):
             torch.randn(5, 1, 4, 4),
         ),
         (_Twice(), torch.randn(5, 4)),
+        (_Skips(), torch.randn(5, 4)),
+        (_Ignores(), torch.randn(5, 4)),
+        (_frozen_first_layer(), torch.randn(5, 4)),
     ],
-    ids=["own-parameter", "layer-norm", "padding-same", "shared-layer"],
+    ids=[
+        "own-parameter",
+        "layer-norm",
+        "padding-same",
+        "shared-layer",
+        "skipped-layer",
+        "ignored-output",
+        "frozen-layer",
+    ],
 )
 def test_models_it_cannot_take_fall_back_to_materialised_gradients(model, features):
     theta = model_to_vector(model)
