@@ -196,16 +196,14 @@ def _piece(layer: nn.Module, inputs: torch.Tensor, output_grads: torch.Tensor) -
     if isinstance(layer, nn.Linear) and inputs.dim() == 2:
         return _OuterProduct(inputs.double(), output_grads.double(), has_bias)
     if isinstance(layer, nn.Linear):  # a sequence: one gradient term per position
-        a = inputs.reshape(count, -1, inputs.shape[-1])
-        b = output_grads.reshape(count, -1, output_grads.shape[-1])
+        b = output_grads.reshape(count, -1, output_grads.shape[-1]).transpose(1, 2)
+        weight_grads = torch.bmm(b, inputs.reshape(count, -1, inputs.shape[-1]))
     else:
-        b = output_grads.reshape(count, output_grads.shape[1], -1).transpose(1, 2)
-        weight_grads = _conv_weight_grads(layer, inputs, b.transpose(1, 2))
-        bias_grads = b.sum(1).double() if has_bias else None
-        return _PerExample(weight_grads.reshape(count, -1).double(), bias_grads)
-    weight_grads = torch.bmm(b.transpose(1, 2), a).reshape(count, -1).double()
-    bias_grads = b.sum(1).double() if has_bias else None
-    return _PerExample(weight_grads, bias_grads)
+        b = output_grads.reshape(count, output_grads.shape[1], -1)
+        weight_grads = _conv_weight_grads(layer, inputs, b)
+    # b: (n, outputs, positions); the bias gradient sums the positions
+    bias_grads = b.sum(2).double() if has_bias else None
+    return _PerExample(weight_grads.reshape(count, -1).double(), bias_grads)
 
 
 SHIFTED_MIN_CHANNELS = 32

@@ -32,17 +32,7 @@ import numpy as np
 import torch
 from torch import nn
 
-MODELS = (
-    "logistic",
-    "binary-logistic",
-    "sigmoid-logistic",
-    "mlp",
-    "mlp-tanh",
-    "cnn",
-    "tanh-cnn",
-    "esipova-cnn",
-    "zhao-cnn",
-)
+from fairclip.client.model_names import MODELS
 
 
 def build_model(name: str, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:

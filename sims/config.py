@@ -19,6 +19,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from fairclip.client.model_names import MODELS
 from fairclip.sims.errors import ConfigError
 from fairclip.strategies import PolicyConfigError, build_policy, policy_parameters
 from fairclip.strategies.registry import policy_class
@@ -152,18 +153,8 @@ class ClassificationSpec(_ScenarioBase):
         return self
 
 
-BUILTIN_MODELS = (
-    "logistic",
-    "binary-logistic",
-    "sigmoid-logistic",
-    "mlp",
-    "mlp-tanh",
-    "cnn",
-    "tanh-cnn",
-    "esipova-cnn",
-    "zhao-cnn",
-)
-"""The models of :mod:`fairclip.client.models` (named here so that validation needs no torch)."""
+BUILTIN_MODELS = MODELS
+"""The built-in models (:mod:`fairclip.client.model_names`: validation needs no torch)."""
 
 
 def check_model(reference: str) -> str:

@@ -1,0 +1,14 @@
+"""The names of fairclip's built-in models (:func:`fairclip.client.models.build_model`), in a
+module without torch, so that a configuration is checked without importing it."""
+
+MODELS = (
+    "logistic",
+    "binary-logistic",
+    "sigmoid-logistic",
+    "mlp",
+    "mlp-tanh",
+    "cnn",
+    "tanh-cnn",
+    "esipova-cnn",
+    "zhao-cnn",
+)
