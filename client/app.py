@@ -33,13 +33,14 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
-from flwr.app import Context, Message
+from flwr.app import Array, ArrayRecord, Context, Message
 from flwr.clientapp import ClientApp
 
 from fairclip.client.contributions import contribute
 from fairclip.client.flower_logging import drop_opacus_root_handler
-from fairclip.client.protocol import identity_content, read_train, reply_content
+from fairclip.client.protocol import identity_content, read_exchange, read_train, reply_content
 from fairclip.strategies import Policy, build_policy
+from fairclip.strategies.aggregation import Exchange, sent_in
 
 
 class ClientTask(Protocol):
@@ -196,12 +197,38 @@ class FairclipClient:
         return Message(identity_content(client.client_id, client.num_clients, cohort), reply_to=message)
 
     def train(self, message: Message, context: Context) -> Message:
-        """Train from θ_t, clip with the policy's client side, reply with Δ̄_i and the report bits."""
+        """Train from θ_t, clip with the policy's client side, reply with Δ̄_i and the report bits.
+
+        A counts-first round (:attr:`Policy.counts_first`) asks twice: the first time the
+        client trains, keeps its update in the node's state (``context.state``, which Flower
+        keeps for the node across messages) and replies with its report bits alone; the second
+        time it clips that same update at the bounds it was sent and replies with Δ̄_i alone (a
+        node that lost its state trains again: the same update where training is seeded)."""
         client = self.local_client(context)
         model, params, round_number = read_train(message.content)
-        updates = client.task.local_updates(model, np.array([client.client_id]), round_number)
+        exchange = read_exchange(message.content)
+        updates = held_update(context, round_number) if exchange is Exchange.UPDATES else None
+        if updates is None:
+            updates = client.task.local_updates(model, np.array([client.client_id]), round_number)
+        context.state.pop(HELD_UPDATE, None)
+        if exchange is Exchange.COUNTS:
+            context.state[HELD_UPDATE] = ArrayRecord({str(round_number): Array(np.asarray(updates[0]))})
         sums = contribute(client.policy, params, updates, np.array([client.cohort]), client.num_cohorts)
-        return Message(reply_content(sums, with_diagnostics=client.simulated), reply_to=message)
+        content = reply_content(sent_in(sums, exchange), with_diagnostics=client.simulated, exchange=exchange)
+        return Message(content, reply_to=message)
+
+
+HELD_UPDATE = "fairclip.held-update"
+"""Key in a node's ``context.state`` of its update between the two exchanges of a counts-first
+round (one array, named by the round number)."""
+
+
+def held_update(context: Context, round_number: int) -> np.ndarray | None:
+    """The update this node kept from the first exchange of round ``round_number``, one row."""
+    record = context.state.get(HELD_UPDATE)
+    if record is None or str(round_number) not in record:
+        return None
+    return np.asarray(record[str(round_number)].numpy(), dtype=np.float64)[None, :]
 
 
 def _use_data_file(task: Any, client_id: int, path: Path, cohort_name: str) -> int:

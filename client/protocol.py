@@ -14,6 +14,10 @@ Three exchanges:
   the simulation-only diagnostics of :class:`fairclip.client.contributions.CohortDiagnostics`
   (labelled as such), which the server refuses in any other run.
 
+  A policy that releases its counts first (``per-cohort`` with ``same_round``) asks the same
+  clients twice a round: ``exchange = "counts"`` (the reply holds the report vector alone), then
+  ``exchange = "updates"`` with the bounds those counts set (the contribution alone).
+
 Everything is flattened float64 vectors, exactly what the engines pass to the policy code.
 """
 
@@ -24,12 +28,13 @@ from typing import Any
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 
-from fairclip.strategies.aggregation import RoundSums
+from fairclip.strategies.aggregation import Exchange, RoundSums
 
 IDENTIFY = "identity"
 MODEL = "model"
 POLICY = "policy"
 ROUND = "round"
+EXCHANGE = "exchange"
 UPDATE = "update"
 CONTRIBUTION = "contribution"
 REPORTS = "reports"
@@ -51,14 +56,20 @@ def identity_content(partition_id: int, num_partitions: int, cohort: int | None)
     return RecordDict({IDENTIFY: ConfigRecord(identity)})
 
 
-def train_content(model: np.ndarray, params: dict[str, Any], round_number: int) -> RecordDict:
-    """The instruction of one round: θ_t, the policy's public parameters and t."""
+def train_content(
+    model: np.ndarray, params: dict[str, Any], round_number: int, exchange: Exchange = Exchange.ROUND
+) -> RecordDict:
+    """The instruction of one round: θ_t, the policy's public parameters and t; for a
+    counts-first policy also which of the round's two exchanges this is (``exchange``)."""
     policy = ConfigRecord({key: _config_value(value) for key, value in params.items()})
+    round_record = {ROUND: int(round_number)}
+    if exchange is not Exchange.ROUND:
+        round_record[EXCHANGE] = exchange.value
     return RecordDict(
         {
             MODEL: ArrayRecord({MODEL: Array(np.ascontiguousarray(model, dtype=np.float64))}),
             POLICY: policy,
-            ROUND: ConfigRecord({ROUND: int(round_number)}),
+            ROUND: ConfigRecord(round_record),
         }
     )
 
@@ -70,19 +81,36 @@ def read_train(content: RecordDict) -> tuple[np.ndarray, dict[str, Any], int]:
     return model, params, int(content.config_records[ROUND][ROUND])
 
 
-def reply_content(sums: RoundSums, with_diagnostics: bool) -> RecordDict:
-    """One client's reply: its contribution and report vector (and, simulated, diagnostics)."""
+def read_exchange(content: RecordDict) -> Exchange:
+    """Which exchange of its round a train instruction asks for (:class:`Exchange`)."""
+    return Exchange(str(content.config_records[ROUND].get(EXCHANGE, Exchange.ROUND.value)))
+
+
+def reply_arrays(exchange: Exchange) -> tuple[str, ...]:
+    """The arrays a reply in ``exchange`` holds: the reports alone in a counts-first round's
+    first exchange, the contribution alone in its second, both otherwise."""
+    if exchange is Exchange.COUNTS:
+        return (REPORTS,)
+    if exchange is Exchange.UPDATES:
+        return (CONTRIBUTION,)
+    return (CONTRIBUTION, REPORTS)
+
+
+def reply_content(sums: RoundSums, with_diagnostics: bool, exchange: Exchange = Exchange.ROUND) -> RecordDict:
+    """One client's reply: what ``exchange`` carries of its contribution and report vector
+    (:func:`reply_arrays`), and, simulated, diagnostics (with its contribution only)."""
+    vectors = {CONTRIBUTION: sums.contribution_sum, REPORTS: sums.report_sum}
     content = RecordDict(
         {
             UPDATE: ArrayRecord(
                 {
-                    CONTRIBUTION: Array(np.ascontiguousarray(sums.contribution_sum, dtype=np.float64)),
-                    REPORTS: Array(np.ascontiguousarray(sums.report_sum, dtype=np.float64)),
+                    name: Array(np.ascontiguousarray(vectors[name], dtype=np.float64))
+                    for name in reply_arrays(exchange)
                 }
             )
         }
     )
-    if with_diagnostics:
+    if with_diagnostics and exchange is not Exchange.COUNTS:
         diagnostics = sums.diagnostics
         content[DIAGNOSTICS] = MetricRecord(
             {name: [float(v) for v in getattr(diagnostics, name)] for name in DIAGNOSTIC_FIELDS}

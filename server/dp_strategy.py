@@ -102,6 +102,11 @@ class DifferentialPrivacy(Strategy):
             raise ValueError(
                 f"policy {self.policy.name!r} needs each client's cohort: use fairclip's own ServerApp"
             )
+        if self.policy.counts_first:
+            raise ValueError(
+                f"policy {self.policy.name!r} asks its clients twice a round (counts first): "
+                "use fairclip's own ServerApp"
+            )
         if not 0 < sample_rate <= 1:
             raise ValueError(f"sample_rate must be in (0, 1] (got {sample_rate})")
         if not 0 < delta < 1:

@@ -3,7 +3,9 @@
 A reply is accepted only if it carries exactly what the round asked for, and nothing else:
 
 - one array record ``update`` holding exactly a contribution Δ̄_i (float64, the model's
-  dimension d) and a report vector a_i (float64, the policy's length k), all values finite;
+  dimension d) and a report vector a_i (float64, the policy's length k), all values finite (in
+  a counts-first round, the report alone in its first exchange and the contribution alone in
+  its second);
 - the contribution's L2 norm at most the bound the server sent that client, with no slack: the
   noise is calibrated to that bound, and an honest client's final projection already lands
   2e-9 inside it (:mod:`fairclip.strategies.clipping`);
@@ -30,9 +32,16 @@ from typing import Any
 import numpy as np
 from flwr.app import RecordDict
 
-from fairclip.client.protocol import CONTRIBUTION, DIAGNOSTIC_FIELDS, DIAGNOSTICS, REPORTS, UPDATE
+from fairclip.client.protocol import (
+    CONTRIBUTION,
+    DIAGNOSTIC_FIELDS,
+    DIAGNOSTICS,
+    REPORTS,
+    UPDATE,
+    reply_arrays,
+)
 from fairclip.strategies import Policy
-from fairclip.strategies.aggregation import CohortDiagnostics, RoundSums
+from fairclip.strategies.aggregation import CohortDiagnostics, Exchange, RoundSums
 from fairclip.strategies.base import Broadcast
 from fairclip.strategies.clipping import row_norms
 
@@ -93,25 +102,33 @@ def check_reply(
     cohort: int | None,
     num_cohorts: int,
     diagnostics_allowed: bool = False,
+    exchange: Exchange = Exchange.ROUND,
 ) -> RoundSums:
     """One accepted reply as the sums of a single client, or :class:`ReplyError`.
 
     ``cohort`` is the client's cohort where the policy needs it (``per-cohort``, ``reweight``)
-    and ``None`` otherwise: the server of such a policy never learns it.
+    and ``None`` otherwise: the server of such a policy never learns it. ``exchange`` says what
+    the reply must hold (:func:`fairclip.client.protocol.reply_arrays`); the part it does not
+    carry is zero in the sums.
     """
-    _check_records(content, diagnostics_allowed)
+    _check_records(content, diagnostics_allowed and exchange is not Exchange.COUNTS)
     record = content.array_records[UPDATE]
-    if set(record.keys()) != {CONTRIBUTION, REPORTS}:
-        raise ReplyError(f"update record holds {sorted(record.keys())}, expected {[CONTRIBUTION, REPORTS]}")
+    expected = reply_arrays(exchange)
+    if set(record.keys()) != set(expected):
+        raise ReplyError(f"update record holds {sorted(record.keys())}, expected {list(expected)}")
     report_size = policy.report_size(dim)
-    contribution = read_float_vector(record[CONTRIBUTION], dim, "contribution")
-    reports = read_float_vector(record[REPORTS], report_size, "reports")
-    bound = float(policy.contribution_bounds(params, np.array([0 if cohort is None else cohort]))[0])
-    norm = float(row_norms(contribution[None, :])[0])
-    if not norm <= bound:
-        raise ReplyError(f"contribution norm {norm!r} exceeds the bound {bound!r} it was sent")
-    if not policy.report_is_valid(reports, cohort):
-        raise ReplyError(f"report vector is not one an honest {policy.name!r} client sends")
+    contribution = np.zeros(dim)
+    reports = np.zeros(report_size)
+    if CONTRIBUTION in expected:
+        contribution = read_float_vector(record[CONTRIBUTION], dim, "contribution")
+        bound = float(policy.contribution_bounds(params, np.array([0 if cohort is None else cohort]))[0])
+        norm = float(row_norms(contribution[None, :])[0])
+        if not norm <= bound:
+            raise ReplyError(f"contribution norm {norm!r} exceeds the bound {bound!r} it was sent")
+    if REPORTS in expected:
+        reports = read_float_vector(record[REPORTS], report_size, "reports")
+        if not policy.report_is_valid(reports, cohort):
+            raise ReplyError(f"report vector is not one an honest {policy.name!r} client sends")
     diagnostics = None
     if DIAGNOSTICS in content.metric_records:
         diagnostics = read_diagnostics(content, num_cohorts, cohort)

@@ -12,7 +12,10 @@ ServerApp -- drives the same object, and nothing here knows about scenarios or f
 * ``evaluator(θ)`` -- (overall, per-cohort) metrics of a model on the server's own test data.
 
 A round: ``sample(t)``, send ``broadcast()`` and ``model`` to the sampled clients, collect their
-:class:`RoundSums`, ``release(t, sums)``.
+:class:`RoundSums`, ``release(t, sums)``. A policy that releases its counts first
+(:attr:`Policy.counts_first`) has two exchanges with the same clients: ``broadcast()``, collect
+their report sums, ``release_counts(t, sums)``; then ``broadcast()`` again (now the round's own
+bounds), collect their contributions, ``release(t, sums)``.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from fairclip.server.optimizer import ServerSGD
 from fairclip.strategies import NoiseMultipliers, Policy, ServerRound
 from fairclip.strategies.accounting import Accountant
 from fairclip.strategies.aggregation import RoundSums
-from fairclip.strategies.base import Broadcast, DPEvent, GaussianSampler
+from fairclip.strategies.base import Broadcast, CountRelease, DPEvent, GaussianSampler, as_sampler
 
 Evaluator = Callable[[np.ndarray], tuple[dict[str, float], dict[str, dict[str, float]]]]
 """θ -> (overall metrics, metrics per cohort)."""
@@ -54,6 +57,8 @@ class RoundServer:
     rounds_completed: int = 0
     last_event: DPEvent | None = None
     """What the last released round released (``None`` before the first)."""
+    pending: _CountedRound | None = None
+    """A counts-first round whose counts are released and whose contributions are not yet."""
 
     def __post_init__(self) -> None:
         if self.state is None:
@@ -66,23 +71,49 @@ class RoundServer:
         return self.sampler(round_number)
 
     def broadcast(self) -> Broadcast:
-        """The policy's public parameters of the coming round (for example C_t)."""
-        return self.policy.broadcast(self.state)
+        """The policy's public parameters of the coming exchange (for example C_t; after
+        :meth:`release_counts`, the bounds its counts set for this round)."""
+        return self.policy.broadcast(self.pending.counts.state if self.pending else self.state)
+
+    def release_counts(self, round_number: int, sums: RoundSums) -> np.ndarray:
+        """The first exchange of a counts-first round: noise the report sum, keep the state that
+        clips this round, and return the noisy counts. The accountant is stepped with the whole
+        round's event here, at its first release, so ε covers the counts even if the round is
+        cut off before its contributions arrive."""
+        if self.pending is not None:
+            raise RuntimeError(f"round {self.pending.number}'s counts are released already")
+        noise = as_sampler(self.noise_source(round_number))
+        counts = self.policy.count_side(
+            self.state, sums.report_sum, expected_clients=self.expected_clients, noise=self.noise, rng=noise
+        )
+        event = DPEvent.planned(self.noise, releases_reports=True)
+        self.accountant.step(event, self.sample_rate)
+        self.last_event = event
+        self.pending = _CountedRound(round_number, counts, noise)
+        return counts.noisy_reports
 
     def release(self, round_number: int, sums: RoundSums) -> ServerRound:
         """Noise the clients' sums, step the model, move the state and account for the round."""
+        counted = self.pending
+        if self.policy.counts_first and (counted is None or counted.number != round_number):
+            raise RuntimeError(f"round {round_number}'s counts were not released first")
+        # (released_reports only where there are some: a policy's own server_side may predate it)
+        counts = {"released_reports": counted.counts.noisy_reports} if counted else {}
         released = self.policy.server_side(
-            self.state,
+            counted.counts.state if counted else self.state,
             sums.contribution_sum,
             sums.report_sum,
             expected_clients=self.expected_clients,
             num_reports=sums.num_reports,
             noise=self.noise,
-            rng=self.noise_source(round_number),
+            rng=counted.noise if counted else self.noise_source(round_number),
+            **counts,
         )
         self.model = self.optimizer.step(self.model, released.estimate, released.server_lr_factor)
         self.state = released.state
-        self.accountant.step(released.event, self.sample_rate)
+        if counted is None:  # a counts-first round was accounted at its first release
+            self.accountant.step(released.event, self.sample_rate)
+        self.pending = None
         self.last_event = released.event
         self.rounds_completed = round_number
         return released
@@ -97,3 +128,13 @@ class RoundServer:
     def clip_bound(self) -> float:
         """The bound that will clip the coming round."""
         return float(self.policy.clip_bound(self.state))
+
+
+@dataclass(frozen=True)
+class _CountedRound:
+    """A counts-first round between its two exchanges: its number, what its counts released,
+    and the noise stream the rest of the round draws from (the one that noised the counts)."""
+
+    number: int
+    counts: CountRelease
+    noise: GaussianSampler

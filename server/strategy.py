@@ -7,6 +7,9 @@ object the local and Ray engines drive (:class:`fairclip.sims.engine.RunServer`)
 
 1. ``configure_train``: Poisson-sample client ids, send each sampled node θ_t and the public
    policy parameters (for example C_t).
+   A policy that releases its counts first (``per-cohort`` with ``same_round``) first asks the
+   same clients for their counts alone, through the grid (one more exchange, checked and
+   recorded the same way), releases them, and only then sends the round's own bounds.
 2. ``aggregate_train``: check every reply (:func:`fairclip.server.replies.check_reply`), drop and
    count bad ones -- any failure to read or check a reply, a node that replies twice (dropped
    once, counted once), a node that was not sampled -- sum the rest in the engines' order, and
@@ -41,9 +44,10 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
 from fairclip.client.protocol import MODEL, train_content
+from fairclip.server.app import REPLY_TIMEOUT_SECONDS
 from fairclip.server.replies import ReplyError, check_reply
 from fairclip.strategies import Policy
-from fairclip.strategies.aggregation import RoundSums, sum_replies
+from fairclip.strategies.aggregation import Exchange, RoundSums, sum_replies
 
 EVENT_COLUMNS = ["round", "node", "client", "event", "reason"]
 """Columns of the internal record of dropped and unexpected replies."""
@@ -61,6 +65,8 @@ class RunDriver(Protocol):
 
     def broadcast(self) -> dict[str, Any]: ...
 
+    def release_counts(self, round_number: int, sums: RoundSums) -> np.ndarray: ...
+
     def finish_round(
         self, round_number: int, sums: RoundSums, extra: dict[str, Any] | None = None
     ) -> dict[str, Any]: ...
@@ -72,6 +78,19 @@ class _Round:
     sampled: np.ndarray
     params: dict[str, Any]
     started: float
+    exchange: Exchange = Exchange.ROUND
+    counts: dict[str, Any] | None = None
+    """Reply counts of a counts-first round's first exchange (server-internal)."""
+
+
+@dataclass
+class _Collected:
+    """The checked replies of one exchange: accepted sums by client, and how many were dropped
+    or unexpected."""
+
+    accepted: dict[int, RoundSums]
+    dropped: int
+    unexpected: int
 
 
 class PolicyStrategy(Strategy):
@@ -93,8 +112,12 @@ class PolicyStrategy(Strategy):
         on_round: Callable[[dict[str, Any]], None] | None = None,
         *,
         diagnostics_allowed: bool = False,
+        reply_timeout: float = REPLY_TIMEOUT_SECONDS,
     ) -> None:
         self.server = server
+        self.reply_timeout = float(reply_timeout)
+        """How long the first exchange of a counts-first round waits for replies (the second
+        waits as long as ``start``'s ``timeout`` says)."""
         self.nodes = dict(nodes)
         self.clients_of_node = {node: client for client, node in self.nodes.items()}
         self.client_cohorts = None if client_cohorts is None else np.asarray(client_cohorts, dtype=np.int64)
@@ -116,12 +139,27 @@ class PolicyStrategy(Strategy):
     ) -> Iterable[Message]:
         started = time.monotonic()
         sampled = self.server.sample(server_round)
+        exchange, counts = Exchange.ROUND, None
+        if self.server.policy.counts_first:  # first exchange: the same clients' counts alone
+            first = self.server.broadcast()
+            replies = grid.send_and_receive(
+                self._messages(sampled, first, server_round, Exchange.COUNTS), timeout=self.reply_timeout
+            )
+            collected = self._collect(replies, server_round, sampled, first, Exchange.COUNTS)
+            self.server.release_counts(server_round, self._sum(collected))
+            exchange, counts = Exchange.UPDATES, self._reply_counts(collected, sampled, "count_")
         params = self.server.broadcast()
-        self._round = _Round(server_round, sampled, params, started)
+        self._round = _Round(server_round, sampled, params, started, exchange, counts)
+        return self._messages(sampled, params, server_round, exchange)
+
+    def _messages(
+        self, sampled: np.ndarray, params: dict[str, Any], server_round: int, exchange: Exchange
+    ) -> list[Message]:
+        """θ_t and ``params`` to every sampled client that has a node."""
         reachable = [int(client) for client in sampled if int(client) in self.nodes]
         return [
             Message(
-                train_content(self.server.model, params, server_round),
+                train_content(self.server.model, params, server_round, exchange),
                 dst_node_id=self.nodes[client],
                 message_type=MessageType.TRAIN,
             )
@@ -134,9 +172,28 @@ class PolicyStrategy(Strategy):
         if self._round is None or self._round.number != server_round:
             raise RuntimeError(f"round {server_round} was not configured")
         plan = self._round
-        policy = self.server.policy
+        collected = self._collect(replies, server_round, plan.sampled, plan.params, plan.exchange)
+        extra = {
+            **self._reply_counts(collected, plan.sampled),
+            **(plan.counts or {}),
+            "reply_wait_seconds": time.monotonic() - plan.started,
+        }
+        row = self.server.finish_round(server_round, self._sum(collected), extra)
+        if self.on_round is not None:
+            self.on_round(row)
+        return ArrayRecord({MODEL: Array(self.server.model)}), MetricRecord(self.public_metrics(row))
+
+    def _collect(
+        self,
+        replies: Iterable[Message],
+        server_round: int,
+        sampled: np.ndarray,
+        params: dict[str, Any],
+        exchange: Exchange,
+    ) -> _Collected:
+        """Check the replies of one exchange: drop and record bad ones, keep the rest."""
         dim = self.server.model.shape[0]
-        expected = {int(client) for client in plan.sampled}
+        expected = {int(client) for client in sampled}
         by_client: dict[int, list[Message]] = {}
         unexpected = 0
         for reply in replies:
@@ -153,23 +210,30 @@ class PolicyStrategy(Strategy):
         dropped = 0
         for client, messages in sorted(by_client.items()):
             try:
-                accepted[client] = self._check(messages, client, plan.params, dim)
+                accepted[client] = self._check(messages, client, params, dim, exchange)
             except Exception as error:  # any failure to read or check a reply drops it
                 dropped += 1
                 reason = str(error) if isinstance(error, ReplyError) else f"{type(error).__name__}: {error}"
+                if exchange is Exchange.COUNTS:
+                    reason = f"counts: {reason}"
                 self._record(server_round, self.nodes[client], client, "dropped", reason)
-        sums = sum_replies(accepted, self.num_clients, dim, policy.report_size(dim), self.num_cohorts)
-        extra = {
-            "accepted_replies": len(accepted),
-            "dropped_replies": dropped,
-            "missing_replies": len(expected) - len(accepted) - dropped,
-            "unexpected_replies": unexpected,
-            "reply_wait_seconds": time.monotonic() - plan.started,
+        return _Collected(accepted, dropped, unexpected)
+
+    def _sum(self, collected: _Collected) -> RoundSums:
+        dim = self.server.model.shape[0]
+        report_size = self.server.policy.report_size(dim)
+        return sum_replies(collected.accepted, self.num_clients, dim, report_size, self.num_cohorts)
+
+    @staticmethod
+    def _reply_counts(collected: _Collected, sampled: np.ndarray, prefix: str = "") -> dict[str, Any]:
+        """Exact reply counts of one exchange (server-internal columns)."""
+        accepted, dropped = len(collected.accepted), collected.dropped
+        return {
+            f"{prefix}accepted_replies": accepted,
+            f"{prefix}dropped_replies": dropped,
+            f"{prefix}missing_replies": len(sampled) - accepted - dropped,
+            f"{prefix}unexpected_replies": collected.unexpected,
         }
-        row = self.server.finish_round(server_round, sums, extra)
-        if self.on_round is not None:
-            self.on_round(row)
-        return ArrayRecord({MODEL: Array(self.server.model)}), MetricRecord(self.public_metrics(row))
 
     def public_metrics(self, row: dict[str, Any]) -> dict[str, float]:
         """The finite numbers of ``row`` that may be published, without per-cohort columns."""
@@ -180,7 +244,9 @@ class PolicyStrategy(Strategy):
             if key in public and "/" not in key and _finite_number(value)
         }
 
-    def _check(self, messages: list[Message], client: int, params: dict[str, Any], dim: int) -> RoundSums:
+    def _check(
+        self, messages: list[Message], client: int, params: dict[str, Any], dim: int, exchange: Exchange
+    ) -> RoundSums:
         if len(messages) != 1:
             raise ReplyError(f"{len(messages)} replies in one round (all dropped)")
         reply = messages[0]
@@ -195,6 +261,7 @@ class PolicyStrategy(Strategy):
             cohort=cohort,
             num_cohorts=self.num_cohorts,
             diagnostics_allowed=self.diagnostics_allowed,
+            exchange=exchange,
         )
 
     def _record(

@@ -18,8 +18,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from fairclip.client.contributions import contribute_scaled_blocks
-from fairclip.client.ghost import one_step_gradients
+from fairclip.client.ghost import OneStepGradients, one_step_gradients
 from fairclip.client.models import MODELS, build_model, model_to_vector, resolve_device
 from fairclip.client.training import (
     ONE_STEP_ROWS_PER_CALL,
@@ -35,8 +34,6 @@ from fairclip.sims.federated_dataset import FederatedDataset
 from fairclip.sims.generated_clients import GeneratedClients, generates_clients
 from fairclip.sims.synthetic import sample_cohort
 from fairclip.strategies import Policy
-from fairclip.strategies.aggregation import RoundSums
-from fairclip.strategies.base import Broadcast
 from fairclip.strategies.randomness import Stream, rng
 
 
@@ -247,27 +244,16 @@ class ClassificationTask:
             updates[row] = local_update(self.model, model, features, labels, self.training, generator)
         return updates
 
-    def clipped_block_sums(
-        self,
-        model: np.ndarray,
-        client_ids: np.ndarray,
-        round_number: int,
-        policy: Policy,
-        params: Broadcast,
-        sizes: list[int],
-    ) -> list[RoundSums] | None:
-        """What :func:`contribute_blocks` returns for ``local_updates(model, client_ids, ...)``
-        in blocks of ``sizes[j]`` clients, without forming the updates: one-step clients of a
-        row-scaling policy on a model of ``Linear``/``Conv2d`` layers are clipped from their
-        per-example norms (:mod:`fairclip.client.ghost`). ``None`` where that does not apply
-        (the engine then materialises the updates)."""
+    def per_example_gradients(
+        self, model: np.ndarray, client_ids: np.ndarray, round_number: int, policy: Policy
+    ) -> OneStepGradients | None:
+        """The norms and factor-weighted sums of ``local_updates(model, client_ids, ...)`` without
+        forming the updates: one-step clients of a row-scaling policy on a model of
+        ``Linear``/``Conv2d`` layers (:mod:`fairclip.client.ghost`). ``None`` where that does not
+        apply (the engine then materialises the updates)."""
         if not (self.one_step and self.per_example == "auto" and policy.row_scaling and len(client_ids)):
             return None
-        gradients = one_step_gradients(self.model, model, *self._examples(client_ids), self.training.lr)
-        if gradients is None:
-            return None
-        cohorts = self.client_cohorts[client_ids]
-        return contribute_scaled_blocks(policy, params, gradients, cohorts, len(self.cohort_names), sizes)
+        return one_step_gradients(self.model, model, *self._examples(client_ids), self.training.lr)
 
     def _examples(self, client_ids: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
         """The training examples and labels of ``client_ids``, in their order."""

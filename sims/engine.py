@@ -4,7 +4,9 @@ One round t:
 
 1. Poisson sampling of clients with rate q (:func:`fairclip.strategies.randomness.poisson_sample`).
 2. The policy broadcasts its public parameters; the sampled clients train and their updates
-   go through the policy's client side. *Where* that happens is the backend's only job
+   go through the policy's client side (a counts-first policy asks them twice: their counts,
+   then their updates clipped at the bounds those counts set, :attr:`Policy.counts_first`).
+   *Where* that happens is the backend's only job
    (:class:`ClientExecutor`): in this process, or in Ray actors.
 3. The policy's server side noises the sums with the sensitivity of this round, forms Δ̂ and
    moves its state; the server optimizer steps the model.
@@ -35,7 +37,7 @@ from fairclip.sims.provenance import provenance
 from fairclip.sims.tasks import Task
 from fairclip.strategies import Policy, ServerRound, build_policy
 from fairclip.strategies.accounting import Accountant, PrivacyClaim
-from fairclip.strategies.aggregation import RoundSums
+from fairclip.strategies.aggregation import Exchange, RoundSums
 from fairclip.strategies.base import Broadcast, DPEvent, GaussianSampler
 from fairclip.strategies.randomness import Stream, poisson_sample, rng, sample_ids
 
@@ -229,6 +231,12 @@ class RunServer:
         """The policy's public parameters of the coming round (for example C_t)."""
         return self.rounds.broadcast()
 
+    def release_counts(self, round_number: int, sums: RoundSums) -> np.ndarray:
+        """The first exchange of a counts-first round (:attr:`Policy.counts_first`): release the
+        noisy counts of ``sums``' reports; the next ``broadcast()`` carries the bounds they set."""
+        with interrupts_deferred():  # the release and its accounting move together
+            return self.rounds.release_counts(round_number, sums)
+
     def finish_round(
         self, round_number: int, sums: RoundSums, extra: dict[str, Any] | None = None
     ) -> dict[str, Any]:
@@ -349,7 +357,12 @@ def simulate(
     try:
         for round_number in range(1, server.rounds_to_run + 1):
             client_ids = server.sample(round_number)
-            sums = execute(server.model, client_ids, round_number, server.broadcast())
+            if server.policy.counts_first:
+                counts = execute(server.model, client_ids, round_number, server.broadcast(), Exchange.COUNTS)
+                server.release_counts(round_number, counts)
+                sums = execute(server.model, client_ids, round_number, server.broadcast(), Exchange.UPDATES)
+            else:
+                sums = execute(server.model, client_ids, round_number, server.broadcast())
             row = server.finish_round(round_number, sums)
             for observer in watching:
                 observer.on_round(row, server)

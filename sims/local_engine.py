@@ -12,41 +12,98 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from fairclip.client.contributions import contribute_blocks
+from fairclip.client.contributions import contribute_blocks, contribute_scaled_blocks
+from fairclip.client.ghost import OneStepGradients
 from fairclip.sims.tasks import Task
 from fairclip.strategies import Policy
-from fairclip.strategies.aggregation import RoundSums, add_in_order, balance, group_blocks, shard_ids
+from fairclip.strategies.aggregation import (
+    Exchange,
+    RoundSums,
+    add_in_order,
+    balance,
+    group_blocks,
+    sent_in,
+    shard_ids,
+)
 from fairclip.strategies.base import Broadcast
 
 
 class ClientExecutor(Protocol):
-    """Runs the client side of a round for the sampled clients and returns their sums."""
+    """Runs the client side of a round for the sampled clients and returns their sums.
+
+    ``exchange`` is passed only for a counts-first policy (:attr:`Policy.counts_first`), whose
+    round asks the same clients twice: :attr:`Exchange.COUNTS` (reports only), then
+    :attr:`Exchange.UPDATES` (contributions only, clipped with the second call's ``params``).
+    An executor may keep the clients' work from the first call for the second."""
 
     def __call__(
-        self, model: np.ndarray, client_ids: np.ndarray, round_number: int, params: Broadcast
+        self,
+        model: np.ndarray,
+        client_ids: np.ndarray,
+        round_number: int,
+        params: Broadcast,
+        exchange: Exchange = Exchange.ROUND,
     ) -> RoundSums: ...
 
 
+ClientWork = OneStepGradients | np.ndarray
+"""What a group of clients computed before clipping: their per-example gradients' norms and
+sums (:func:`fairclip.client.ghost.one_step_gradients`), or their raw updates (one row each)."""
+
+
+def client_work(
+    task: Task, policy: Policy, model: np.ndarray, ids: np.ndarray, round_number: int
+) -> ClientWork:
+    """Train ``ids`` from θ_t: the task's per-example gradients where it can clip without
+    forming the updates (``per_example_gradients``), else the raw updates."""
+    per_example = getattr(task, "per_example_gradients", None)
+    gradients = per_example(model, ids, round_number, policy) if per_example is not None else None
+    return gradients if gradients is not None else task.local_updates(model, ids, round_number)
+
+
+def clip_and_sum(
+    work: ClientWork,
+    policy: Policy,
+    params: Broadcast,
+    cohorts: np.ndarray,
+    num_cohorts: int,
+    sizes: list[int],
+) -> list[RoundSums]:
+    """The clients' sums per block (``sizes[j]`` clients each) under ``params``."""
+    if isinstance(work, OneStepGradients):
+        return contribute_scaled_blocks(policy, params, work, cohorts, num_cohorts, sizes)
+    return contribute_blocks(policy, params, work, cohorts, num_cohorts, sizes)
+
+
 def groups_sums(
-    task: Task, policy: Policy, model, groups: list[dict[int, np.ndarray]], round_number: int, params
+    task: Task,
+    policy: Policy,
+    model,
+    groups: list[dict[int, np.ndarray]],
+    round_number: int,
+    params,
+    exchange: Exchange = Exchange.ROUND,
+    held: dict[int, ClientWork] | None = None,
 ) -> dict[int, RoundSums]:
-    """Train each group of blocks in one call, then clip and sum per block; sums by block index.
-    A task that can clip its clients without forming their updates does so (its
-    ``clipped_block_sums``, :meth:`fairclip.sims.classification.ClassificationTask.clipped_block_sums`)."""
+    """Train each group of blocks in one call, then clip and sum per block; sums by block index,
+    holding only what ``exchange`` releases (:func:`sent_in`).
+
+    In a counts-first round, ``held`` keeps each group's work (by its first block) from the
+    :attr:`Exchange.COUNTS` call for the :attr:`Exchange.UPDATES` call, which clips the same
+    updates with the round's new bounds; a group not held there is trained again (training is
+    a function of θ_t, the client and the round, so the updates are the same)."""
     sums: dict[int, RoundSums] = {}
-    clipped_block_sums = getattr(task, "clipped_block_sums", None)
     for group in groups:
         ids = np.concatenate(list(group.values()))
         sizes = [len(block_ids) for block_ids in group.values()]
-        parts = None
-        if clipped_block_sums is not None:
-            parts = clipped_block_sums(model, ids, round_number, policy, params, sizes)
-        if parts is None:
-            updates = task.local_updates(model, ids, round_number)
-            parts = contribute_blocks(
-                policy, params, updates, task.client_cohorts[ids], len(task.cohort_names), sizes
-            )
-        sums.update(zip(group, parts, strict=True))
+        key = min(group)
+        work = held.pop(key, None) if held is not None and exchange is Exchange.UPDATES else None
+        if work is None:
+            work = client_work(task, policy, model, ids, round_number)
+        if held is not None and exchange is Exchange.COUNTS:
+            held[key] = work
+        parts = clip_and_sum(work, policy, params, task.client_cohorts[ids], len(task.cohort_names), sizes)
+        sums.update(zip(group, (sent_in(part, exchange) for part in parts), strict=True))
     return sums
 
 
@@ -64,24 +121,30 @@ class LocalExecutor:
 
     def __post_init__(self) -> None:
         self._tasks = [self.task, *(self.task.worker() for _ in range(self.workers - 1))]
+        self._held: dict[int, ClientWork] = {}
+        """The current counts-first round's work, between its two exchanges."""
 
     @property
     def execution(self) -> dict[str, Any]:
         """How the clients run, for the summary's provenance."""
         return {"backend": "local", "workers": self.workers}
 
-    def __call__(self, model, client_ids, round_number, params) -> RoundSums:
+    def __call__(self, model, client_ids, round_number, params, exchange=Exchange.ROUND) -> RoundSums:
         blocks = shard_ids(client_ids, len(self.task.client_cohorts))
         groups = group_blocks(blocks, self.task.rows_per_call, model.shape[0])
+        if exchange is not Exchange.UPDATES:
+            self._held.clear()  # a new round: nothing of an earlier one is used again
+
+        def run(task: Task, share: list[dict[int, np.ndarray]]) -> dict[int, RoundSums]:
+            return groups_sums(task, self.policy, model, share, round_number, params, exchange, self._held)
+
         if self.workers == 1 or len(groups) < 2:
-            by_block = groups_sums(self.task, self.policy, model, groups, round_number, params)
+            by_block = run(self.task, groups)
         else:
             shares = [share for share in balance(groups, self.workers) if share]
             with ThreadPoolExecutor(len(shares)) as pool:
-                parts = pool.map(
-                    lambda task, share: groups_sums(task, self.policy, model, share, round_number, params),
-                    self._tasks,
-                    shares,
-                )
+                parts = pool.map(run, self._tasks, shares)
                 by_block = {block: sums for part in parts for block, sums in part.items()}
+        if exchange is Exchange.UPDATES:
+            self._held.clear()
         return add_in_order([by_block[b] for b in range(len(blocks))])

@@ -22,11 +22,12 @@ import ray
 
 from fairclip.sims.config import RunConfig, validate
 from fairclip.sims.errors import ConfigError
-from fairclip.sims.local_engine import groups_sums
+from fairclip.sims.local_engine import ClientWork, groups_sums
 from fairclip.sims.tasks import Task, build_task
 from fairclip.strategies import Policy, build_policy
 from fairclip.strategies.aggregation import (
     SUM_SHARDS,
+    Exchange,
     RoundSums,
     add_in_order,
     balance,
@@ -120,6 +121,8 @@ class ClientBlocksActor:
             if not held.all():
                 self.task.keep_clients(held)
         self.set_policy(config)
+        self.held: dict[int, ClientWork] = {}
+        """A counts-first round's work on this actor, between its two exchanges."""
 
     def set_policy(self, config: dict[str, Any]) -> None:
         """Use the policy of ``config`` from now on (the same scenario, so the same task: the
@@ -142,8 +145,14 @@ class ClientBlocksActor:
         groups: list[dict[int, np.ndarray]],
         round_number: int,
         params: dict[str, Any],
+        exchange: Exchange = Exchange.ROUND,
     ) -> dict[int, RoundSums]:
-        return groups_sums(self.task, self.policy, model, groups, round_number, params)
+        if exchange is not Exchange.UPDATES:
+            self.held.clear()
+        sums = groups_sums(self.task, self.policy, model, groups, round_number, params, exchange, self.held)
+        if exchange is Exchange.UPDATES:
+            self.held.clear()
+        return sums
 
 
 def owns_clients(rows_per_call: int) -> bool:
@@ -240,7 +249,7 @@ class RayExecutor:
         raw = config.as_dict()
         ray.get([actor.set_policy.remote(raw) for actor in self.actors])
 
-    def __call__(self, model, client_ids, round_number, params) -> RoundSums:
+    def __call__(self, model, client_ids, round_number, params, exchange=Exchange.ROUND) -> RoundSums:
         blocks = shard_ids(client_ids, self.num_clients)
         groups = group_blocks(blocks, self.rows_per_call, model.shape[0])
         model_ref = ray.put(model)
@@ -248,8 +257,10 @@ class RayExecutor:
             shares = owned_shares(groups, len(self.actors))
         else:
             shares = balance(groups, len(self.actors))
+        # (balance and owned_shares are deterministic: the second exchange of a counts-first
+        # round sends every group to the actor that holds its work from the first)
         futures = [
-            actor.run_groups.remote(model_ref, share, round_number, params)
+            actor.run_groups.remote(model_ref, share, round_number, params, exchange)
             for actor, share in zip(self.actors, shares, strict=True)
             if share
         ]

@@ -14,10 +14,10 @@ if TYPE_CHECKING:
 class Task(Protocol):
     """A federated task: the population of clients and how they train and are evaluated.
 
-    A task may also define ``clipped_block_sums(model, client_ids, round_number, policy, params,
-    sizes)``, returning what :func:`fairclip.client.contributions.contribute_blocks` returns for
-    those clients' updates without forming them, or ``None`` where it cannot; the engines use it
-    first (:meth:`fairclip.sims.classification.ClassificationTask.clipped_block_sums`)."""
+    A task may also define ``per_example_gradients(model, client_ids, round_number, policy)``,
+    returning the norms and weighted sums of those clients' updates without forming them (a
+    :class:`fairclip.client.ghost.OneStepGradients`), or ``None`` where it cannot; the engines use
+    it first (:meth:`fairclip.sims.classification.ClassificationTask.per_example_gradients`)."""
 
     cohort_names: list[str]
     client_cohorts: np.ndarray

@@ -14,7 +14,8 @@ This module is pure numpy and sits with the policies because the client side (wh
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from enum import StrEnum
 
 import numpy as np
 
@@ -71,6 +72,27 @@ class RoundSums:
             self.num_reports + other.num_reports,
             self.diagnostics + other.diagnostics,
         )
+
+
+class Exchange(StrEnum):
+    """Which part of a round one exchange with the clients carries."""
+
+    ROUND = "round"
+    """The whole round: contributions and reports together (every policy but a counts-first one)."""
+    COUNTS = "counts"
+    """The first exchange of a counts-first round (:attr:`Policy.counts_first`): reports only."""
+    UPDATES = "updates"
+    """Its second exchange: contributions only."""
+
+
+def sent_in(sums: RoundSums, exchange: Exchange) -> RoundSums:
+    """What ``sums`` releases in ``exchange``: the part that exchange does not carry is zero,
+    so nothing a client computed for the other exchange reaches the server."""
+    if exchange is Exchange.COUNTS:
+        return replace(sums, contribution_sum=np.zeros_like(sums.contribution_sum))
+    if exchange is Exchange.UPDATES:
+        return replace(sums, report_sum=np.zeros_like(sums.report_sum))
+    return sums
 
 
 SUM_SHARDS = 64

@@ -243,6 +243,16 @@ class ServerRound:
     """What this round released, for the accountant (no noise: the non-private ``none``)."""
 
 
+@dataclass(frozen=True)
+class CountRelease:
+    """What the first exchange of a :attr:`Policy.counts_first` round released."""
+
+    state: State
+    """The state whose broadcast clips this round's updates (for example this round's C_k)."""
+    noisy_reports: np.ndarray
+    """A = Σ a_i + N(0, σ_b² I)."""
+
+
 class Policy(ABC):
     """A clipping policy: a client transform, a noise sensitivity and a bound update."""
 
@@ -348,6 +358,31 @@ class Policy(ABC):
         """Factor on the server learning rate (``online`` adapts it; others keep 1)."""
         return 1.0
 
+    @property
+    def counts_first(self) -> bool:
+        """Whether a round releases the reports *before* the clients clip, in two exchanges
+        (``per-cohort`` with ``same_round``, DPSGD-F as its authors ran it). Such a round is:
+
+        1. clients get ``broadcast(state)`` and send only their report vectors;
+           :meth:`count_side` noises the report sum and gives the state of this round's
+           clipping (:meth:`with_counts`);
+        2. clients get ``broadcast`` of that state and send only their contributions;
+           :meth:`server_side` noises their sum with that state's sensitivity, taking the
+           released reports as they are (``released_reports``).
+
+        Both releases act on the same sampled clients: the round is one adaptive composition of
+        two Gaussian mechanisms, accounted like any other round as one Gaussian of multiplier
+        σ_eff = (σ_Δ^-2 + σ_b^-2)^-1/2 (:class:`DPEvent`). That holds because the adaptive
+        composition of Gaussian mechanisms with L2 sensitivities 1 and 1 is dominated by the
+        pair (N(μ, 1), N(0, 1)) with μ² = σ_Δ^-2 + σ_b^-2, also under Poisson subsampling of
+        the whole round (Zhu, Dong, Wang, "Optimal Accounting of Differential Privacy via
+        Characteristic Function", AISTATS 2022, dominating pairs)."""
+        return False
+
+    def with_counts(self, state: State, noisy_reports: np.ndarray, expected_clients: float) -> State:
+        """The state that clips a :attr:`counts_first` round, from that round's noisy report sum."""
+        raise NotImplementedError(f"policy {self.name!r} does not release its counts first")
+
     # ----- the client side, shared by every engine -------------------------------------
     def client_side(self, updates: np.ndarray, cohorts: np.ndarray, params: Broadcast) -> ClientReports:
         """Transform the raw updates of ``n`` clients (rows of ``updates``) into what they send.
@@ -420,6 +455,28 @@ class Policy(ABC):
         )
 
     # ----- the server side, shared by every engine -------------------------------------
+    def count_side(
+        self,
+        state: State,
+        report_sum: np.ndarray,
+        *,
+        expected_clients: float,
+        noise: NoiseMultipliers,
+        rng: np.random.Generator | GaussianSampler,
+    ) -> CountRelease:
+        """The first exchange of a :attr:`counts_first` round: A = Σ a_i + N(0, σ_b² I), and the
+        state that clips this round (:meth:`with_counts`). ``rng`` must be the generator that
+        then noises the round's sum (:meth:`server_side`): one stream per round, never two
+        copies of it."""
+        if not self.counts_first:
+            raise ValueError(f"policy {self.name!r} releases its reports with its contributions")
+        if expected_clients <= 0:
+            raise ValueError(f"expected_clients must be > 0 (got {expected_clients})")
+        noisy_reports, _ = as_sampler(rng).add_noise(
+            np.asarray(report_sum, dtype=np.float64), noise.report, 1.0
+        )
+        return CountRelease(self.with_counts(state, noisy_reports, expected_clients), noisy_reports)
+
     def server_side(
         self,
         state: State,
@@ -430,6 +487,7 @@ class Policy(ABC):
         num_reports: int,
         noise: NoiseMultipliers,
         rng: np.random.Generator | GaussianSampler,
+        released_reports: np.ndarray | None = None,
     ) -> ServerRound:
         """Noise the sums, form Δ̂ and move the state (module docstring).
 
@@ -438,14 +496,22 @@ class Policy(ABC):
         ``num_reports`` is the true number of clients that reported. It is private and only the
         non-private ``none`` policy reads it; every private policy divides by the public
         ``expected_clients`` m̂.
+
+        A :attr:`counts_first` round passes the reports its first exchange released
+        (:meth:`count_side`) as ``released_reports``, and ``state`` is the state that clipped
+        (:attr:`CountRelease.state`); ``report_sum`` is then not used.
         """
         if expected_clients <= 0:
             raise ValueError(f"expected_clients must be > 0 (got {expected_clients})")
+        if self.counts_first and released_reports is None:
+            raise ValueError(f"policy {self.name!r} releases its counts first: pass released_reports")
+        if released_reports is not None and not self.counts_first:
+            raise ValueError(f"policy {self.name!r} releases its reports with its contributions")
         sensitivity = float(self.sensitivity(state))
         sampler = as_sampler(rng)
         noisy_sum, noise_std = sampler.add_noise(contribution_sum, noise.update, sensitivity)
-        noisy_reports = None
-        if self.report_size(contribution_sum.shape[0]) > 0:
+        noisy_reports = released_reports
+        if released_reports is None and self.report_size(contribution_sum.shape[0]) > 0:
             if report_sum is None:
                 raise ValueError(f"policy {self.name!r} needs the sum of client reports")
             noisy_reports, _ = sampler.add_noise(report_sum, noise.report, 1.0)

@@ -59,6 +59,7 @@ class NoClipping(Policy):
         num_reports: int,
         noise: NoiseMultipliers,
         rng: np.random.Generator | GaussianSampler,
+        released_reports: np.ndarray | None = None,
     ) -> ServerRound:
         estimate = contribution_sum / num_reports if num_reports > 0 else np.zeros_like(contribution_sum)
         return ServerRound(

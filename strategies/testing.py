@@ -97,6 +97,14 @@ def _check_state(policy: Policy, state: Any) -> None:
 def _check_round(policy: Policy, state: Any, d: int, inputs: dict[str, Any]) -> Any:
     size = policy.report_size(d)
     report_sum = np.resize(np.asarray(inputs["reports"], dtype=np.float64), size) if size else None
+    noise = np.random.default_rng(inputs["seed"])
+    released = None
+    if policy.counts_first:  # the round's first exchange sets the state that clips it
+        counts = policy.count_side(
+            state, report_sum, expected_clients=inputs["expected_clients"], noise=inputs["noise"], rng=noise
+        )
+        _check_state(policy, counts.state)
+        state, released = counts.state, counts.noisy_reports
     before = policy.sensitivity(state)
     result = policy.server_side(
         state,
@@ -105,7 +113,8 @@ def _check_round(policy: Policy, state: Any, d: int, inputs: dict[str, Any]) -> 
         expected_clients=inputs["expected_clients"],
         num_reports=inputs["num_reports"],
         noise=inputs["noise"],
-        rng=np.random.default_rng(inputs["seed"]),
+        rng=noise,
+        released_reports=released,
     )
     assert result.sensitivity == before, (
         f"round noised with sensitivity {result.sensitivity}, but its contributions were bounded by {before}"

@@ -21,14 +21,23 @@ def test_blocks_partition_the_sampled_clients():
     assert all(((block * SUM_SHARDS) // 1000 == b).all() for b, block in enumerate(blocks))
 
 
-@pytest.mark.parametrize("strategy", ["bounded", "per-cohort"])
+@pytest.mark.parametrize("strategy", ["bounded", "per-cohort", "per-cohort same_round"])
 def test_local_and_ray_give_identical_runs(ray_session, strategy):
+    """Also for a counts-first policy, whose actors keep their clients' work between a round's
+    two exchanges."""
     from fairclip.sims.ray_engine import RayExecutor
 
+    name, *flags = strategy.split()
     config = load_config(
         "demo",
         None,
-        [f"strategy.name={strategy}", "training.rounds=4", "privacy.noise_multiplier=0.8", "seed=7"],
+        [
+            f"strategy.name={name}",
+            *(f"strategy.{flag}=true" for flag in flags),
+            "training.rounds=4",
+            "privacy.noise_multiplier=0.8",
+            "seed=7",
+        ],
     )
     local = simulate(config, build_task(config), LocalExecutor)
     executor = RayExecutor.start(config, None, num_actors=3)

@@ -73,14 +73,25 @@ FLOWER_ONLY = {"simulation-diagnostics": True, "privacy.secure_noise": False}
 reproducible comparison needs numpy's seeded noise instead of the ServerApp's default OpenDP."""
 
 
+SAME_ROUND = {
+    "strategy.name": "per-cohort",
+    "strategy.initial_bound": 0.5,
+    "set": "strategy.same_round=true",
+}
+"""DPSGD-F as run: two exchanges per round, the counts first (:attr:`Policy.counts_first`)."""
+
+
 @pytest.mark.slow
-def test_flwr_run_matches_local_backend(flower_home, tmp_path, cli):
-    """Same seed: the same bound trajectory, the same noise and the same final model."""
+@pytest.mark.parametrize("strategy", [{}, SAME_ROUND], ids=["bounded", "per-cohort-same-round"])
+def test_flwr_run_matches_local_backend(flower_home, tmp_path, cli, strategy):
+    """Same seed: the same bound trajectory, the same noise and the same final model; for a
+    counts-first policy too, whose rounds take two exchanges with the same nodes."""
     home, env = flower_home
     flower_out = tmp_path / "flower"
+    settings = {**SETTINGS, **strategy}
     run_config = " ".join(
         f"{key}={json.dumps(value)}"
-        for key, value in {**SETTINGS, **FLOWER_ONLY, "out": str(flower_out)}.items()
+        for key, value in {**settings, **FLOWER_ONLY, "out": str(flower_out)}.items()
     )
     started = time.perf_counter()
     completed = _flwr_run(home, env, SETTINGS["federation.num_clients"], run_config)
@@ -92,9 +103,9 @@ def test_flwr_run_matches_local_backend(flower_home, tmp_path, cli):
     sys.__stdout__.write(f"\nflwr run . ({rounds} rounds, {nodes} nodes): {wall:.1f} s\n")
 
     local_out = tmp_path / "local"
-    sets = [
-        arg for key, value in SETTINGS.items() if key != "scenario" for arg in ("--set", f"{key}={value}")
-    ]
+    assignments = [f"{key}={value}" for key, value in settings.items() if key not in ("scenario", "set")]
+    assignments += settings.get("set", "").split(";") if "set" in settings else []
+    sets = [arg for assignment in assignments for arg in ("--set", assignment)]
     status, _, err = cli("run", "--scenario", "demo", *sets, "--backend", "local", "--out", str(local_out))
     assert status == 0, err
 
@@ -107,6 +118,9 @@ def test_flwr_run_matches_local_backend(flower_home, tmp_path, cli):
         assert column not in flower_rounds.columns and column in flower_internal.columns
     assert (flower_internal["sampled_clients"] == local_rounds["sampled_clients"]).all()
     assert (flower_internal["dropped_replies"] == 0).all()
+    if strategy:  # every sampled node answered both exchanges
+        assert (flower_internal["count_accepted_replies"] == flower_internal["sampled_clients"]).all()
+        assert (flower_internal["count_dropped_replies"] == 0).all()
     for column in (
         "clipped_fraction",
         "majority/sampled",
@@ -117,7 +131,7 @@ def test_flwr_run_matches_local_backend(flower_home, tmp_path, cli):
     for column in ("clip_bound", "noise_std", "sensitivity", "epsilon", "accuracy", "loss", "noisy_report_0"):
         np.testing.assert_allclose(flower_rounds[column], local_rounds[column], rtol=1e-9, err_msg=column)
     assert (flower_rounds["noise_std"] > 0).all()
-    assert flower_rounds["clip_bound"].nunique() > 1, "the bound should move under `bounded`"
+    assert flower_rounds["clip_bound"].nunique() > 1, "the bound should move"
     np.testing.assert_allclose(
         np.load(flower_out / "model.npy"), np.load(local_out / "model.npy"), atol=1e-12
     )

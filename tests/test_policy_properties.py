@@ -64,6 +64,7 @@ HANDLED = {
     "adapt_server_lr",
     "server_lr_rate",
     "normalize",
+    "same_round",
 }
 
 
@@ -84,7 +85,7 @@ def configurations(draw, name: str) -> tuple[dict, int]:
     for key in ("bound_lr", "threshold_lr", "server_lr_rate"):
         if key in known:
             params[key] = draw(RATES)
-    for key in ("adaptive", "adapt_server_lr", "normalize"):
+    for key in ("adaptive", "adapt_server_lr", "normalize", "same_round"):
         if key in known:
             params[key] = draw(st.booleans())
     if "tanh_epsilon" in known:
@@ -109,9 +110,17 @@ def not_a_tie(norms: np.ndarray, threshold: float) -> np.ndarray:
 
 
 def step(policy, state, inputs: dict, d: int):
-    """Run ``server_side`` with the round's arbitrary sums; the report sum is resized to fit."""
+    """Run ``server_side`` with the round's arbitrary sums; the report sum is resized to fit. A
+    counts-first policy releases the reports first (``count_side``), from the same noise stream."""
     size = policy.report_size(d)
     report_sum = np.resize(np.asarray(inputs["reports"], dtype=np.float64), size) if size else None
+    noise = np.random.default_rng(inputs["seed"])
+    released = None
+    if policy.counts_first:
+        counts = policy.count_side(
+            state, report_sum, expected_clients=inputs["expected_clients"], noise=inputs["noise"], rng=noise
+        )
+        state, released = counts.state, counts.noisy_reports
     return policy.server_side(
         state,
         inputs["sum"],
@@ -119,7 +128,8 @@ def step(policy, state, inputs: dict, d: int):
         expected_clients=inputs["expected_clients"],
         num_reports=inputs["num_reports"],
         noise=inputs["noise"],
-        rng=np.random.default_rng(inputs["seed"]),
+        rng=noise,
+        released_reports=released,
     )
 
 
@@ -149,7 +159,9 @@ def check_state(name: str, policy, state, expected_clients: float | None) -> Non
         assert bounds.shape == (policy.num_cohorts,)
         assert np.all(bounds >= policy.initial_bound)
         assert np.all(np.isfinite(bounds))
-        if expected_clients is not None:  # C_k <= C_0 (1 + m̂), a decision in per_cohort.py
+        if policy.same_round:  # C_k <= C_0 (1 + K): f_k / mean f <= K
+            assert np.all(bounds <= policy.initial_bound * (1 + policy.num_cohorts) * (1 + 1e-12))
+        elif expected_clients is not None:  # C_k <= C_0 (1 + m̂), a decision in per_cohort.py
             assert np.all(bounds <= policy.initial_bound * (1 + max(expected_clients, 1.0)) * (1 + 1e-12))
         assert sensitivity == bounds.max()
     if name == "reweight":
@@ -271,6 +283,8 @@ def test_contributions_stay_within_the_noised_sensitivity(name, data):
     for inputs in data.draw(st.lists(round_inputs(d), max_size=4), label="rounds"):
         before = policy.sensitivity(state)
         result = step(policy, state, inputs, d)
+        if policy.counts_first:  # round t is clipped at the state its own counts set, which it keeps
+            before = policy.sensitivity(result.state)
         # noise of round t uses the sensitivity of round t, whatever the state becomes
         assert result.sensitivity == before
         expected_std = 0.0 if name == "none" else inputs["noise"].update * before
