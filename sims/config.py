@@ -114,6 +114,9 @@ class ClassificationSpec(_ScenarioBase):
     skew_class: Annotated[int, Field(ge=0)] | None = None
     skew_keep: Annotated[float, Field(gt=0, le=1)] = 0.09
     balance: bool = True
+    feature_scaling: Literal["standardize", "minmax"] = "standardize"
+    """How Adult's numeric columns are scaled, with the training rows' statistics: ``standardize``
+    (mean 0, standard deviation 1) or ``minmax`` (into [0, 1], as seed 004 does)."""
     test_fraction: Annotated[float, Field(gt=0, lt=1)] = 0.2
     evaluate_on: Literal["test", "validation"] = "test"
     """``validation``: hold out ``test_fraction`` of the training rows (seeded) and evaluate on them
@@ -150,6 +153,8 @@ class ClassificationSpec(_ScenarioBase):
             raise ValueError("evaluate_on: validation needs a real dataset")
         if self.partition == "per-example" and self.dataset == "synthetic":
             raise ValueError("partition: per-example needs a real dataset")
+        if self.feature_scaling != "standardize" and self.dataset != "adult":
+            raise ValueError("feature_scaling applies to the adult dataset only (its numeric columns)")
         return self
 
 
@@ -212,6 +217,9 @@ class TrainingSpec(_Section):
     client_lr: PositiveFloat = 0.1
     server_lr: PositiveFloat = 1.0
     server_momentum: Annotated[float, Field(ge=0, lt=1)] = 0.0
+    weight_decay: NonNegativeFloat = 0.0
+    """λ of an L2 penalty λ/2·||θ||², applied by the server step to the released model
+    (post-processing): θ_{t+1} = θ_t + η_s·ρ_t·v_{t+1} with v_{t+1} = β·v_t + Δ̂_t − λ·θ_t."""
     eval_every: Annotated[int, Field(ge=1)] = 1
     """Evaluate the model (and report ε in ``rounds.csv``) after every k-th round and the last."""
     per_example: Literal["auto", "materialize"] = "auto"

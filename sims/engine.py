@@ -148,7 +148,9 @@ class RunServer:
             noise=self.plan.noise,
             sample_rate=config.federation.sample_rate,
             expected_clients=config.expected_clients,
-            optimizer=ServerSGD(config.training.server_lr, config.training.server_momentum),
+            optimizer=ServerSGD(
+                config.training.server_lr, config.training.server_momentum, config.training.weight_decay
+            ),
             accountant=Accountant(config.privacy.accountant),
             sampler=self._sample,
             noise_source=self._noise,

@@ -39,7 +39,13 @@ def load(spec: ClassificationSpec, data_dir: Path | None, seed: int) -> Dataset:
     """The dataset of a scenario, skewed if the scenario says so."""
     directory = resolve_data_dir(data_dir)
     if spec.dataset == "adult":
-        dataset = load_adult(directory, seed=seed, balance=spec.balance, test_fraction=spec.test_fraction)
+        dataset = load_adult(
+            directory,
+            seed=seed,
+            balance=spec.balance,
+            test_fraction=spec.test_fraction,
+            scaling=spec.feature_scaling,
+        )
     else:
         dataset = load_dataset(spec.dataset, directory, seed=seed)
     if spec.skew_class is not None:

@@ -90,6 +90,11 @@ class Setup:
     select_by: str = "accuracy"
     """The overall validation metric a grid point is chosen by (``accuracy``, or ``macro_accuracy``:
     the mean of the per-class accuracies, as seed 000 selects)."""
+    relative_to: str | None = None
+    """A strategy of the setup (``none``) whose metrics every other strategy is reported against:
+    the mean over seeds of the paired difference run − reference run of the same seed (same data
+    and sampling), as seed 004 reports accuracy change against non-private SGD. The reference's
+    own rows hold its absolute values, named ``COHORT/METRIC``."""
 
     @property
     def has_grid(self) -> bool:
@@ -130,7 +135,9 @@ def load_setup(name: str) -> Setup:
         for metric, source in head["metrics"].items():
             cohort, _, value = source.partition("/")
             if not cohort or not value:
-                raise ConfigError(f"{where}: metric {metric} must read COHORT/METRIC (got {source!r})")
+                raise ConfigError(
+                    f"{where}: metric {metric} must read COHORT/METRIC or overall/METRIC (got {source!r})"
+                )
             metrics[metric] = (cohort, value)
         strategies = [_strategy(key, table, where) for key, table in raw["strategies"].items()]
         setup = Setup(
@@ -148,9 +155,12 @@ def load_setup(name: str) -> Setup:
             paper_epsilon=head.get("paper_epsilon"),
             notes=head.get("notes", ""),
             select_by=head.get("select_by", "accuracy"),
+            relative_to=head.get("relative_to"),
         )
         if setup.select_by not in SELECTION_METRICS:
             raise ConfigError(f"{where}: setup.select_by must be one of {', '.join(SELECTION_METRICS)}")
+        if setup.relative_to is not None and setup.relative_to not in {s.name for s in strategies}:
+            raise ConfigError(f"{where}: setup.relative_to names no strategy of the setup")
     except KeyError as error:
         raise ConfigError(f"{where}: required key {error.args[0]!r} is missing") from None
     return setup
@@ -362,8 +372,13 @@ def choose(
 # ----- the table --------------------------------------------------------------------------------
 
 
+OVERALL = "overall"
+"""The "cohort" of a setup metric read from the whole test set (``overall/accuracy``)."""
+
+
 def metric_value(summary: dict[str, Any], cohort: str, metric: str) -> float:
-    value = summary["cohorts"].get(cohort, {}).get(metric)
+    source = summary["overall"] if cohort == OVERALL else summary["cohorts"].get(cohort, {})
+    value = source.get(metric)
     if value is None:
         raise ConfigError(f"summary has no {cohort}/{metric}")
     return float(value)
@@ -397,8 +412,18 @@ def table_rows(setup: Setup, runs: list[Run], summaries: dict[str, dict[str, Any
             spent = [float(s["epsilon"]) if s["epsilon"] != "inf" else math.inf for s in found]
             shown = epsilon if epsilon is not None else float(np.mean(spent))
             text = _epsilon_text(epsilon)
+            reference = None
+            if setup.relative_to is not None and strategy.name != setup.relative_to:
+                reference = _paired_reference(setup.relative_to, epsilon, mine, runs, summaries)
             for metric, (cohort, name) in setup.metrics.items():
-                mean, stderr = mean_stderr([metric_value(s, cohort, name) for s in found])
+                values = [metric_value(s, cohort, name) for s in found]
+                if reference is not None:  # the paired change against the same seed's reference
+                    values = [
+                        v - metric_value(r, cohort, name) for v, r in zip(values, reference, strict=True)
+                    ]
+                elif setup.relative_to is not None:  # the reference itself: absolute values
+                    metric = f"{cohort}/{name}"
+                mean, stderr = mean_stderr(values)
                 paper = strategy.paper.get(text, {}).get(metric)
                 paper_se = strategy.paper_stderr.get(text, {}).get(metric)
                 rows.append(
@@ -417,6 +442,21 @@ def table_rows(setup: Setup, runs: list[Run], summaries: dict[str, dict[str, Any
                     }
                 )
     return rows
+
+
+def _paired_reference(
+    name: str, epsilon: float | None, mine: list[Run], runs: list[Run], summaries: dict[str, dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """The summaries of reference strategy ``name``'s runs with the seeds of ``mine``, in order
+    (its runs at the same target ε, or its only runs where it has none)."""
+    by_seed: dict[int, dict[str, Any]] = {}
+    for run in runs:
+        if run.strategy == name and (run.target_epsilon == epsilon or run.target_epsilon is None):
+            by_seed[run.seed] = summaries[run.key]
+    missing = sorted({run.seed for run in mine} - set(by_seed))
+    if missing:
+        raise ConfigError(f"changes against {name!r} need its runs of seeds {missing}: run it too")
+    return [by_seed[run.seed] for run in mine]
 
 
 def both_accountants(summaries: list[dict[str, Any]], accountant: str) -> float | str:
@@ -496,7 +536,8 @@ def write_outputs(out: Path, setup: Setup, rows: list[dict[str, Any]], wall: flo
 
 def select_strategies(setup: Setup, names: list[str] | None) -> Setup:
     """The setup with only the strategies ``names`` (all of them for ``None``); a name the
-    setup does not have is a :class:`ConfigError` naming the ones it has."""
+    setup does not have is a :class:`ConfigError` naming the ones it has. A setup that reports
+    changes against a reference strategy keeps that strategy."""
     if names is None:
         return setup
     known = [strategy.name for strategy in setup.strategies]
@@ -507,6 +548,8 @@ def select_strategies(setup: Setup, names: list[str] | None) -> Setup:
             raise ConfigError(
                 f"--strategies: setup {setup.name!r} has no strategy {name!r} (it has: {', '.join(known)})"
             )
+    if setup.relative_to is not None:  # changes need the reference's runs of the same seeds
+        names = [*names, setup.relative_to]
     return replace(setup, strategies=[s for s in setup.strategies if s.name in names])
 
 

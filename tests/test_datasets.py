@@ -332,6 +332,19 @@ def test_adult_features_are_finite_standardised_and_one_hot(adult) -> None:
     assert "fnlwgt" not in adult.feature_names
 
 
+def test_adult_minmax_scaling_maps_the_training_rows_into_the_unit_interval(adult) -> None:
+    """Seed 004 scales features into [0, 1]: the numeric columns by the training rows' range;
+    every other column is the same as with standardisation."""
+    scaled = load_adult(need("adult/adult.data", "adult/adult.test"), seed=0, scaling="minmax")
+    numeric = [scaled.feature_names.index(name) for name in datasets_module.ADULT_NUMERIC]
+    np.testing.assert_array_equal(scaled.x_train[:, numeric].min(axis=0), 0.0)
+    np.testing.assert_array_equal(scaled.x_train[:, numeric].max(axis=0), 1.0)
+    np.testing.assert_array_equal(scaled.x_train[:, 5:], adult.x_train[:, 5:])
+    np.testing.assert_array_equal(scaled.y_test, adult.y_test)
+    with pytest.raises(ValueError, match="minmax"):
+        load_adult(need("adult/adult.data", "adult/adult.test"), seed=0, scaling="rank")
+
+
 def test_adult_split_is_seeded(adult) -> None:
     root = need("adult/adult.data", "adult/adult.test")
     np.testing.assert_array_equal(load_adult(root, seed=0).x_test, adult.x_test)

@@ -17,6 +17,7 @@ import pytest
 
 from fairclip.sims import reproduce as repro
 from fairclip.sims.data import DATASET_FILES
+from fairclip.sims.errors import ConfigError
 
 DATA_DIR = Path(os.environ.get("FAIRCLIP_DATA") or Path(__file__).resolve().parents[2] / "shared" / "data")
 DATASET_OF = {"adult": "adult", "dutch": "dutch", "skewed-mnist": "mnist"}
@@ -60,10 +61,15 @@ def test_every_setup_runs_a_few_steps(ray_session, cli, tmp_path, name):
     strategies = [s.name for s in setup.strategies]
     assert sorted(set(table["strategy"])) == sorted(strategies)
     assert len(table) == len(strategies) * len(setup.epsilons) * len(setup.metrics)
-    assert set(table["metric"]) == set(setup.metrics)
+    absolute = table["strategy"] == setup.relative_to  # a reference's own rows: absolute values
+    sources = {f"{cohort}/{metric}" for cohort, metric in setup.metrics.values()}
+    assert set(table.loc[~absolute, "metric"]) == set(setup.metrics)
+    assert set(table.loc[absolute, "metric"]) == (sources if setup.relative_to else set())
     assert (table["seeds"] == 1).all()
     means = table["fairclip_mean"].astype(float)
-    assert ((means >= 0) & (means <= 1)).all()
+    levels = means[absolute] if setup.relative_to else means
+    assert ((levels >= 0) & (levels <= 1)).all()
+    assert (means.abs() <= 1).all()  # a change against the reference lies in [-1, 1]
     report = (out / "reproduction.md").read_text()
     assert setup.title in report and "Wall time" in report
     if setup.has_grid:
@@ -346,3 +352,71 @@ def test_zhao_setups_choose_their_grid_point_by_macro_accuracy():
     }
     assert repro.choose(grid, summaries)[("bounded", 0.5)] == {"training.server_lr": 1.0}
     assert repro.choose(grid, summaries, "macro_accuracy")[("bounded", 0.5)] == {"training.server_lr": 2.0}
+
+
+def _summary(overall: float, male: float, female: float, sigma: float) -> dict:
+    claim = {"effective_noise_multiplier": sigma, "sample_rate": 0.01, "rounds": 100, "delta": 1e-5}
+    return {
+        "epsilon": "inf" if sigma == 0 else 1.0,
+        "overall": {"accuracy": overall},
+        "cohorts": {"male": {"accuracy": male}, "female": {"accuracy": female}},
+        "privacy": claim,
+    }
+
+
+def test_changes_against_the_reference_are_paired_by_seed():
+    """Seed 004 reports accuracy change against non-private SGD: per seed, run − reference run of
+    the same seed; the mean and s.e. are those of the paired differences."""
+    setup = repro.load_setup("xu-adult-balanced")
+    assert setup.relative_to == "none"
+    runs, summaries = [], {}
+    values = {
+        ("none", 0): (0.84, 0.80, 0.88),
+        ("none", 1): (0.80, 0.76, 0.84),  # a worse seed for everyone
+        ("constant", 0): (0.80, 0.75, 0.86),
+        ("constant", 1): (0.77, 0.72, 0.83),
+        ("per-cohort", 0): (0.83, 0.79, 0.875),
+        ("per-cohort", 1): (0.79, 0.75, 0.835),
+    }
+    for (strategy, seed), (overall, male, female) in values.items():
+        key = f"{strategy}-{seed}"
+        runs.append(repro.Run(key, strategy, None, seed, {}))
+        summaries[key] = _summary(overall, male, female, 0.0 if strategy == "none" else 1.0)
+    rows = {(r["strategy"], r["metric"]): r for r in repro.table_rows(setup, runs, summaries)}
+    total = rows[("constant", "accuracy_change_total")]
+    assert total["fairclip_mean"] == pytest.approx(-0.035)  # (-0.04 - 0.03) / 2, paired
+    assert total["fairclip_stderr"] == pytest.approx(0.005)  # s.e. of the differences, not of levels
+    assert rows[("constant", "accuracy_change_male")]["fairclip_mean"] == pytest.approx(-0.045)
+    assert rows[("per-cohort", "accuracy_change_female")]["fairclip_mean"] == pytest.approx(-0.005)
+    assert not total["outside"]  # the paper's -0.036
+    assert rows[("constant", "accuracy_change_male")]["outside"] is False  # -0.045 vs -0.054
+    # the reference's own rows hold its absolute values, named by their source
+    assert rows[("none", "overall/accuracy")]["fairclip_mean"] == pytest.approx(0.82)
+    assert ("none", "accuracy_change_total") not in rows
+    # a change needs the reference's run of the same seed
+    with pytest.raises(ConfigError, match="seeds \\[1\\]"):
+        repro.table_rows(setup, [r for r in runs if r.key != "none-1"], summaries)
+    # a subset of strategies keeps the reference
+    kept = repro.select_strategies(setup, ["constant"])
+    assert [s.name for s in kept.strategies] == ["none", "constant"]
+
+
+def test_seed_004_setups_are_its_table_5():
+    for name, balance in (("xu-adult-balanced", True), ("xu-adult", False), ("xu-dutch", True)):
+        setup = repro.load_setup(name)
+        assert setup.settings["scenario.model"] == "binary-logistic"
+        assert setup.settings["training.weight_decay"] == 0.01
+        assert setup.settings.get("scenario.balance", True) is balance
+        assert setup.relative_to == "none" and setup.batch_size == 256 and setup.epochs == 20
+        by_name = {s.name: s for s in setup.strategies}
+        assert by_name["per-cohort"].settings["strategy.same_round"] is True
+        assert by_name["constant"].settings["strategy.initial_bound"] == 0.5
+        # lr = 1/sqrt(T), T = ceil(20 N / 256) over the 80 % training rows
+        rows = {"xu-adult-balanced": 28_000, "xu-adult": 45_222, "xu-dutch": 60_420}[name]
+        train = rows - round(0.2 * rows)
+        steps = math.ceil(20 * train / 256)
+        assert setup.settings["training.server_lr"] == pytest.approx(1 / math.sqrt(steps), abs=1e-6)
+    dutch = {s.name: s for s in repro.load_setup("xu-dutch").strategies}
+    # seed 004's "male" Dutch rows are fairclip's female rows: its columns are swapped here
+    assert dutch["constant"].paper[""]["accuracy_change_female"] == -0.153
+    assert "reweight" in dutch

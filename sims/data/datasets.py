@@ -36,7 +36,9 @@ Adult (:func:`load_adult`; Esipova et al. 2023, appendix B.1, and their code ``f
 
     * ``age``, ``education_num``, ``capital_gain``, ``capital_loss``, ``hours_per_week``,
       standardised with the mean and (population, ddof=0) standard deviation of the *training*
-      rows (Esipova et al. used the whole table's statistics, before the split);
+      rows (Esipova et al. used the whole table's statistics, before the split); or, with
+      ``scaling="minmax"``, mapped into [0, 1] by the training rows' minimum and maximum (seed
+      004's "scaled to [0, 1]"; a test row may fall slightly outside);
     * ``race`` binarised: 0 White, 1 any other value;
     * ``sex``: 0 male, 1 female (the protected attribute is also an input feature, as in
       ``fair-dp``; pass ``include_protected=False`` to leave it out);
@@ -374,6 +376,7 @@ def load_adult(
     *,
     per_group: int = 14_000,
     include_protected: bool = True,
+    scaling: str = "standardize",
 ) -> Dataset:
     """UCI Adult, income > 50K, protected attribute sex (0 male, 1 female); see the module docstring."""
     _check_split_args(seed, test_fraction)
@@ -406,10 +409,15 @@ def load_adult(
     columns: list[np.ndarray] = []
     names: list[str] = []
     numeric = frame[list(ADULT_NUMERIC)].to_numpy(dtype=np.float64)
-    mean = numeric[train].mean(axis=0)
-    std = numeric[train].std(axis=0)
-    std[std == 0] = 1.0
-    columns.append(((numeric - mean) / std).astype(np.float32))
+    if scaling == "standardize":
+        shift, spread = numeric[train].mean(axis=0), numeric[train].std(axis=0)
+    elif scaling == "minmax":
+        shift = numeric[train].min(axis=0)
+        spread = numeric[train].max(axis=0) - shift
+    else:
+        raise ValueError(f"scaling must be standardize or minmax, not {scaling!r}")
+    spread[spread == 0] = 1.0
+    columns.append(((numeric - shift) / spread).astype(np.float32))
     names.extend(ADULT_NUMERIC)
     columns.append((frame["race"] != "White").to_numpy(dtype=np.float32)[:, None])
     names.append("race=non-white")
