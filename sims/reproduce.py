@@ -52,6 +52,7 @@ COLUMNS = [
     "fairclip_mean",
     "fairclip_stderr",
     "seeds",
+    "outside",
 ]
 SELECTION_METRICS = ("accuracy", "macro_accuracy")
 """Overall validation metrics a grid search may choose by."""

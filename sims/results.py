@@ -1,0 +1,160 @@
+"""Committed reproduction results, and the README's tables made from them.
+
+A finished ``fairclip reproduce`` folder holds every run and its tables. What outlives the
+machine is small: :func:`record` copies ``reproduction.csv`` and ``reproduction.md`` into
+``results/reproductions/<setup>/`` of the repository with ``record.json`` (the command, seeds,
+machine, commit, date, and the compute time summed over the runs' own wall times, which
+``--resume`` pieces do not lose). :func:`results_markdown` renders every recorded setup as the
+README's reproduction tables, and :func:`update_readme` rewrites the README between its two
+markers, so the README always shows what the committed files hold (a test checks they agree)::
+
+    python -m fairclip.sims.results record runs/xu-dutch xu-dutch \
+        --command "fairclip reproduce xu-dutch --seeds 3"
+    python -m fairclip.sims.results readme
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from fairclip.sims.outputs import atomic_write_text, write_json
+from fairclip.sims.provenance import git_commit, machine
+
+REPOSITORY = Path(__file__).resolve().parents[1]
+RESULTS_DIR = REPOSITORY / "results" / "reproductions"
+README = REPOSITORY / "README.md"
+BEGIN = "<!-- reproduction results: generated from results/reproductions by fairclip.sims.results -->"
+END = "<!-- end of reproduction results -->"
+FILES = ("reproduction.csv", "reproduction.md")
+
+
+def record(out: Path, dest: Path, command: str) -> dict[str, Any]:
+    """Copy the tables of the reproduction in ``out`` into ``dest`` with its ``record.json``;
+    return the record. The reproduction must be finished (its tables written)."""
+    out, dest = Path(out), Path(dest)
+    missing = [name for name in FILES if not (out / name).is_file()]
+    if missing:
+        raise FileNotFoundError(f"{out} holds no {missing[0]}: the reproduction has not finished")
+    spec = json.loads((out / "sweep.json").read_text()) if (out / "sweep.json").is_file() else {}
+    summaries = [json.loads(path.read_text()) for path in sorted((out / "runs").glob("*/summary.json"))]
+    table = pd.read_csv(out / "reproduction.csv", keep_default_na=False)
+    started = [s["provenance"]["started"] for s in summaries if "provenance" in s]
+    entry = {
+        "setup": str(table["setup"].iloc[0]) if len(table) else dest.name,
+        "command": command,
+        "seeds": int(table["seeds"].max()) if len(table) else 0,
+        "runs": len(summaries),
+        "compute_seconds": round(sum(float(s["provenance"]["wall_seconds"]) for s in summaries), 1),
+        "first_run_started": min(started) if started else None,
+        "recorded": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "git_commit": git_commit(),
+        "machine": next(
+            (s["provenance"]["machine"] for s in summaries if "machine" in s.get("provenance", {})), machine()
+        ),
+        "specification": spec,
+    }
+    dest.mkdir(parents=True, exist_ok=True)
+    for name in FILES:
+        shutil.copyfile(out / name, dest / name)
+    write_json(dest / "record.json", entry)
+    return entry
+
+
+def _number(value: Any, digits: int = 4) -> str:
+    """A table cell: a number to ``digits`` places, "—" for none, other text as it is."""
+    if value == "" or value is None:
+        return "—"
+    try:
+        return f"{float(value):.{digits}f}"
+    except ValueError:
+        return str(value)
+
+
+def setup_markdown(folder: Path) -> str:
+    """One recorded setup: its title line, how it was run, and its table."""
+    entry = json.loads((folder / "record.json").read_text())
+    table = pd.read_csv(folder / "reproduction.csv", keep_default_na=False)
+    cores = entry["machine"].get("cores")
+    lines = [
+        f"**{entry['setup']}** ({entry['seeds']} seeds, {entry['runs']} runs, "
+        f"{entry['compute_seconds'] / 60:.0f} min of run time, {cores} CPU core(s) per run, "
+        f"commit {str(entry['git_commit'])[:7]}): `{entry['command']}`",
+        "",
+        "| strategy | ε (RDP / PRV) | metric | paper | fairclip (mean ± s.e.) | |",
+        "|---|---|---|---:|---:|---|",
+    ]
+    paper_values = table["paper"].astype(str) != ""
+    for _, row in table.iterrows():
+        error = row["fairclip_stderr"]
+        mean = _number(row["fairclip_mean"]) + ("" if error == "" else f" ± {float(error):.4f}")
+        outside = str(row["outside"]) == "True"
+        lines.append(
+            f"| `{row['strategy']}` | {row['epsilon_rdp']} / {row['epsilon_prv']} | {row['metric']} | "
+            f"{_number(row['paper'])} | {mean} | {'outside' if outside else ''} |"
+        )
+    if not paper_values.any():
+        lines += ["", "The paper gives no values for this setup."]
+    lines += ["", f"Report with the notes and flags: [{folder.name}/reproduction.md]({_link(folder)})."]
+    return "\n".join(lines)
+
+
+def _link(folder: Path) -> str:
+    try:
+        return str(folder.resolve().relative_to(REPOSITORY) / "reproduction.md")
+    except ValueError:
+        return str(folder / "reproduction.md")
+
+
+def results_markdown(results: Path = RESULTS_DIR) -> str:
+    """Every recorded setup under ``results``, in name order, as README markdown."""
+    folders = sorted(p for p in Path(results).iterdir() if (p / "record.json").is_file())
+    if not folders:
+        return "No reproduction has been recorded yet."
+    return "\n\n".join(setup_markdown(folder) for folder in folders)
+
+
+def readme_block(readme: Path = README) -> str:
+    """The README's text between its two markers."""
+    text = Path(readme).read_text()
+    if BEGIN not in text or END not in text:
+        raise ValueError(f"{readme} has no reproduction-results markers")
+    return text.split(BEGIN, 1)[1].split(END, 1)[0].strip("\n")
+
+
+def update_readme(readme: Path = README, results: Path = RESULTS_DIR) -> bool:
+    """Rewrite the README's block from ``results``; whether it changed."""
+    text = Path(readme).read_text()
+    current = readme_block(readme)
+    fresh = results_markdown(results)
+    if current == fresh:
+        return False
+    head, rest = text.split(BEGIN, 1)
+    tail = rest.split(END, 1)[1]
+    atomic_write_text(Path(readme), f"{head}{BEGIN}\n{fresh}\n{END}{tail}")
+    return True
+
+
+def main(argv: list[str]) -> int:
+    """``record OUT NAME --command TEXT`` or ``readme``."""
+    if argv[:1] == ["readme"] and len(argv) == 1:
+        print("README updated" if update_readme() else "README already up to date")
+        return 0
+    if argv[:1] == ["record"] and len(argv) == 5 and argv[3] == "--command":
+        entry = record(Path(argv[1]), RESULTS_DIR / argv[2], argv[4])
+        print(
+            f"recorded {entry['setup']}: {entry['runs']} runs, {entry['compute_seconds']:.0f} s of run time"
+        )
+        return 0
+    print("usage: python -m fairclip.sims.results record OUT NAME --command TEXT | readme", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,75 @@
+"""Committed reproduction results and the README tables generated from them."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from fairclip.sims import results
+from fairclip.sims.outputs import write_csv
+from fairclip.sims.reproduce import COLUMNS
+
+
+def test_the_readme_shows_what_the_committed_results_hold():
+    """The README's reproduction tables are exactly what the committed files render to."""
+    assert results.readme_block() == results.results_markdown(), (
+        "README out of date: run python -m fairclip.sims.results readme"
+    )
+
+
+def _finished(out: Path) -> None:
+    rows = [
+        {
+            "setup": "xu-dutch", "strategy": "constant", "epsilon": 1.98, "epsilon_rdp": 1.98,
+            "epsilon_prv": 1.2, "metric": "accuracy_change_total", "paper": -0.1,
+            "fairclip_mean": -0.03, "fairclip_stderr": 0.004, "seeds": 3, "outside": True,
+        },
+        {
+            "setup": "xu-dutch", "strategy": "none", "epsilon": "inf", "epsilon_rdp": "inf",
+            "epsilon_prv": "inf", "metric": "overall/accuracy", "paper": "",
+            "fairclip_mean": 0.81, "fairclip_stderr": 0.002, "seeds": 3, "outside": False,
+        },
+    ]  # fmt: skip
+    assert list(rows[0]) == COLUMNS
+    write_csv(out / "reproduction.csv", rows)
+    (out / "reproduction.md").write_text("# fairclip reproduce: xu-dutch\n")
+    (out / "sweep.json").write_text(json.dumps({"name": "xu-dutch", "seeds": 3}))
+    for index, wall in enumerate((100.0, 50.5)):
+        run = out / "runs" / f"run-{index}"
+        run.mkdir(parents=True)
+        provenance = {"started": f"2026-11-25T12:0{index}:00+00:00", "wall_seconds": wall}
+        (run / "summary.json").write_text(json.dumps({"provenance": provenance}))
+
+
+def test_a_finished_reproduction_is_recorded_and_rendered(tmp_path):
+    out, store = tmp_path / "run", tmp_path / "results"
+    out.mkdir()
+    with pytest.raises(FileNotFoundError, match="not finished"):
+        results.record(out, store / "xu-dutch", "fairclip reproduce xu-dutch --seeds 3")
+    _finished(out)
+    entry = results.record(out, store / "xu-dutch", "fairclip reproduce xu-dutch --seeds 3")
+    assert entry["runs"] == 2 and entry["compute_seconds"] == 150.5 and entry["seeds"] == 3
+    assert entry["first_run_started"] == "2026-11-25T12:00:00+00:00"
+    assert entry["specification"] == {"name": "xu-dutch", "seeds": 3}
+    assert sorted(p.name for p in (store / "xu-dutch").iterdir()) == [
+        "record.json",
+        "reproduction.csv",
+        "reproduction.md",
+    ]
+    text = results.results_markdown(store)
+    assert "`fairclip reproduce xu-dutch --seeds 3`" in text and "3 seeds, 2 runs" in text
+    assert (
+        "| `constant` | 1.98 / 1.2 | accuracy_change_total | -0.1000 | -0.0300 ± 0.0040 | outside |" in text
+    )
+    assert "| `none` | inf / inf | overall/accuracy | — | 0.8100 ± 0.0020 |  |" in text
+    readme = tmp_path / "README.md"
+    readme.write_text(f"intro\n{results.BEGIN}\nold\n{results.END}\noutro\n")
+    assert results.update_readme(readme, store)
+    assert results.readme_block(readme) == text
+    assert readme.read_text().startswith("intro\n") and readme.read_text().endswith("\noutro\n")
+    assert not results.update_readme(readme, store)  # already up to date
+    shutil.rmtree(store / "xu-dutch")
+    assert results.results_markdown(store) == "No reproduction has been recorded yet."

@@ -1,0 +1,106 @@
+"""Bootstrap intervals and paired tests across seeds; group fairness with Fairlearn."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+from scipy import stats
+
+from fairclip.server.fairness import group_fairness, partition
+from fairclip.sims import statistics
+
+
+def test_bootstrap_interval_covers_the_mean_and_is_reproducible():
+    values = [0.80, 0.82, 0.79, 0.85, 0.81]
+    low, high = statistics.bootstrap_interval(values)
+    assert low < np.mean(values) < high
+    assert min(values) <= low and high <= max(values)
+    assert statistics.bootstrap_interval(values) == (low, high)  # a fixed generator
+    assert statistics.bootstrap_interval([0.5, 0.5, 0.5]) == (0.5, 0.5)
+    assert all(math.isnan(v) for v in statistics.bootstrap_interval([0.7]))
+    assert statistics.bootstrap_interval([0.7, math.nan, 0.9])[0] >= 0.7  # NaN ignored
+
+
+def test_bootstrap_interval_has_about_its_coverage():
+    """Over many samples of 20 seeds from N(0, 1), the 95 % percentile interval holds the true
+    mean about 95 % of the time (percentile intervals run a little short for small n)."""
+    generator = np.random.default_rng(7)
+    trials = 200
+    covered = 0
+    for _ in range(trials):
+        low, high = statistics.bootstrap_interval(generator.normal(size=20), resamples=500)
+        covered += low <= 0.0 <= high
+    assert 0.86 <= covered / trials <= 0.99
+
+
+def _runs(values: dict[str, list[float]]) -> pd.DataFrame:
+    return pd.DataFrame(
+        [
+            {"strategy": strategy, "seed": seed, "q": value}
+            for strategy, series in values.items()
+            for seed, value in enumerate(series)
+        ]
+    )
+
+
+def test_paired_test_uses_the_pairs_not_the_levels():
+    """Seeds that move both strategies together: a consistent small lead is significant when
+    paired, though the levels' spread dwarfs it."""
+    per_run = _runs({"a": [0.70, 0.80, 0.90, 0.75], "b": [0.69, 0.79, 0.89, 0.745]})
+    (test,) = statistics.paired_tests(per_run, "q")
+    assert (test.first, test.second, test.seeds) == ("a", "b", 4)
+    assert test.mean_difference == pytest.approx(0.00875)
+    expected = stats.ttest_rel([0.70, 0.80, 0.90, 0.75], [0.69, 0.79, 0.89, 0.745]).pvalue
+    assert test.p_value == pytest.approx(expected)
+    assert test.significant
+    assert stats.ttest_ind([0.70, 0.80, 0.90, 0.75], [0.69, 0.79, 0.89, 0.745]).pvalue > 0.5
+    assert test.interval_low > 0
+
+
+def test_paired_tests_say_when_a_difference_is_not_significant():
+    per_run = _runs({"a": [0.80, 0.75, 0.85], "b": [0.78, 0.79, 0.82], "c": [0.80, 0.75, 0.85]})
+    tests = {(t.first, t.second): t for t in statistics.paired_tests(per_run, "q")}
+    assert len(tests) == 3
+    assert not any(t.significant for t in tests.values())
+    same = tests.get(("a", "c")) or tests[("c", "a")]
+    assert same.mean_difference == 0 and same.p_value == 1.0
+    one_seed = statistics.paired_tests(_runs({"a": [0.9], "b": [0.8]}), "q")[0]
+    assert math.isnan(one_seed.p_value) and not one_seed.significant
+
+
+def test_summary_and_test_rows_group_by_target_epsilon():
+    per_run = pd.concat(
+        [
+            _runs({"a": [0.8, 0.82, 0.81], "b": [0.7, 0.71, 0.69]}).assign(target_epsilon=eps)
+            for eps in (1.0, 8.0)
+        ]
+    )
+    summary = statistics.summary_rows(per_run, ["q"], ["target_epsilon", "strategy"])
+    assert len(summary) == 4
+    first = summary[0]
+    assert first["quantity"] == "q" and first["seeds"] == 3
+    assert first["ci_low"] <= first["mean"] <= first["ci_high"]
+    tests = statistics.paired_test_rows(per_run, ["q"], ["target_epsilon"])
+    assert len(tests) == 2 and all(row["significant"] for row in tests)
+    assert {row["target_epsilon"] for row in tests} == {1.0, 8.0}
+
+
+def test_group_fairness_matches_the_definitions():
+    labels = np.array([1, 1, 0, 0, 1, 0, 1, 0])
+    predictions = np.array([1, 0, 0, 1, 1, 1, 1, 0])
+    cohorts = np.array([0, 0, 0, 0, 1, 1, 1, 1])
+    overall, per_cohort = group_fairness(labels, predictions, cohorts, ["a", "b"])
+    assert per_cohort["a"] == {"tpr": 0.5, "fpr": 0.5, "selection_rate": 0.5}
+    assert per_cohort["b"] == {"tpr": 1.0, "fpr": 0.5, "selection_rate": 0.75}
+    assert overall["demographic_parity_difference"] == pytest.approx(0.25)
+    assert overall["equalized_odds_difference"] == pytest.approx(0.5)  # max(TPR gap .5, FPR gap 0)
+
+
+def test_only_cohorts_that_partition_the_test_set_get_group_metrics():
+    owner = np.array([0, 1, 1, 0])
+    assert partition({"a": (owner == 0) * 1.0, "b": (owner == 1) * 1.0}).tolist() == [0, 1, 1, 0]
+    assert partition({"a": np.array([0.5, 1, 1, 0]), "b": np.array([0.5, 0, 0, 1])}) is None
+    assert partition({"a": np.ones(4), "b": np.ones(4)}) is None  # class-mix cohorts weigh every row
