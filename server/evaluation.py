@@ -1,7 +1,8 @@
 """Evaluation of the global model: accuracy and loss overall, per class and per cohort.
 
 Per class (seed 000): accuracy of each class, their mean (macro accuracy) and their minimum
-(worst-class accuracy). Per cohort: accuracy and loss on the cohort's test distribution, given
+(worst-class accuracy); across cohorts, the worst cohort's accuracy and the gap between the best
+and the worst. Per cohort: accuracy and loss on the cohort's test distribution, given
 as per-example weights over the test set (a cohort defined by a protected attribute weighs its
 own rows; a cohort defined by a class mix weighs each class by its share in the cohort).
 """
@@ -63,4 +64,8 @@ def evaluate(
             "accuracy": float(weights @ correct / total) if total > 0 else float("nan"),
             "loss": float(weights @ losses / total) if total > 0 else float("nan"),
         }
+    accuracies = [metrics["accuracy"] for metrics in cohorts.values() if np.isfinite(metrics["accuracy"])]
+    if accuracies:
+        overall["worst_cohort_accuracy"] = float(min(accuracies))
+        overall["cohort_accuracy_gap"] = float(max(accuracies) - min(accuracies))
     return overall, cohorts

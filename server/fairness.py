@@ -39,14 +39,7 @@ def group_fairness(
     """(differences across cohorts, TPR/FPR/selection rate per cohort) of binary predictions;
     ``cohorts`` holds each row's index into ``names``. A cohort with no positive (negative) test
     row has TPR (FPR) NaN."""
-    from fairlearn.metrics import (
-        MetricFrame,
-        demographic_parity_difference,
-        equalized_odds_difference,
-        false_positive_rate,
-        selection_rate,
-        true_positive_rate,
-    )
+    from fairlearn.metrics import MetricFrame, false_positive_rate, selection_rate, true_positive_rate
 
     groups = np.asarray(names, dtype=object)[np.asarray(cohorts)]
     frame = MetricFrame(
@@ -61,12 +54,11 @@ def group_fairness(
         for name in names
         if name in by_group.index
     }
+    # one frame for all three (each of Fairlearn's difference functions builds its own, and a
+    # frame costs about 0.1 s): the same between-groups differences those functions return
+    spread = frame.difference(method="between_groups")
     overall = {
-        "demographic_parity_difference": float(
-            demographic_parity_difference(labels, predictions, sensitive_features=groups)
-        ),
-        "equalized_odds_difference": float(
-            equalized_odds_difference(labels, predictions, sensitive_features=groups)
-        ),
+        "demographic_parity_difference": float(spread["selection_rate"]),
+        "equalized_odds_difference": float(max(spread["tpr"], spread["fpr"])),
     }
     return overall, per_cohort

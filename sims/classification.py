@@ -27,7 +27,8 @@ from fairclip.client.training import (
     one_step_updates,
     prepare_training,
 )
-from fairclip.server.evaluation import evaluate
+from fairclip.server.evaluation import evaluate, predict
+from fairclip.server.fairness import group_fairness, partition
 from fairclip.sims.config import ClassificationSpec, TrainingSpec
 from fairclip.sims.data import cohort_client_counts
 from fairclip.sims.federated_dataset import FederatedDataset
@@ -274,6 +275,15 @@ class ClassificationTask:
         return evaluate(
             self.evaluation_model, model, self.test_x, self.test_y, self.cohort_weights, self.num_classes
         )
+
+    def group_metrics(self, model: np.ndarray) -> tuple[dict[str, float], dict[str, dict[str, float]]] | None:
+        """Fairlearn's group metrics of ``model`` on the test set (:mod:`fairclip.server.fairness`):
+        binary tasks whose cohorts partition the test rows; ``None`` for any other."""
+        rows = partition(self.cohort_weights)
+        if self.num_classes != 2 or rows is None:
+            return None
+        predictions = predict(self.evaluation_model, model, self.test_x).argmax(dim=1).cpu().numpy()
+        return group_fairness(self.test_y.cpu().numpy(), predictions, rows, list(self.cohort_weights))
 
     def summary(self, model: np.ndarray) -> dict[str, Any]:
         return {}

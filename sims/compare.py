@@ -269,11 +269,15 @@ def run_sweep(
     rounds by key, plots drawn)."""
     from fairclip.sims import sweep_folder
     from fairclip.sims.plots import PLOTS
-    from fairclip.sims.report import write_report
+    from fairclip.sims.report import STATISTICS_FILES, write_report
 
     with sweep_folder.locked(out):
         spec = sweep_folder.settle(
-            out, given, mode, merge=merge_specs, results=("runs", "summary.csv", "report.md", *PLOTS)
+            out,
+            given,
+            mode,
+            merge=merge_specs,
+            results=("runs", "summary.csv", "report.md", *STATISTICS_FILES, *PLOTS),
         )
         raw, runs = plan_from_spec(spec)
         check_sweep_memory(raw, runs, parallel, address)
@@ -315,6 +319,7 @@ def results_table(
     for run in runs:
         summary = summaries[run.key]
         reference = references[run.seed]["cohorts"]
+        overall = summary.get("overall", {})
         for cohort, metrics in summary["cohorts"].items():
             accuracy = metrics.get("accuracy", math.nan)
             loss = metrics.get("loss", math.nan)
@@ -330,6 +335,8 @@ def results_table(
                     "privacy_cost": reference[cohort].get("accuracy", math.nan) - accuracy,
                     "final_clip_bound": float(summary["final_clip_bound"]),
                     "excessive_risk": loss - reference[cohort].get("loss", math.nan),
+                    **{metric: metrics.get(metric, math.nan) for metric in COHORT_RATES},
+                    **{metric: overall.get(metric, math.nan) for metric in RUN_METRICS},
                     "delta": summary["delta"],
                     "accountant": summary["privacy"]["accountant"],
                     "noise_multiplier": summary["privacy"]["noise_multiplier"],
@@ -338,6 +345,14 @@ def results_table(
                 }
             )
     return pd.DataFrame(rows), rounds, keys
+
+
+COHORT_RATES = ("tpr", "fpr", "selection_rate")
+"""Per-cohort rates of a binary task's final model (Fairlearn, :mod:`fairclip.server.fairness`);
+NaN where the task has none."""
+RUN_METRICS = ("worst_class_accuracy", "demographic_parity_difference", "equalized_odds_difference")
+"""Whole-run metrics of the final model, repeated on each of the run's cohort rows; NaN where
+the task has none."""
 
 
 def _target(run: RunSpec, summary: dict[str, Any]) -> float:

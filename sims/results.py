@@ -2,9 +2,10 @@
 
 A finished ``fairclip reproduce`` folder holds every run and its tables. What outlives the
 machine is small: :func:`record` copies ``reproduction.csv`` and ``reproduction.md`` into
-``results/reproductions/<setup>/`` of the repository with ``record.json`` (the command, seeds,
-machine, commit, date, and the compute time summed over the runs' own wall times, which
-``--resume`` pieces do not lose). :func:`results_markdown` renders every recorded setup as the
+``results/reproductions/<setup>/`` of the repository with ``record.json``: the command, seeds,
+machine, the commits of the runs (``None`` for a copy without git) and of the recording, the
+date, and the compute time summed over the runs' own wall times, which ``--resume`` pieces do
+not lose. :func:`results_markdown` renders every recorded setup as the
 README's reproduction tables, and :func:`update_readme` rewrites the README between its two
 markers, so the README always shows what the committed files hold (a test checks they agree)::
 
@@ -54,7 +55,8 @@ def record(out: Path, dest: Path, command: str) -> dict[str, Any]:
         "compute_seconds": round(sum(float(s["provenance"]["wall_seconds"]) for s in summaries), 1),
         "first_run_started": min(started) if started else None,
         "recorded": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        "git_commit": git_commit(),
+        "run_commits": sorted({str(s.get("provenance", {}).get("git_commit")) for s in summaries}),
+        "recorded_at_commit": git_commit(),
         "machine": next(
             (s["provenance"]["machine"] for s in summaries if "machine" in s.get("provenance", {})), machine()
         ),
@@ -85,7 +87,7 @@ def setup_markdown(folder: Path) -> str:
     lines = [
         f"**{entry['setup']}** ({entry['seeds']} seeds, {entry['runs']} runs, "
         f"{entry['compute_seconds'] / 60:.0f} min of run time, {cores} CPU core(s) per run, "
-        f"commit {str(entry['git_commit'])[:7]}): `{entry['command']}`",
+        f"recorded at commit {str(entry['recorded_at_commit'])[:7]}): `{entry['command']}`",
         "",
         "| strategy | ε (RDP / PRV) | metric | paper | fairclip (mean ± s.e.) | |",
         "|---|---|---|---:|---:|---|",

@@ -17,7 +17,11 @@ class Task(Protocol):
     A task may also define ``per_example_gradients(model, client_ids, round_number, policy)``,
     returning the norms and weighted sums of those clients' updates without forming them (a
     :class:`fairclip.client.ghost.OneStepGradients`), or ``None`` where it cannot; the engines use
-    it first (:meth:`fairclip.sims.classification.ClassificationTask.per_example_gradients`)."""
+    it first (:meth:`fairclip.sims.classification.ClassificationTask.per_example_gradients`).
+
+    And ``group_metrics(model)``: extra (overall, per-cohort) metrics of the final model, such as
+    :meth:`fairclip.sims.classification.ClassificationTask.group_metrics`'s group-fairness rates,
+    merged into the summary once a run, or ``None``."""
 
     cohort_names: list[str]
     client_cohorts: np.ndarray

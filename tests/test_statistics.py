@@ -99,6 +99,23 @@ def test_group_fairness_matches_the_definitions():
     assert overall["equalized_odds_difference"] == pytest.approx(0.5)  # max(TPR gap .5, FPR gap 0)
 
 
+def test_group_differences_are_fairleans_own_on_random_predictions():
+    from fairlearn.metrics import demographic_parity_difference, equalized_odds_difference
+
+    generator = np.random.default_rng(3)
+    for _ in range(5):
+        labels, predictions = generator.integers(0, 2, 300), generator.integers(0, 2, 300)
+        cohorts = generator.integers(0, 3, 300)
+        groups = np.array(["a", "b", "c"], dtype=object)[cohorts]
+        overall, _ = group_fairness(labels, predictions, cohorts, ["a", "b", "c"])
+        assert overall["demographic_parity_difference"] == pytest.approx(
+            demographic_parity_difference(labels, predictions, sensitive_features=groups)
+        )
+        assert overall["equalized_odds_difference"] == pytest.approx(
+            equalized_odds_difference(labels, predictions, sensitive_features=groups)
+        )
+
+
 def test_only_cohorts_that_partition_the_test_set_get_group_metrics():
     owner = np.array([0, 1, 1, 0])
     assert partition({"a": (owner == 0) * 1.0, "b": (owner == 1) * 1.0}).tolist() == [0, 1, 1, 0]
