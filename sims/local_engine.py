@@ -83,12 +83,12 @@ def groups_sums(
     round_number: int,
     params,
     exchange: Exchange = Exchange.ROUND,
-    held: dict[int, ClientWork] | None = None,
+    held: dict[tuple[int, int], ClientWork] | None = None,
 ) -> dict[int, RoundSums]:
     """Train each group of blocks in one call, then clip and sum per block; sums by block index,
     holding only what ``exchange`` releases (:func:`sent_in`).
 
-    In a counts-first round, ``held`` keeps each group's work (by its first block) from the
+    In a counts-first round, ``held`` keeps each group's work (by round and first block) from the
     :attr:`Exchange.COUNTS` call for the :attr:`Exchange.UPDATES` call, which clips the same
     updates with the round's new bounds; a group not held there is trained again (training is
     a function of θ_t, the client and the round, so the updates are the same)."""
@@ -96,7 +96,7 @@ def groups_sums(
     for group in groups:
         ids = np.concatenate(list(group.values()))
         sizes = [len(block_ids) for block_ids in group.values()]
-        key = min(group)
+        key = (round_number, min(group))  # never another round's work
         work = held.pop(key, None) if held is not None and exchange is Exchange.UPDATES else None
         if work is None:
             work = client_work(task, policy, model, ids, round_number)
@@ -121,7 +121,7 @@ class LocalExecutor:
 
     def __post_init__(self) -> None:
         self._tasks = [self.task, *(self.task.worker() for _ in range(self.workers - 1))]
-        self._held: dict[int, ClientWork] = {}
+        self._held: dict[tuple[int, int], ClientWork] = {}
         """The current counts-first round's work, between its two exchanges."""
 
     @property

@@ -121,7 +121,7 @@ class ClientBlocksActor:
             if not held.all():
                 self.task.keep_clients(held)
         self.set_policy(config)
-        self.held: dict[int, ClientWork] = {}
+        self.held: dict[tuple[int, int], ClientWork] = {}
         """A counts-first round's work on this actor, between its two exchanges."""
 
     def set_policy(self, config: dict[str, Any]) -> None:

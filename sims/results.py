@@ -116,6 +116,8 @@ def _link(folder: Path) -> str:
 
 def results_markdown(results: Path = RESULTS_DIR) -> str:
     """Every recorded setup under ``results``, in name order, as README markdown."""
+    if not Path(results).is_dir():  # an installed copy holds no results folder
+        return "No reproduction has been recorded yet."
     folders = sorted(p for p in Path(results).iterdir() if (p / "record.json").is_file())
     if not folders:
         return "No reproduction has been recorded yet."

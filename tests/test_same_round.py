@@ -223,3 +223,53 @@ def test_the_flower_dp_wrapper_refuses_a_counts_first_policy():
 
     with pytest.raises(ValueError, match="twice a round"):
         DifferentialPrivacy(FedAvg(), CountsFirst(), sample_rate=0.5, noise_multiplier=1.0)
+
+
+class _CountingTask:
+    """A node's task whose every training is counted (and gives a different update each time,
+    so a second training would show)."""
+
+    def __init__(self) -> None:
+        self.cohort_names = ["a", "b"]
+        self.client_cohorts = np.array([1])
+        self.trained = 0
+
+    def local_updates(self, model, client_ids, round_number):
+        self.trained += 1
+        return np.full((1, model.shape[0]), 0.2 * self.trained)
+
+
+def test_a_flower_node_clips_the_update_it_counted(monkeypatch, server_task_identity):
+    """The ClientApp keeps its update in the node's context.state between the two exchanges and
+    clips that one; with the state lost, it trains again."""
+    from flwr.app import Context, Message, MessageType, RecordDict
+
+    from fairclip.client.app import HELD_UPDATE, FairclipClient, LocalClient
+    from fairclip.client.protocol import train_content
+
+    policy = _same_round(2, bound=0.3)
+    task = _CountingTask()
+    node = LocalClient(0, 1, 1, 2, task, policy, simulated=False)
+    app = FairclipClient(lambda run_config: None)
+    monkeypatch.setattr(app, "local_client", lambda context: node)
+    context = Context(run_id=1, node_id=7, node_config={}, state=RecordDict(), run_config={})
+    model = np.zeros(4)
+
+    def ask(exchange, params):
+        message = Message(
+            train_content(model, params, 3, exchange), dst_node_id=7, message_type=MessageType.TRAIN
+        )
+        return app.train(message, context).content[UPDATE]
+
+    first = policy.broadcast(policy.initial_state(4))
+    counted = ask(Exchange.COUNTS, first)
+    assert set(counted.keys()) == {REPORTS} and task.trained == 1
+    assert counted[REPORTS].numpy().tolist() == [0, 0, 1, 0]  # cohort 1, norm 0.4 above C_0 = 0.3
+    assert HELD_UPDATE in context.state
+    second = policy.broadcast(policy.with_counts(None, np.array([0.0, 5, 3, 1]), 1.0))
+    clipped = ask(Exchange.UPDATES, second)["contribution"].numpy()
+    assert task.trained == 1, "the second exchange must not train again"
+    assert np.linalg.norm(clipped) == pytest.approx(min(0.4, second["cohort_bounds"][1]), rel=1e-6)
+    assert HELD_UPDATE not in context.state
+    again = ask(Exchange.UPDATES, second)["contribution"].numpy()  # the state is gone: trains
+    assert task.trained == 2 and np.linalg.norm(again) == pytest.approx(min(0.8, second["cohort_bounds"][1]))
