@@ -13,7 +13,7 @@ import numpy as np
 
 from fairclip.client.ghost import OneStepGradients
 from fairclip.strategies import Policy
-from fairclip.strategies.aggregation import CohortDiagnostics, RoundSums
+from fairclip.strategies.aggregation import CohortDiagnostics, Exchange, RoundSums
 from fairclip.strategies.base import Broadcast, ClientReports, ScaledReports
 
 
@@ -60,23 +60,35 @@ def contribute_scaled_blocks(
     cohorts: np.ndarray,
     num_cohorts: int,
     sizes: list[int],
+    exchange: Exchange = Exchange.ROUND,
 ) -> list[RoundSums]:
     """:func:`contribute_blocks` for a row-scaling policy (:attr:`Policy.row_scaling`) from the
     norms and weighted sums of updates that are never materialised (:mod:`fairclip.client.ghost`):
     the policy decides each client's factors from its norm, and each block's sums are the
-    factor-weighted sums of its rows -- what :func:`contribute_blocks` sums, to rounding."""
+    factor-weighted sums of its rows -- what :func:`contribute_blocks` sums, to rounding.
+
+    Only what ``exchange`` releases is summed (:func:`fairclip.strategies.aggregation.sent_in`):
+    the first exchange of a counts-first round forms no contribution sum, the second no report
+    sum; the other part is zero."""
     cohorts = np.asarray(cohorts, dtype=np.int64)
     scaled = policy.scaled_client_side(gradients.norms, cohorts, params)
+    contributions = exchange is not Exchange.COUNTS
+    directions = scaled.report_scales is not None and exchange is not Exchange.UPDATES
+    report_size = policy.report_size(gradients.dim)
     sums = []
     for rows, size in _block_rows(sizes, cohorts.shape[0]):
-        weights = [scaled.contribution_scales[rows]]
-        if scaled.report_scales is not None:
+        weights = [scaled.contribution_scales[rows]] if contributions else []
+        if directions:
             weights.append(scaled.report_scales[rows])
-        weighted = gradients.weighted_sums(rows, np.stack(weights))
-        report_sum = scaled.reports[rows].sum(axis=0) if scaled.reports is not None else weighted[1]
+        weighted = list(gradients.weighted_sums(rows, np.stack(weights))) if weights else []
+        contribution_sum = weighted.pop(0) if contributions else np.zeros(gradients.dim)
+        if exchange is Exchange.UPDATES:
+            report_sum = np.zeros(report_size)
+        else:
+            report_sum = scaled.reports[rows].sum(axis=0) if scaled.reports is not None else weighted.pop(0)
         sums.append(
             RoundSums(
-                contribution_sum=weighted[0],
+                contribution_sum=contribution_sum,
                 report_sum=report_sum,
                 num_reports=size,
                 diagnostics=_diagnostics(scaled, cohorts[rows], rows, num_cohorts),

@@ -68,10 +68,12 @@ def clip_and_sum(
     cohorts: np.ndarray,
     num_cohorts: int,
     sizes: list[int],
+    exchange: Exchange = Exchange.ROUND,
 ) -> list[RoundSums]:
-    """The clients' sums per block (``sizes[j]`` clients each) under ``params``."""
+    """The clients' sums per block (``sizes[j]`` clients each) under ``params``; from
+    per-example gradients, only what ``exchange`` releases is formed."""
     if isinstance(work, OneStepGradients):
-        return contribute_scaled_blocks(policy, params, work, cohorts, num_cohorts, sizes)
+        return contribute_scaled_blocks(policy, params, work, cohorts, num_cohorts, sizes, exchange)
     return contribute_blocks(policy, params, work, cohorts, num_cohorts, sizes)
 
 
@@ -102,7 +104,8 @@ def groups_sums(
             work = client_work(task, policy, model, ids, round_number)
         if held is not None and exchange is Exchange.COUNTS:
             held[key] = work
-        parts = clip_and_sum(work, policy, params, task.client_cohorts[ids], len(task.cohort_names), sizes)
+        cohorts = task.client_cohorts[ids]
+        parts = clip_and_sum(work, policy, params, cohorts, len(task.cohort_names), sizes, exchange)
         sums.update(zip(group, (sent_in(part, exchange) for part in parts), strict=True))
     return sums
 
