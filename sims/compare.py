@@ -10,6 +10,7 @@ writes ``summary.csv``, ``report.md`` and the plots (:mod:`fairclip.sims.report`
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 from collections.abc import Callable, Iterable, Iterator
@@ -127,7 +128,9 @@ def finished_summary(folder: Path, config: RunConfig) -> dict[str, Any] | None:
     atomically), or None when it is not finished.
 
     A finished run made with another configuration (other ``--set`` values, say) is an error:
-    reusing it would mix two experiments in one table.
+    reusing it would mix two experiments in one table. The stored configuration is resolved as
+    today's code would resolve it, so a key added to fairclip since (at its default) does not
+    make an old run look different.
     """
     path = folder / "summary.json"
     if not path.is_file():
@@ -137,7 +140,11 @@ def finished_summary(folder: Path, config: RunConfig) -> dict[str, Any] | None:
         stored = summary["config"]
     except (OSError, ValueError, KeyError, TypeError) as error:
         raise ConfigError(f"--resume: {path} is unreadable ({error!r}); delete that run folder") from None
-    if stored != json_normalised(config.as_dict()):
+    wanted = json_normalised(config.as_dict())
+    if stored != wanted:
+        with contextlib.suppress(ConfigError):  # a key fairclip no longer knows: another configuration
+            stored = json_normalised(validate(stored).as_dict())
+    if stored != wanted:
         raise ConfigError(
             f"--resume: {folder} was computed with another configuration; "
             "use a new --out folder or run without --resume"

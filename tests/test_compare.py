@@ -214,3 +214,22 @@ def test_the_demo_shows_who_pays_for_clipping_and_that_noise_matters(ray_session
     by_epsilon = worst.groupby(["strategy", "target_epsilon"]).mean()
     for strategy in ("constant", "bounded"):
         assert by_epsilon[(strategy, 1.0)] < by_epsilon[(strategy, 8.0)] - 0.01, by_epsilon
+
+
+def test_resume_accepts_a_run_stored_before_a_key_was_added_at_its_default(tmp_path):
+    """A run finished before fairclip gained a configuration key (stored without it) is the same
+    configuration when that key is at its default; a different value is still refused."""
+    import json
+
+    from fairclip.sims.compare import finished_summary
+    from fairclip.sims.config import ConfigError, load_config
+    from fairclip.sims.outputs import json_normalised
+
+    config = load_config("demo", None, ["training.rounds=2"])
+    stored = json_normalised(config.as_dict())
+    del stored["training"]["weight_decay"]  # a key added since that run
+    (tmp_path / "summary.json").write_text(json.dumps({"config": stored, "epsilon": 1.0}))
+    assert finished_summary(tmp_path, config)["epsilon"] == 1.0
+    other = load_config("demo", None, ["training.rounds=2", "training.weight_decay=0.1"])
+    with pytest.raises(ConfigError, match="another configuration"):
+        finished_summary(tmp_path, other)
