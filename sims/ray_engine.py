@@ -98,6 +98,14 @@ def gpu_share(device: str, parallel: int) -> float:
     return min(1.0, gpus / max(parallel, 1))
 
 
+def cluster_cpus() -> int:
+    """CPUs of the cluster's alive nodes, from the node table. ``ray.cluster_resources()`` can
+    lag a node that has just joined (seen under load: one CPU of a two-node cluster), which
+    would start too few actors; an actor asked for meanwhile waits until its node is usable."""
+    listed = sum(float(node["Resources"].get("CPU", 0)) for node in ray.nodes() if node.get("Alive"))
+    return max(1, int(listed or ray.cluster_resources().get("CPU", 1)))
+
+
 @ray.remote(num_cpus=1)
 class ClientBlocksActor:
     """Holds the task (clients and data) and trains the sampled clients of its blocks."""
@@ -228,7 +236,7 @@ class RayExecutor:
     ) -> RayExecutor:
         """Start ``num_actors`` actors (one CPU each; at most the cluster's CPUs and the
         :data:`SUM_SHARDS` blocks) and wait until every one holds its task."""
-        available = int(ray.cluster_resources().get("CPU", 1))
+        available = cluster_cpus()
         num_actors = max(1, min(num_actors, available, SUM_SHARDS))
         raw = config.as_dict()
         folder = str(data_dir) if data_dir else None
