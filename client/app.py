@@ -40,7 +40,7 @@ from fairclip.client.contributions import contribute
 from fairclip.client.flower_logging import drop_opacus_root_handler
 from fairclip.client.protocol import identity_content, read_exchange, read_train, reply_content
 from fairclip.strategies import Policy, build_policy
-from fairclip.strategies.aggregation import Exchange, sent_in
+from fairclip.strategies.aggregation import Exchange
 
 
 class ClientTask(Protocol):
@@ -214,7 +214,7 @@ class FairclipClient:
         if exchange is Exchange.COUNTS:
             context.state[HELD_UPDATE] = ArrayRecord({str(round_number): Array(np.asarray(updates[0]))})
         sums = contribute(client.policy, params, updates, np.array([client.cohort]), client.num_cohorts)
-        content = reply_content(sent_in(sums, exchange), with_diagnostics=client.simulated, exchange=exchange)
+        content = reply_content(sums, with_diagnostics=client.simulated, exchange=exchange)
         return Message(content, reply_to=message)
 
 

@@ -31,25 +31,6 @@ CONFIDENCE = 0.95
 the lower end of the two-sided 95 % t interval of the paired (same seed) difference is above 0."""
 
 
-def mean_se(values: pd.Series) -> tuple[float, float]:
-    """Mean and standard error (0 for a single value)."""
-    values = values.dropna()
-    if values.empty:
-        return math.nan, math.nan
-    if values.nunique() == 1:
-        return float(values.iloc[0]), 0.0
-    se = float(values.std(ddof=1) / math.sqrt(len(values))) if len(values) > 1 else 0.0
-    return float(values.mean()), se
-
-
-def _fmt(mean: float, se: float, digits: int = 3) -> str:
-    if math.isnan(mean):
-        return "–"
-    if math.isinf(mean):
-        return "∞"
-    return f"{mean:.{digits}f} ± {se:.{digits}f}"
-
-
 def _interval(values: pd.Series, digits: int = 3) -> str:
     """``mean [low, high]``: the mean over seeds and its 95 % bootstrap interval (the mean
     alone for one seed, or where every seed gave the same value)."""

@@ -78,13 +78,11 @@ def paired_test(first: str, second: str, by_seed: pd.DataFrame) -> PairedTest:
     """The paired test of columns ``first`` and ``second`` of ``by_seed`` (one row per seed)."""
     pairs = by_seed[[first, second]].dropna()
     differences = (pairs[first] - pairs[second]).to_numpy(dtype=np.float64)
-    p_value = math.nan
+    p_value = math.nan  # also what ttest_rel gives where every difference is equal and non-zero
     if len(differences) >= 2:
         p_value = (
             1.0 if np.all(differences == 0) else float(stats.ttest_rel(pairs[first], pairs[second]).pvalue)
         )
-        if math.isnan(p_value):  # every difference equal and non-zero: no spread, no test
-            p_value = math.nan
     low, high = bootstrap_interval(differences)
     mean = float(differences.mean()) if len(differences) else math.nan
     return PairedTest(first, second, len(differences), mean, low, high, p_value)
