@@ -13,7 +13,8 @@ of ``per-cohort``/``reweight`` (one-hot, sensitivity 1) and the direction vector
 (σ_b plays σ_q: σ_Δ = (σ_eff^−2 − σ_q^−2)^−1/2, seed 002 Prop. 1). T rounds at rate q with
 σ_eff are then accounted by Opacus (``history = [(σ_eff, q, T)]``); nothing is hand-written.
 
-Calibration inverts this: Opacus finds σ_eff for a target ε, which is split as σ_b = k σ_Δ
+Calibration inverts this: σ_eff for a target ε is found by Opacus' own search
+(``get_noise_multiplier``, step for step) over this module's ε, and split as σ_b = k σ_Δ
 (k = 10 by default, seed 000 / Esipova et al.), i.e. σ_Δ = σ_eff · sqrt(1 + 1/k²).
 
 The accountants are Opacus' with their repeated work shared (:mod:`fairclip.strategies.accountants`:
@@ -27,7 +28,7 @@ import math
 from dataclasses import dataclass
 from functools import lru_cache
 
-from opacus.accountants.utils import get_noise_multiplier
+from opacus.accountants.utils import MAX_SIGMA
 
 from fairclip.strategies.accountants import PRVAccountantSharedRDP, one_blas_thread, rdp_curve
 from fairclip.strategies.base import DPEvent, NoiseMultipliers
@@ -45,7 +46,7 @@ CALIBRATION_TOLERANCE = 0.002
 
 def clear_caches() -> None:
     """Forget every cached ε, calibration and RDP curve (a benchmark repeat pays its own)."""
-    for cached in (epsilon, calibrate, rdp_curve):
+    for cached in (epsilon, calibrate, calibrate_effective, rdp_curve):
         cached.cache_clear()
 
 
@@ -96,6 +97,48 @@ def epsilon(
 
 
 @lru_cache(maxsize=256)
+def calibrate_effective(
+    target_epsilon: float, sample_rate: float, rounds: int, delta: float, accountant: str = "prv"
+) -> float:
+    """σ_eff whose ε after ``rounds`` rounds is at most ``target_epsilon`` (within
+    :data:`CALIBRATION_TOLERANCE` of it).
+
+    The search is Opacus' ``get_noise_multiplier`` step for step -- double σ from 20 until
+    ε <= target, then bisect until target − ε <= tolerance, returning the upper end -- over
+    :func:`epsilon`, which is Opacus' ε bit for bit: so σ_eff is Opacus' own (tests/test_accounting.py
+    compares them). Opacus' function builds a fresh accountant that recomputes the RDP curve at
+    every step of the search (15 s for one PRV calibration of the demo, 2 s here).
+    """
+    check_privacy_parameters(sample_rate, rounds, delta, accountant)
+    if not (math.isfinite(target_epsilon) and target_epsilon > 0):
+        raise PolicyConfigError(f"target epsilon must be a finite number > 0 (got {target_epsilon})")
+    if rounds == 0:
+        raise PolicyConfigError("cannot calibrate noise for 0 rounds")
+    tolerance = CALIBRATION_TOLERANCE * target_epsilon
+
+    def epsilon_at(sigma: float) -> float:
+        return epsilon(sigma, sample_rate, rounds, delta, accountant)
+
+    eps_high, sigma_low, sigma_high = math.inf, 0.0, 10.0
+    while eps_high > target_epsilon:
+        sigma_high = 2 * sigma_high
+        eps_high = epsilon_at(sigma_high)
+        if sigma_high > MAX_SIGMA:
+            raise PolicyConfigError(
+                f"target epsilon {target_epsilon:g} cannot be reached at delta {delta:g} with "
+                f"q={sample_rate:g}, T={rounds} (the privacy budget is too low)"
+            )
+    while target_epsilon - eps_high > tolerance:
+        sigma = (sigma_low + sigma_high) / 2
+        eps = epsilon_at(sigma)
+        if eps < target_epsilon:
+            sigma_high, eps_high = sigma, eps
+        else:
+            sigma_low = sigma
+    return sigma_high
+
+
+@lru_cache(maxsize=256)
 def calibrate(
     target_epsilon: float,
     sample_rate: float,
@@ -108,31 +151,12 @@ def calibrate(
 ) -> NoiseMultipliers:
     """Noise multipliers whose ε after ``rounds`` rounds is at most ``target_epsilon``.
 
-    Opacus searches σ_eff; with reports it is split as σ_b = k σ_Δ,
+    σ_eff comes from :func:`calibrate_effective`; with reports it is split as σ_b = k σ_Δ,
     σ_Δ = σ_eff · sqrt(1 + 1/k²), so that (σ_Δ^−2 + σ_b^−2)^−1/2 = σ_eff.
     """
-    check_privacy_parameters(sample_rate, rounds, delta, accountant)
-    if not (math.isfinite(target_epsilon) and target_epsilon > 0):
-        raise PolicyConfigError(f"target epsilon must be a finite number > 0 (got {target_epsilon})")
     if not (math.isfinite(count_ratio) and count_ratio > 0):
         raise PolicyConfigError(f"count noise ratio must be > 0 (got {count_ratio})")
-    if rounds == 0:
-        raise PolicyConfigError("cannot calibrate noise for 0 rounds")
-    try:
-        with one_blas_thread():
-            sigma_eff = get_noise_multiplier(
-                target_epsilon=target_epsilon,
-                target_delta=delta,
-                sample_rate=sample_rate,
-                steps=rounds,
-                accountant=accountant,
-                epsilon_tolerance=CALIBRATION_TOLERANCE * target_epsilon,
-            )
-    except ValueError as error:
-        raise PolicyConfigError(
-            f"target epsilon {target_epsilon:g} cannot be reached at delta {delta:g} with q={sample_rate:g}, "
-            f"T={rounds} ({error})"
-        ) from None
+    sigma_eff = calibrate_effective(target_epsilon, sample_rate, rounds, delta, accountant)
     if not releases_reports:
         return NoiseMultipliers(update=sigma_eff, report=0.0)
     update = sigma_eff * math.sqrt(1.0 + count_ratio**-2)

@@ -25,9 +25,11 @@ from fairclip.strategies.accountants import (
     rdp_epsilon,
 )
 from fairclip.strategies.accounting import (
+    CALIBRATION_TOLERANCE,
     DEFAULT_COUNT_RATIO,
     PrivacyClaim,
     calibrate,
+    calibrate_effective,
     clear_caches,
     effective_noise_multiplier,
     epsilon,
@@ -205,6 +207,28 @@ def test_calibration_round_trips(accountant, target):
     assert achieved <= target
     assert achieved >= 0.99 * target
     assert epsilon(sigma_eff, q, rounds, delta, accountant) == pytest.approx(achieved, rel=1e-12)
+
+
+@pytest.mark.parametrize(
+    ("accountant", "target", "q", "rounds"),
+    [("prv", 1.0, 0.5, 50), ("prv", 8.0, 0.5, 50), ("rdp", 0.5, 0.01, 200), ("rdp", 3.0, 0.2, 30)],
+)
+def test_calibration_is_opacus_search_bit_for_bit(accountant, target, q, rounds):
+    """The σ_eff search is Opacus' get_noise_multiplier over fairclip's ε: the same σ exactly."""
+    from opacus.accountants.utils import get_noise_multiplier
+
+    delta = 1e-5
+    ours = calibrate_effective(target, q, rounds, delta, accountant)
+    with one_blas_thread():
+        theirs = get_noise_multiplier(
+            target_epsilon=target,
+            target_delta=delta,
+            sample_rate=q,
+            steps=rounds,
+            accountant=accountant,
+            epsilon_tolerance=CALIBRATION_TOLERANCE * target,
+        )
+    assert ours == theirs
 
 
 def test_calibration_without_reports_and_with_another_split():
