@@ -17,9 +17,10 @@ __all__ = [
     "__version__",
     "compare",
     "simulate",
+    "tune",
 ]
 
-_API = ("Comparison", "Scenario", "Simulation", "compare", "simulate")
+_API = ("Comparison", "Scenario", "Simulation", "compare", "simulate", "tune")
 
 
 def __getattr__(name: str):

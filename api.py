@@ -338,3 +338,77 @@ def compare(
         run.key: json.loads((folder / "runs" / run.key / "summary.json").read_text()) for run in runs
     }
     return Comparison(table=table, rounds=rounds, summaries=summaries, folder=folder, plots=tuple(drawn))
+
+
+def tune(
+    scenario: str | Scenario | None = None,
+    *,
+    grid: Mapping[str, Sequence[Any]],
+    metric: str = "macro_accuracy",
+    distribution: str = "tnb",
+    eta: float = 1.0,
+    gamma: float = 0.2,
+    mu: float = 5.0,
+    seed: int = 0,
+    grid_baseline: bool = True,
+    config_file: str | Path | None = None,
+    overrides: Mapping[str, Any] | None = None,
+    data_dir: str | Path | None = None,
+    out: str | Path | None = None,
+    resume: bool = False,
+    ray: bool = False,
+    address: str | None = None,
+    workers: int = 1,
+    on_start: Callable[[int, int], None] | None = None,
+    on_run: Callable[[str, dict[str, Any]], None] | None = None,
+) -> Any:
+    """Tune hyperparameters with a DP random search, and (``grid_baseline``) also by the
+    non-private selection over the whole grid; what ``fairclip tune`` does.
+
+    ``grid`` maps dotted configuration keys to the values to search (``{"training.client_lr":
+    [0.1, 0.5], "strategy.bounded.lower_bound": [0.1, 0.5]}``); the search draws its number of
+    trials from a truncated negative binomial (``eta``, ``gamma``) or a Poisson (``mu``)
+    distribution (``distribution``) with the tuning ``seed``, and selects by ``metric`` (one of
+    :data:`fairclip.sims.tune.METRICS`). Returns a :class:`fairclip.sims.tune.Tuning`: every
+    trial, the released best, and ε of the whole search (Papernot & Steinke 2022, see
+    :mod:`fairclip.strategies.tuning`). ``out`` receives each run as it finishes, the plan in
+    ``tuning.json`` and ``report.md``; ``resume`` continues such a folder. Runs go one after the
+    other in this process, or as parallel Ray tasks with ``ray`` (or a cluster's ``address``).
+    """
+    from fairclip.sims import compare as sweep
+    from fairclip.sims import tune as search
+    from fairclip.sims.errors import ConfigError
+    from fairclip.strategies.errors import PolicyConfigError
+    from fairclip.strategies.tuning import TrialCount
+
+    if workers < 1:
+        raise ConfigError(f"workers must be >= 1 (got {workers})")
+    try:
+        trials = TrialCount(distribution, float(eta), float(gamma), float(mu))
+    except PolicyConfigError as error:
+        raise ConfigError(str(error)) from None
+    spec = search.TuneSpec(
+        raw=_raw_config(scenario, config_file, overrides),
+        grid={key: list(values) for key, values in grid.items()},
+        metric=metric,
+        trials=trials,
+        seed=int(seed),
+        grid_baseline=grid_baseline,
+    )
+    folder_data = Path(data_dir) if data_dir is not None else None
+    folder = str(folder_data) if folder_data is not None else None
+
+    def run(jobs: list[tuple[Any, dict[str, Any]]]) -> Any:
+        if ray or address is not None:
+            return sweep.simulate_on_ray(jobs, data_dir=folder_data, address=address, workers=workers)
+        return ((item, sweep.run_simulation(raw, folder, workers)) for item, raw in jobs)
+
+    return search.run_search(
+        spec,
+        out=Path(out) if out is not None else None,
+        resume=resume,
+        data_dir=folder_data,
+        run=run,
+        on_start=on_start,
+        on_run=on_run,
+    )

@@ -414,6 +414,105 @@ def reproduce(
 
 
 @app.command()
+def tune(
+    scenario: ScenarioOption = None,
+    config: ConfigOption = None,
+    overrides: SetOption = None,
+    grid: Annotated[
+        list[str] | None,
+        typer.Option("--grid", help="A key to search and its values: KEY=V1,V2,... (repeatable)."),
+    ] = None,
+    metric: Annotated[
+        str,
+        typer.Option("--metric", help="Select by this result (macro_accuracy, worst_cohort_accuracy, ...)."),
+    ] = "macro_accuracy",
+    distribution: Annotated[
+        str,
+        typer.Option(
+            "--distribution", help="Number of trials: tnb (truncated negative binomial) or poisson."
+        ),
+    ] = "tnb",
+    eta: Annotated[float, typer.Option("--eta", help="tnb: η >= 0 (0 logarithmic, 1 geometric).")] = 1.0,
+    gamma: Annotated[float, typer.Option("--gamma", help="tnb: γ in (0, 1).")] = 0.2,
+    mu: Annotated[float, typer.Option("--mu", help="poisson: the mean μ.")] = 5.0,
+    tuning_seed: Annotated[
+        int, typer.Option("--tuning-seed", min=0, help="Seeds the draw of the trials.")
+    ] = 0,
+    grid_baseline: Annotated[
+        bool,
+        typer.Option(
+            "--grid-baseline/--no-grid-baseline",
+            help="Also run every grid point once (non-private selection).",
+        ),
+    ] = True,
+    out: Annotated[Path | None, typer.Option("--out", help="Output folder \\[runs/tune-<scenario>].")] = None,
+    resume: Annotated[
+        bool, typer.Option("--resume", help="Continue the search stored in --out, keeping its finished runs.")
+    ] = False,
+    backend: Annotated[
+        Backend, typer.Option("--backend", help="Runs one after the other here, or on Ray.")
+    ] = Backend.ray,
+    address: Annotated[
+        str | None, typer.Option("--address", help="An existing Ray cluster to run on.")
+    ] = None,
+    workers: RunWorkersOption = 1,
+    data_dir: DataDirOption = None,
+) -> None:
+    """Tune hyperparameters by DP random search (Papernot & Steinke 2022); ε covers the search.
+
+    Also runs every grid point once and reports the non-private selection beside it.
+    """
+    from fairclip.api import tune as tune_search
+    from fairclip.sims.config import parse_override, scenario_source
+
+    typed = dict((".".join(path), value) for path, value in map(parse_override, overrides or []))
+    searched: dict[str, list] = {}
+    for entry in grid or []:
+        key, separator, values = entry.partition("=")
+        if not separator or not values.strip():
+            raise ConfigError(f"--grid expects KEY=V1,V2,... (got {entry!r})")
+        searched[key.strip()] = [parse_override(f"{key}={value.strip()}")[1] for value in values.split(",")]
+    _check_cluster(address, workers)
+    if out is None:
+        out = Path("runs") / f"tune-{_scenario_name(scenario_source(scenario, config), typed)}"
+    check_output_folder(out)
+    progress = progress_bar("[bold]tune[/bold] {task.description}", transient=False)
+
+    def started_runs(total: int, to_run: int) -> None:
+        console.print(f"{total} runs, {total - to_run} already finished; results in {out}")
+        progress.start()
+        progress.add_task(str(out.name), total=to_run)
+
+    try:
+        tune_search(
+            scenario,
+            grid=searched,
+            metric=metric,
+            distribution=distribution,
+            eta=eta,
+            gamma=gamma,
+            mu=mu,
+            seed=tuning_seed,
+            grid_baseline=grid_baseline,
+            config_file=config,
+            overrides=typed,
+            data_dir=data_dir,
+            out=out,
+            resume=resume,
+            ray=backend is Backend.ray,
+            address=address,
+            workers=workers,
+            on_start=started_runs,
+            on_run=lambda _key, _result: progress.advance(progress.task_ids[0]),
+        )
+    finally:
+        if progress.live.is_started:
+            progress.stop()
+    stdout.print((out / "report.md").read_text(), markup=False, highlight=False)
+    stdout.print(f"report: {out / 'report.md'}")
+
+
+@app.command()
 def bench(
     workloads: Annotated[
         list[str] | None, typer.Argument(help="Workloads among w1 w2 w3 w4 w5 \\[all].", show_default=False)

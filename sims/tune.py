@@ -1,0 +1,360 @@
+"""Hyperparameter tuning by random search, with and without privacy for the search itself.
+
+``fairclip tune`` (:func:`fairclip.api.tune`) does two selections over one grid of settings
+(dotted configuration keys, each with a list of values; the grid is their product):
+
+* **DP random search** (seed 000, section 4.3; Papernot & Steinke 2022). The number of trials K
+  is drawn from a :class:`fairclip.strategies.tuning.TrialCount`; trial i runs a grid point drawn
+  uniformly (with replacement) with the seed ``seed + 1 + i``; the best trial by the metric is
+  released with the ε of the *whole search* (:func:`fairclip.strategies.tuning.tuning_epsilon`).
+* **Non-private selection** (what ``reproduce`` does today): every grid point once with the
+  scenario's seed, the best by the metric, with the ε of that one run -- which does not cover
+  the selection.
+
+The draw of K and of the trials' grid points comes from the tuning seed alone, so it is fixed
+before any run and stored in ``tuning.json``; each run is written (``trials.csv``,
+``grid.csv``) as it finishes, and ``resume`` continues a folder from the runs it holds.
+The metric is read from the run's final evaluation (its ``overall`` block), which the bound
+treats as public, as the paper's experiments do.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from fairclip.sims.config import set_value, validate
+from fairclip.sims.errors import ConfigError
+from fairclip.sims.outputs import atomic_write_text, write_csv, write_json
+from fairclip.strategies.errors import PolicyConfigError
+from fairclip.strategies.tuning import TrialCount, trial_rdp, tuning_epsilon
+
+METRICS = {
+    "accuracy": "max",
+    "macro_accuracy": "max",
+    "worst_class_accuracy": "max",
+    "worst_cohort_accuracy": "max",
+    "loss": "min",
+    "cohort_accuracy_gap": "min",
+    "demographic_parity_difference": "min",
+    "equalized_odds_difference": "min",
+}
+"""Metrics a search can select by (keys of a run's ``overall`` results), and their direction."""
+
+REPORTED = ("accuracy", "macro_accuracy", "worst_cohort_accuracy", "cohort_accuracy_gap")
+TUNING_STREAM = 0x74756E65
+"""Seeds the draw of K and of the trials' grid points apart from every run's own streams."""
+SPEC_FILE = "tuning.json"
+
+
+@dataclass(frozen=True)
+class TuneSpec:
+    """Everything that decides a search's runs."""
+
+    raw: dict[str, Any]
+    grid: dict[str, list[Any]]
+    metric: str
+    trials: TrialCount
+    seed: int
+    grid_baseline: bool = True
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "raw": self.raw,
+            "grid": self.grid,
+            "metric": self.metric,
+            "trials": asdict(self.trials),
+            "seed": self.seed,
+            "grid_baseline": self.grid_baseline,
+        }
+
+
+def grid_points(grid: Mapping[str, Sequence[Any]]) -> list[dict[str, Any]]:
+    """The product of the grid's values, one settings dict per point (keys in the given order)."""
+    keys = list(grid)
+    return [dict(zip(keys, values, strict=True)) for values in itertools.product(*(grid[k] for k in keys))]
+
+
+def check_spec(spec: TuneSpec) -> list[dict[str, Any]]:
+    """Refuse, before any work, a grid or metric no search can use; return every grid point's
+    raw configuration (each validated)."""
+    if spec.metric not in METRICS:
+        raise ConfigError(f"metric must be one of {', '.join(METRICS)} (got {spec.metric!r})")
+    if not spec.grid:
+        raise ConfigError("the grid is empty: give at least one KEY=V1,V2,... to search")
+    for key, values in spec.grid.items():
+        if not values:
+            raise ConfigError(f"grid key {key} has no values")
+        if key == "seed" or key.startswith("scenario."):
+            raise ConfigError(f"grid key {key}: tune searches training, strategy and privacy settings only")
+    configs = []
+    for point in grid_points(spec.grid):
+        raw = spec.raw
+        for key, value in point.items():
+            raw = set_value(raw, key, value)
+        config = validate(raw)
+        if config.strategy.name == "none":
+            raise ConfigError("tune needs a private strategy (strategy none has no privacy to account)")
+        configs.append(raw)
+    return configs
+
+
+def draw_trials(spec: TuneSpec, points: int) -> list[int]:
+    """The grid point of each trial: K ~ the trial distribution, then K uniform draws."""
+    rng = np.random.default_rng([spec.seed, TUNING_STREAM])
+    count = spec.trials.sample(rng)
+    return [int(i) for i in rng.integers(points, size=count)]
+
+
+def trial_plans(configs: list[dict[str, Any]], data_dir: Path | None) -> list[tuple[float, float, int]]:
+    """(σ_eff, q, rounds) of each grid point's run, as its engine will plan it."""
+    from fairclip.sims.privacy_plan import plan_privacy
+    from fairclip.sims.tasks import build_task
+    from fairclip.strategies.registry import build_policy
+
+    first = validate(configs[0])
+    task = build_task(first, data_dir)
+    dimension = task.initial_model().shape[0]
+    plans = []
+    for raw in configs:
+        config = validate(raw)
+        policy = build_policy(
+            config.strategy.name, config.strategy.params, num_cohorts=len(task.cohort_names)
+        )
+        plan = plan_privacy(config, policy, dimension)
+        plans.append((plan.effective_noise_multiplier, plan.sample_rate, plan.rounds_allowed))
+    return plans
+
+
+def better(metric: str, a: float, b: float) -> bool:
+    """Whether value ``a`` beats ``b`` (NaN never does)."""
+    if math.isnan(a):
+        return False
+    if math.isnan(b):
+        return True
+    return a > b if METRICS[metric] == "max" else a < b
+
+
+def best_row(table: pd.DataFrame, metric: str) -> pd.Series | None:
+    """The first row with the best ``metric`` (None for an empty table)."""
+    best = None
+    for _, row in table.iterrows():
+        if best is None or better(metric, float(row[metric]), float(best[metric])):
+            best = row
+    return best
+
+
+def result_row(
+    kind: str, index: int, point: dict[str, Any], seed: int, summary: dict[str, Any]
+) -> dict[str, Any]:
+    """One finished run as a row of ``trials.csv`` or ``grid.csv``."""
+    overall = summary.get("overall", {})
+    epsilon = summary["epsilon"]
+    row: dict[str, Any] = {kind: index, "seed": seed, **point}
+    for name in dict.fromkeys((*REPORTED, *METRICS)):
+        row[name] = float(overall.get(name, math.nan))
+    row["epsilon_run"] = math.inf if epsilon == "inf" else float(epsilon)
+    row["rounds_completed"] = summary.get("rounds_completed")
+    return row
+
+
+@dataclass(frozen=True)
+class Tuning:
+    """What a search produced."""
+
+    trials: pd.DataFrame
+    """One row per DP-search trial: its grid point, seed, metrics and its own run's ε."""
+    grid: pd.DataFrame | None
+    """One row per grid point run once (the non-private selection), or None."""
+    best: pd.Series | None
+    """The DP search's released trial (None when K = 0)."""
+    grid_best: pd.Series | None
+    """The non-private selection's best grid point."""
+    epsilon: float
+    """ε of the whole DP search at ``delta`` (Papernot & Steinke, converted from RDP)."""
+    epsilon_trial_rdp: float
+    """ε of one trial alone by RDP (what the search's ε is compared with)."""
+    delta: float
+    trial_count: TrialCount
+    metric: str
+
+    def summary(self) -> pd.DataFrame:
+        """The two selections side by side: chosen settings, metrics and the ε each covers."""
+        rows = []
+        if self.grid_best is not None:
+            rows.append(
+                _selection(
+                    "non-private selection (every grid point)",
+                    self.grid_best,
+                    self.grid_best["epsilon_run"],
+                    "the chosen run only",
+                )
+            )
+        if self.best is not None:
+            rows.append(_selection("DP random search", self.best, self.epsilon, "the whole search"))
+        return pd.DataFrame(rows)
+
+
+def _selection(name: str, row: pd.Series, epsilon: float, covers: str) -> dict[str, Any]:
+    keys = [k for k in row.index if "." in str(k)]
+    return {
+        "selection": name,
+        "settings": ", ".join(f"{k}={row[k]}" for k in keys),
+        **{m: row[m] for m in REPORTED},
+        "epsilon": epsilon,
+        "epsilon_covers": covers,
+    }
+
+
+def run_search(
+    spec: TuneSpec,
+    *,
+    out: Path | None,
+    resume: bool,
+    data_dir: Path | None,
+    run: Callable[[list[tuple[tuple[str, int], dict[str, Any]]]], Any],
+    on_start: Callable[[int, int], None] | None = None,
+    on_run: Callable[[str, dict[str, Any]], None] | None = None,
+) -> Tuning:
+    """Plan, run and select (module docstring). ``run(jobs)`` yields ((kind, index), result)
+    for each (item, raw configuration) job as it finishes -- in this process or on Ray."""
+    configs = check_spec(spec)
+    points = grid_points(spec.grid)
+    try:
+        plans = trial_plans(configs, data_dir)
+        rdp = trial_rdp(plans)
+        delta = validate(configs[0]).privacy.delta
+        epsilon = tuning_epsilon(rdp, spec.trials, delta)
+    except PolicyConfigError as error:
+        raise ConfigError(f"privacy: {error}") from None
+    from fairclip.strategies.accountants import rdp_epsilon
+
+    epsilon_trial = rdp_epsilon(rdp, delta) if not np.all(np.isinf(rdp)) else math.inf
+    drawn = draw_trials(spec, len(points))
+    base_seed = validate(spec.raw).seed
+    stored = spec.as_dict() | {"trial_points": drawn}
+    done: dict[str, list[dict[str, Any]]] = {"trial": [], "grid": []}
+    if out is not None:
+        done = _settle_folder(out, stored, resume)
+    finished = {(kind, int(row[kind])) for kind in done for row in done[kind]}
+    jobs = []
+    for i, point_index in enumerate(drawn):
+        if ("trial", i) not in finished:
+            jobs.append((("trial", i), set_value(configs[point_index], "seed", base_seed + 1 + i)))
+    if spec.grid_baseline:
+        for j in range(len(points)):
+            if ("grid", j) not in finished:
+                jobs.append((("grid", j), set_value(configs[j], "seed", base_seed)))
+    if on_start is not None:
+        on_start(len(drawn) + (len(points) if spec.grid_baseline else 0), len(jobs))
+    for (kind, index), result in run(jobs):
+        summary = result["summary"]
+        point = points[drawn[index]] if kind == "trial" else points[index]
+        seed = base_seed + 1 + index if kind == "trial" else base_seed
+        if spec.metric not in summary.get("overall", {}):
+            raise ConfigError(f"metric {spec.metric} is not among this scenario's results")
+        done[kind].append(result_row(kind, index, point, seed, summary))
+        if out is not None:
+            name = "trials.csv" if kind == "trial" else "grid.csv"
+            write_csv(out / name, sorted(done[kind], key=lambda r: r[kind]))
+        if on_run is not None:
+            on_run(f"{kind}-{index}", result)
+    trials = pd.DataFrame(sorted(done["trial"], key=lambda r: r["trial"]))
+    grid = pd.DataFrame(sorted(done["grid"], key=lambda r: r["grid"])) if spec.grid_baseline else None
+    tuning = Tuning(
+        trials=trials,
+        grid=grid,
+        best=best_row(trials, spec.metric) if not trials.empty else None,
+        grid_best=best_row(grid, spec.metric) if grid is not None and not grid.empty else None,
+        epsilon=epsilon,
+        epsilon_trial_rdp=epsilon_trial,
+        delta=delta,
+        trial_count=spec.trials,
+        metric=spec.metric,
+    )
+    if out is not None:
+        write_json(out / SPEC_FILE, stored | {"result": _result_record(tuning)})
+        atomic_write_text(out / "report.md", report(tuning))
+    return tuning
+
+
+def _settle_folder(out: Path, stored: dict[str, Any], resume: bool) -> dict[str, list[dict[str, Any]]]:
+    """Store the search's plan in ``out`` (a new folder), or with ``resume`` check it is the one
+    stored and return the runs already there."""
+    spec_file = out / SPEC_FILE
+    if not spec_file.exists():
+        if resume:
+            raise ConfigError(f"{out} holds no search to resume ({SPEC_FILE} is missing)")
+        write_json(spec_file, stored)
+        return {"trial": [], "grid": []}
+    if not resume:
+        raise ConfigError(f"{out} already holds a search: resume it (--resume) or use a new --out folder")
+    previous = json.loads(spec_file.read_text())
+    previous.pop("result", None)
+    if json.loads(json.dumps(stored)) != previous:
+        raise ConfigError(f"{out} holds a different search; use a new --out folder")
+    done: dict[str, list[dict[str, Any]]] = {"trial": [], "grid": []}
+    for kind, name in (("trial", "trials.csv"), ("grid", "grid.csv")):
+        if (out / name).exists():
+            done[kind] = pd.read_csv(out / name).to_dict("records")
+    return done
+
+
+def _result_record(tuning: Tuning) -> dict[str, Any]:
+    def chosen(row: pd.Series | None) -> dict[str, Any] | None:
+        return (
+            None if row is None else {str(k): (v.item() if hasattr(v, "item") else v) for k, v in row.items()}
+        )
+
+    return {
+        "epsilon": tuning.epsilon,
+        "epsilon_trial_rdp": tuning.epsilon_trial_rdp,
+        "delta": tuning.delta,
+        "trials_run": len(tuning.trials),
+        "expected_trials": tuning.trial_count.expected,
+        "best": chosen(tuning.best),
+        "grid_best": chosen(tuning.grid_best),
+    }
+
+
+def report(tuning: Tuning) -> str:
+    """``report.md``: the two selections, then every trial."""
+    lines = [
+        "# fairclip tune",
+        "",
+        f"Selected by **{tuning.metric}** ({METRICS[tuning.metric]}imise). Number of trials: "
+        f"{tuning.trial_count.describe()}; drawn: {len(tuning.trials)}.",
+        "",
+        f"ε of the whole DP search: **{tuning.epsilon:.4g}** at δ = {tuning.delta:g} (RDP, Papernot & "
+        f"Steinke 2022); one trial alone: {tuning.epsilon_trial_rdp:.4g} (RDP). The non-private "
+        "selection's ε covers its chosen run only, not the choice.",
+        "",
+        markdown_table(tuning.summary()),
+        "",
+        "## DP search trials",
+        "",
+        markdown_table(tuning.trials) if not tuning.trials.empty else "(K = 0: no trial ran)",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def markdown_table(table: pd.DataFrame) -> str:
+    """A table as Markdown, numbers to 4 significant digits."""
+
+    def cell(value: Any) -> str:
+        if isinstance(value, float | np.floating):
+            return f"{value:.4g}"
+        return str(value)
+
+    lines = ["| " + " | ".join(map(str, table.columns)) + " |", "|" + "---|" * len(table.columns)]
+    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in table.itertuples(index=False)]
+    return "\n".join(lines)

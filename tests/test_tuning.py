@@ -1,0 +1,226 @@
+"""DP hyperparameter tuning: Papernot & Steinke's bounds, the trial count's law, and `fairclip tune`."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from opacus.accountants.analysis.rdp import get_privacy_spent
+from scipy import stats
+
+import fairclip
+from fairclip.sims.cli import main
+from fairclip.sims.errors import ConfigError
+from fairclip.sims.tune import draw_trials, grid_points
+from fairclip.strategies import PolicyConfigError
+from fairclip.strategies.accountants import ORDERS, rdp_epsilon
+from fairclip.strategies.tuning import (
+    TrialCount,
+    poisson_delta_hat,
+    selection_rdp,
+    trial_rdp,
+    tuning_epsilon,
+)
+
+LAWS = [
+    TrialCount("tnb", 0.0, 0.1),
+    TrialCount("tnb", 1.0, 0.2),
+    TrialCount("tnb", 2.5, 0.3),
+    TrialCount("poisson", mu=3.0),
+]
+
+
+def test_expected_trials_are_the_papers_closed_forms():
+    assert TrialCount("tnb", 1.0, 0.25).expected == pytest.approx(4.0)  # geometric: 1/γ
+    gamma = 0.1
+    assert TrialCount("tnb", 0.0, gamma).expected == pytest.approx((1 / gamma - 1) / math.log(1 / gamma))
+    for law in LAWS:  # the pmf sums to 1 and its mean is E[K]
+        k = np.arange(0, 2000)
+        pmf = law.pmf(k)
+        assert pmf.sum() == pytest.approx(1.0, abs=1e-9)
+        assert (k * pmf).sum() == pytest.approx(law.expected, rel=1e-9)
+        if law.distribution == "tnb":
+            assert pmf[0] == 0.0
+
+
+@pytest.mark.parametrize("law", LAWS, ids=lambda law: law.describe())
+def test_trial_counts_follow_their_law(law):
+    """Chi-square goodness of fit of 20,000 draws (fixed seed) against the pmf."""
+    rng = np.random.default_rng(7)
+    draws = law.samples(rng, 20_000)
+    top = int(np.quantile(draws, 0.99))
+    low = 0 if law.distribution == "poisson" else 1
+    observed = np.array([np.sum(draws == k) for k in range(low, top)] + [np.sum(draws >= top)])
+    expected_p = np.append(law.pmf(np.arange(low, top)), 1 - law.pmf(np.arange(low, top)).sum())
+    assert stats.chisquare(observed, expected_p * len(draws)).pvalue > 0.001
+
+
+@given(
+    rho=st.floats(0.001, 2.0),
+    eta=st.one_of(st.just(0.0), st.floats(0.001, 3.0)),
+    gamma=st.floats(0.01, 0.9),
+)
+@settings(max_examples=60, deadline=None)
+def test_tnb_bound_is_theorem_2_for_zcdp(rho, eta, gamma):
+    """For ρ-zCDP (ε(λ) = ρλ) the best λ̂ is sqrt(log(1/γ)/ρ), giving
+    ε′(λ) = ρλ + (1+η)(2 sqrt(ρ log(1/γ)) − ρ) + log E[K]/(λ−1); with λ̂* among the orders the
+    bound is exactly that, and never below it."""
+    law = TrialCount("tnb", eta, gamma)
+    log_inv_gamma = math.log(1 / gamma)
+    best = math.sqrt(log_inv_gamma / rho)
+    orders = np.array(sorted({1.5, 2.0, 4.0, 16.0, max(best, 1.0001)}))
+    bound = selection_rdp(rho * orders, law, orders)
+    closed = rho * orders + math.log(law.expected) / (orders - 1)
+    if best > 1.0001:
+        closed = closed + (1 + eta) * (2 * math.sqrt(rho * log_inv_gamma) - rho)
+        np.testing.assert_allclose(bound, closed, rtol=1e-9, atol=1e-12)
+    assert np.all(bound >= closed - 1e-12)
+
+
+@given(rho=st.floats(0.001, 1.0), order=st.floats(1.1, 64.0))
+@settings(max_examples=60, deadline=None)
+def test_poisson_delta_hat_is_the_least_delta_of_opacus_conversion(rho, order):
+    orders = np.array(ORDERS, dtype=float)
+    rdp = rho * orders
+    epsilon_hat = math.log1p(1 / (order - 1))
+    delta_hat = poisson_delta_hat(rdp, orders, order)
+    assert 0 < delta_hat <= 1
+    if delta_hat < 1:
+        eps, _ = get_privacy_spent(orders=list(orders), rdp=rdp, delta=delta_hat)
+        assert eps <= epsilon_hat * (1 + 1e-9) + 1e-12
+        smaller, _ = get_privacy_spent(orders=list(orders), rdp=rdp, delta=0.9 * delta_hat)
+        assert smaller > epsilon_hat
+
+
+@given(
+    sigma=st.floats(0.6, 5.0),
+    q=st.floats(0.01, 1.0),
+    rounds=st.integers(1, 300),
+    law=st.sampled_from(LAWS),
+)
+@settings(max_examples=30, deadline=None)
+def test_a_search_costs_more_than_one_trial(sigma, q, rounds, law):
+    rdp = trial_rdp([(sigma, q, rounds)])
+    single = rdp_epsilon(rdp, 1e-5)
+    assert tuning_epsilon(rdp, law, 1e-5) > single
+    if law.distribution == "tnb":  # more trials on average cost more
+        more = TrialCount("tnb", law.eta, law.gamma / 2)
+        assert tuning_epsilon(rdp, more, 1e-5) >= tuning_epsilon(rdp, law, 1e-5)
+
+
+def test_a_trial_is_the_worst_run_of_the_grid_order_by_order():
+    low_noise, high_noise = trial_rdp([(0.8, 0.1, 100)]), trial_rdp([(2.0, 0.1, 100)])
+    both = trial_rdp([(2.0, 0.1, 100), (0.8, 0.1, 100)])
+    np.testing.assert_array_equal(both, np.maximum(low_noise, high_noise))
+    assert np.all(np.isinf(trial_rdp([(0.0, 0.1, 10)])))
+    assert tuning_epsilon(trial_rdp([(0.0, 0.1, 10)]), LAWS[0], 1e-5) == math.inf
+
+
+@pytest.mark.parametrize(
+    ("make", "mentions"),
+    [
+        (lambda: TrialCount("uniform"), "distribution"),
+        (lambda: TrialCount("tnb", -0.5, 0.2), "eta"),
+        (lambda: TrialCount("tnb", 1e-6, 0.2), "eta"),
+        (lambda: TrialCount("tnb", 1.0, 1.0), "gamma"),
+        (lambda: TrialCount("poisson", mu=0.0), "mu"),
+    ],
+)
+def test_bad_trial_laws_are_one_clear_error(make, mentions):
+    with pytest.raises(PolicyConfigError, match=mentions):
+        make()
+
+
+GRID = {"training.client_lr": [0.1, 0.5], "strategy.bounded.lower_bound": [0.1, 0.5]}
+SMALL = {"strategy.name": "bounded", "training.rounds": 4, "privacy.target_epsilon": 2.0}
+
+
+def test_tune_end_to_end_releases_the_best_trial_with_the_search_epsilon(tmp_path):
+    out = tmp_path / "tune"
+    started = []
+    tuning = fairclip.tune(
+        "demo", grid=GRID, overrides=SMALL, seed=3, out=out, on_start=lambda n, m: started.append((n, m))
+    )
+    from fairclip.sims.tune import TuneSpec
+
+    spec = TuneSpec(raw={}, grid=GRID, metric="macro_accuracy", trials=TrialCount(), seed=3)
+    drawn = draw_trials(spec, len(grid_points(GRID)))
+    assert len(tuning.trials) == len(drawn) >= 1
+    assert started == [(len(drawn) + 4, len(drawn) + 4)]
+    points = grid_points(GRID)
+    for (_, row), index in zip(tuning.trials.iterrows(), drawn, strict=True):
+        assert row["seed"] == 1 + row["trial"]  # the scenario's seed 0, + 1 + trial
+        assert {key: row[key] for key in GRID} == points[index]
+    assert tuning.best["macro_accuracy"] == tuning.trials["macro_accuracy"].max()
+    assert tuning.grid_best["macro_accuracy"] == tuning.grid["macro_accuracy"].max()
+    assert len(tuning.grid) == 4 and set(tuning.grid["seed"]) == {0}
+    # ε of the search is the theorem's on the runs' own plan
+    privacy = json.loads((out / "tuning.json").read_text())
+    assert len(pd.read_csv(out / "trials.csv")) == len(drawn) and len(pd.read_csv(out / "grid.csv")) == 4
+    sigma = fairclip.simulate("demo", overrides={**SMALL, "seed": 1}).privacy["effective_noise_multiplier"]
+    expected = tuning_epsilon(trial_rdp([(sigma, 0.5, 4)]), TrialCount(), 1e-5)
+    assert tuning.epsilon == pytest.approx(expected, rel=1e-12)
+    assert privacy["result"]["epsilon"] == pytest.approx(expected, rel=1e-12)
+    assert tuning.epsilon > tuning.epsilon_trial_rdp > tuning.best["epsilon_run"] * 0.99
+    report = (out / "report.md").read_text()
+    assert "DP random search" in report and "non-private selection" in report
+    assert f"{tuning.epsilon:.4g}" in report
+
+    # resume: nothing runs again, the same selection comes back
+    again = []
+    resumed = fairclip.tune("demo", grid=GRID, overrides=SMALL, seed=3, out=out, resume=True,
+                            on_start=lambda n, m: again.append((n, m)))  # fmt: skip
+    assert again == [(len(drawn) + 4, 0)]
+    pd.testing.assert_frame_equal(resumed.trials, tuning.trials, check_dtype=False)
+    # a run lost from the folder is run again, with the same numbers
+    pd.read_csv(out / "grid.csv").iloc[1:].to_csv(out / "grid.csv", index=False)
+    rerun = fairclip.tune("demo", grid=GRID, overrides=SMALL, seed=3, out=out, resume=True)
+    pd.testing.assert_frame_equal(rerun.grid, tuning.grid, check_dtype=False)
+    with pytest.raises(ConfigError, match="different search"):
+        fairclip.tune(
+            "demo", grid={"training.client_lr": [0.2]}, overrides=SMALL, seed=3, out=out, resume=True
+        )
+    with pytest.raises(ConfigError, match="already holds a search"):
+        fairclip.tune("demo", grid=GRID, overrides=SMALL, seed=3, out=out)
+
+
+@pytest.mark.parametrize(
+    ("args", "mentions"),
+    [
+        (["--grid", "training.client_lr"], "--grid expects KEY=V1,V2"),
+        (["--grid", "training.client_lr=0.1", "--metric", "speed"], "metric must be one of"),
+        (["--grid", "scenario.features=3,4"], "tune searches training, strategy and privacy"),
+        (["--grid", "training.client_lr=0.1", "--set", "strategy.name=none"], "needs a private strategy"),
+        (["--grid", "training.client_lr=-1"], "client_lr"),
+        (["--grid", "training.client_lr=0.1", "--distribution", "tnb", "--gamma", "2"], "gamma"),
+    ],
+)
+def test_tune_refuses_bad_input_in_one_line_before_any_work(tmp_path, capsys, args, mentions):
+    out = tmp_path / "t"
+    with pytest.raises(SystemExit) as stop:
+        main(["tune", "--scenario", "demo", "--backend", "local", "--out", str(out), *args])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and mentions in err[0]
+    assert not (out / "tuning.json").exists()
+
+
+def test_tune_command_prints_the_report(tmp_path, capsys):
+    out = tmp_path / "t"
+    main([
+        "tune", "--scenario", "demo", "--set", "strategy.name=bounded", "--set", "training.rounds=3",
+        "--set", "privacy.target_epsilon=4", "--grid", "training.client_lr=0.2,0.4", "--distribution",
+        "poisson", "--mu", "2", "--tuning-seed", "1", "--no-grid-baseline", "--backend", "local",
+        "--out", str(out),
+    ])  # fmt: skip
+    printed = capsys.readouterr().out
+    assert "ε of the whole DP search" in printed
+    assert not (out / "grid.csv").exists()
+    stored = json.loads((out / "tuning.json").read_text())
+    assert stored["trials"]["distribution"] == "poisson" and stored["grid_baseline"] is False
+    assert stored["result"]["trials_run"] == len(stored["trial_points"])
