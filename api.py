@@ -27,6 +27,7 @@ classes) against the non-private reference, per target ε and seed, and returns 
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -350,6 +351,7 @@ def tune(
     gamma: float = 0.2,
     mu: float = 5.0,
     seed: int = 0,
+    search_index: int = 0,
     grid_baseline: bool = True,
     config_file: str | Path | None = None,
     overrides: Mapping[str, Any] | None = None,
@@ -368,7 +370,8 @@ def tune(
     ``grid`` maps dotted configuration keys to the values to search (``{"training.client_lr":
     [0.1, 0.5], "strategy.bounded.lower_bound": [0.1, 0.5]}``); the search draws its number of
     trials from a truncated negative binomial (``eta``, ``gamma``) or a Poisson (``mu``)
-    distribution (``distribution``) with the tuning ``seed``, and selects by ``metric`` (one of
+    distribution (``distribution``) with the tuning ``seed`` (and ``search_index``, which of several
+    searches on that seed this is), and selects by ``metric`` (one of
     :data:`fairclip.sims.tune.METRICS`). Returns a :class:`fairclip.sims.tune.Tuning`: every
     trial, the released best, and ε of the whole search (Papernot & Steinke 2022, see
     :mod:`fairclip.strategies.tuning`). ``out`` receives each run as it finishes, the plan in
@@ -394,6 +397,7 @@ def tune(
         trials=trials,
         seed=int(seed),
         grid_baseline=grid_baseline,
+        search_index=int(search_index),
     )
     folder_data = Path(data_dir) if data_dir is not None else None
     folder = str(folder_data) if folder_data is not None else None
@@ -412,3 +416,74 @@ def tune(
         on_start=on_start,
         on_run=on_run,
     )
+
+
+def tune_curve(
+    scenario: str | Scenario | None = None,
+    *,
+    strategies: Sequence[str],
+    epsilons: Sequence[float],
+    grid: Mapping[str, Sequence[Any]],
+    out: str | Path,
+    resume: bool = False,
+    overrides: Mapping[str, Any] | None = None,
+    on_search: Callable[[str], None] | None = None,
+    **options: Any,
+) -> pd.DataFrame:
+    """One :func:`tune` search per strategy and target ε of a run (seed 000's Figure 4: best
+    result against the ε of the whole search); what ``fairclip tune --strategies ... --epsilons
+    ...`` does. A grid key of another strategy's table (``strategy.<other>.*``) is left out of a
+    strategy's search. Each search goes to ``out/<strategy>__eps-<ε>/``; ``curve.csv`` (one row
+    per finished search, written as each finishes), ``tuning_curve.png`` and ``report.md`` to
+    ``out``. ``options`` are :func:`tune`'s (metric, the trial law, seed, data_dir, ray, ...);
+    the i-th search (strategies outer, ε inner) draws its trials as ``search_index`` i.
+    Returns the table of ``curve.csv``.
+    """
+    from fairclip.sims import tune as search
+    from fairclip.sims.errors import ConfigError
+    from fairclip.sims.outputs import atomic_write_text, write_csv
+    from fairclip.strategies.errors import PolicyConfigError
+    from fairclip.strategies.tuning import TrialCount
+
+    if not strategies or not epsilons:
+        raise ConfigError("a tuning curve needs at least one strategy and one target ε")
+    targets = [float(e) for e in epsilons]
+    for target in targets:
+        if not (math.isfinite(target) and target > 0):
+            raise ConfigError(f"every target ε must be a finite number > 0 (got {target})")
+    folder = Path(out)
+    metric = options.get("metric", "macro_accuracy")
+    try:
+        law = TrialCount(options.get("distribution", "tnb"), float(options.get("eta", 1.0)),
+                         float(options.get("gamma", 0.2)), float(options.get("mu", 5.0)))  # fmt: skip
+    except PolicyConfigError as error:
+        raise ConfigError(str(error)) from None
+
+    def settings(strategy: str, target: float) -> dict[str, Any]:
+        return {**(overrides or {}), "strategy.name": strategy, "privacy.target_epsilon": target}
+
+    for strategy in strategies:  # every search's grid and metric checked before any work
+        for target in targets:
+            raw = _raw_config(scenario, options.get("config_file"), settings(strategy, target))
+            search.check_spec(search.TuneSpec(raw, search.strategy_grid(grid, strategy), metric, law, 0))
+    rows = []
+    for index, (strategy, target) in enumerate(itertools.product(strategies, targets)):
+        key = search.search_key(strategy, target)
+        if on_search is not None:
+            on_search(key)
+        sub = folder / key
+        tuning = tune(
+            scenario,
+            grid=search.strategy_grid(grid, strategy),
+            overrides=settings(strategy, target),
+            out=sub,
+            resume=resume and (sub / search.SPEC_FILE).exists(),
+            search_index=index,
+            **options,
+        )
+        rows.append(search.curve_row(strategy, target, tuning))
+        write_csv(folder / search.CURVE_FILE, rows)
+    table = pd.DataFrame(rows)
+    search.plot_curve(table, metric, folder / search.CURVE_PLOT)
+    atomic_write_text(folder / "report.md", search.curve_report(table, metric, law))
+    return table

@@ -438,6 +438,13 @@ def tune(
     tuning_seed: Annotated[
         int, typer.Option("--tuning-seed", min=0, help="Seeds the draw of the trials.")
     ] = 0,
+    strategies: Annotated[
+        str | None,
+        typer.Option("--strategies", help="Comma-separated: one search per strategy and --epsilons value."),
+    ] = None,
+    epsilons: Annotated[
+        str | None, typer.Option("--epsilons", help="Comma-separated target ε of a run (with --strategies).")
+    ] = None,
     grid_baseline: Annotated[
         bool,
         typer.Option(
@@ -460,9 +467,13 @@ def tune(
 ) -> None:
     """Tune hyperparameters by DP random search (Papernot & Steinke 2022); ε covers the search.
 
-    Also runs every grid point once and reports the non-private selection beside it.
+    Also runs every grid point once and reports the non-private selection beside it. With
+    --strategies and --epsilons: one search per strategy and target ε, and the curve of the best
+    result against ε (curve.csv, tuning_curve.png).
     """
     from fairclip.api import tune as tune_search
+    from fairclip.api import tune_curve
+    from fairclip.sims import compare as sweep
     from fairclip.sims.config import parse_override, scenario_source
 
     typed = dict((".".join(path), value) for path, value in map(parse_override, overrides or []))
@@ -478,33 +489,47 @@ def tune(
     check_output_folder(out)
     progress = progress_bar("[bold]tune[/bold] {task.description}", transient=False)
 
-    def started_runs(total: int, to_run: int) -> None:
-        console.print(f"{total} runs, {total - to_run} already finished; results in {out}")
-        progress.start()
-        progress.add_task(str(out.name), total=to_run)
+    searches: list[str] = []
 
+    def started_runs(total: int, to_run: int) -> None:
+        console.print(f"{total} runs, {total - to_run} already finished")
+        if not progress.live.is_started:
+            progress.start()
+        progress.add_task(searches[-1] if searches else str(out.name), total=to_run)
+
+    if (strategies is None) != (epsilons is None):
+        raise ConfigError("--strategies and --epsilons go together (one search per strategy and ε)")
+    options = dict(
+        metric=metric,
+        distribution=distribution,
+        eta=eta,
+        gamma=gamma,
+        mu=mu,
+        seed=tuning_seed,
+        grid_baseline=grid_baseline,
+        config_file=config,
+        data_dir=data_dir,
+        ray=backend is Backend.ray,
+        address=address,
+        workers=workers,
+        on_start=started_runs,
+        on_run=lambda _key, _result: progress.advance(progress.task_ids[-1]),
+    )
     try:
-        tune_search(
-            scenario,
-            grid=searched,
-            metric=metric,
-            distribution=distribution,
-            eta=eta,
-            gamma=gamma,
-            mu=mu,
-            seed=tuning_seed,
-            grid_baseline=grid_baseline,
-            config_file=config,
-            overrides=typed,
-            data_dir=data_dir,
-            out=out,
-            resume=resume,
-            ray=backend is Backend.ray,
-            address=address,
-            workers=workers,
-            on_start=started_runs,
-            on_run=lambda _key, _result: progress.advance(progress.task_ids[0]),
-        )
+        if strategies is None:
+            tune_search(scenario, grid=searched, overrides=typed, out=out, resume=resume, **options)
+        else:
+            tune_curve(
+                scenario,
+                strategies=[name.strip() for name in strategies.split(",") if name.strip()],
+                epsilons=sweep.parse_epsilons(epsilons or ""),
+                grid=searched,
+                out=out,
+                resume=resume,
+                overrides=typed,
+                on_search=searches.append,
+                **options,
+            )
     finally:
         if progress.live.is_started:
             progress.stop()

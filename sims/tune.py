@@ -65,6 +65,9 @@ class TuneSpec:
     trials: TrialCount
     seed: int
     grid_baseline: bool = True
+    search_index: int = 0
+    """Which of several searches sharing the tuning seed this is (:func:`fairclip.api.tune_curve`
+    numbers its searches): each draws its trials independently."""
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -74,11 +77,13 @@ class TuneSpec:
             "trials": asdict(self.trials),
             "seed": self.seed,
             "grid_baseline": self.grid_baseline,
+            "search_index": self.search_index,
         }
 
 
 def grid_points(grid: Mapping[str, Sequence[Any]]) -> list[dict[str, Any]]:
-    """The product of the grid's values, one settings dict per point (keys in the given order)."""
+    """The product of the grid's values, one settings dict per point (keys in the given order);
+    an empty grid is one point, the configuration as given (the search then picks among seeds)."""
     keys = list(grid)
     return [dict(zip(keys, values, strict=True)) for values in itertools.product(*(grid[k] for k in keys))]
 
@@ -88,8 +93,6 @@ def check_spec(spec: TuneSpec) -> list[dict[str, Any]]:
     raw configuration (each validated)."""
     if spec.metric not in METRICS:
         raise ConfigError(f"metric must be one of {', '.join(METRICS)} (got {spec.metric!r})")
-    if not spec.grid:
-        raise ConfigError("the grid is empty: give at least one KEY=V1,V2,... to search")
     for key, values in spec.grid.items():
         if not values:
             raise ConfigError(f"grid key {key} has no values")
@@ -109,7 +112,7 @@ def check_spec(spec: TuneSpec) -> list[dict[str, Any]]:
 
 def draw_trials(spec: TuneSpec, points: int) -> list[int]:
     """The grid point of each trial: K ~ the trial distribution, then K uniform draws."""
-    rng = np.random.default_rng([spec.seed, TUNING_STREAM])
+    rng = np.random.default_rng([spec.seed, TUNING_STREAM, spec.search_index])
     count = spec.trials.sample(rng)
     return [int(i) for i in rng.integers(points, size=count)]
 
@@ -358,3 +361,86 @@ def markdown_table(table: pd.DataFrame) -> str:
     lines = ["| " + " | ".join(map(str, table.columns)) + " |", "|" + "---|" * len(table.columns)]
     lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in table.itertuples(index=False)]
     return "\n".join(lines)
+
+
+# ----- a tuning curve: one search per strategy and target ε (seed 000, Figure 4) --------------
+
+CURVE_FILE = "curve.csv"
+CURVE_PLOT = "tuning_curve.png"
+
+
+def strategy_grid(grid: Mapping[str, Sequence[Any]], strategy: str) -> dict[str, list[Any]]:
+    """The grid keys that apply to ``strategy``: every key but another strategy's own table
+    (``strategy.<other>.<parameter>``)."""
+    kept = {}
+    for key, values in grid.items():
+        parts = key.split(".")
+        if len(parts) > 2 and parts[0] == "strategy" and parts[1] != strategy:
+            continue
+        kept[key] = list(values)
+    return kept
+
+
+def search_key(strategy: str, target: float) -> str:
+    return f"{strategy}__eps-{target:g}"
+
+
+def curve_row(strategy: str, target: float, tuning: Tuning) -> dict[str, Any]:
+    """One search as a row of ``curve.csv``."""
+    metric = tuning.metric
+    return {
+        "strategy": strategy,
+        "target_epsilon": target,
+        "trials": len(tuning.trials),
+        "epsilon_search": tuning.epsilon,
+        "epsilon_trial_rdp": tuning.epsilon_trial_rdp,
+        f"dp_search_{metric}": math.nan if tuning.best is None else float(tuning.best[metric]),
+        f"grid_{metric}": math.nan if tuning.grid_best is None else float(tuning.grid_best[metric]),
+        "grid_epsilon_run": math.nan if tuning.grid_best is None else float(tuning.grid_best["epsilon_run"]),
+    }
+
+
+def plot_curve(table: pd.DataFrame, metric: str, path: Path) -> None:
+    """Best ``metric`` against ε: the DP search against the ε of the whole search (solid), the
+    non-private selection against its chosen run's ε (dotted), one colour per strategy."""
+    from fairclip.sims.plots import plt, save, strategy_styles
+
+    figure, axes = plt.subplots(figsize=(6.4, 4.2))
+    styles = strategy_styles(table["strategy"])
+    for strategy, rows in table.groupby("strategy", sort=False):
+        colour = styles[str(strategy)].colour
+        rows = rows.sort_values("target_epsilon")
+        axes.plot(rows["epsilon_search"], rows[f"dp_search_{metric}"], "o-", color=colour,
+                  label=f"{strategy}: DP search (ε of the search)")  # fmt: skip
+        if rows[f"grid_{metric}"].notna().any():
+            axes.plot(rows["grid_epsilon_run"], rows[f"grid_{metric}"], "s:", color=colour, alpha=0.7,
+                      label=f"{strategy}: non-private selection (ε of one run)")  # fmt: skip
+    axes.set_xscale("log")
+    from matplotlib.ticker import FixedLocator, NullLocator
+
+    spent = pd.concat([table["epsilon_search"], table["grid_epsilon_run"]]).dropna()
+    ticks = sorted({float(f"{value:.2g}") for value in spent if math.isfinite(value)})
+    axes.xaxis.set_major_locator(FixedLocator(ticks))
+    axes.xaxis.set_minor_locator(NullLocator())
+    axes.set_xticklabels([f"{tick:g}" for tick in ticks])
+    axes.set_xlabel("ε (δ as configured)")
+    axes.set_ylabel(f"best {metric}")
+    axes.legend(fontsize=7)
+    axes.grid(alpha=0.3)
+    save(figure, path)
+
+
+def curve_report(table: pd.DataFrame, metric: str, trials: TrialCount) -> str:
+    return "\n".join([
+        "# fairclip tune: best result against ε",
+        "",
+        f"One DP random search per strategy and target ε of a run ({trials.describe()}), selected "
+        f"by **{metric}**. `epsilon_search` covers the whole search (RDP, Papernot & Steinke 2022); "
+        "the non-private selection's `grid_epsilon_run` covers its chosen run only. Each search's "
+        "trials and report are in its folder.",
+        "",
+        markdown_table(table),
+        "",
+        f"![{CURVE_PLOT}]({CURVE_PLOT})",
+        "",
+    ])  # fmt: skip
