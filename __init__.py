@@ -18,9 +18,10 @@ __all__ = [
     "compare",
     "simulate",
     "tune",
+    "tune_curve",
 ]
 
-_API = ("Comparison", "Scenario", "Simulation", "compare", "simulate", "tune")
+_API = ("Comparison", "Scenario", "Simulation", "compare", "simulate", "tune", "tune_curve")
 
 
 def __getattr__(name: str):

@@ -41,6 +41,19 @@ from fairclip.strategies import accounting
 from fairclip.strategies.errors import PolicyConfigError
 
 SETUP_DIR = Path(__file__).parent / "reproductions"
+PAIRED_COLUMNS = [
+    "target_epsilon",
+    "quantity",
+    "first",
+    "second",
+    "seeds",
+    "mean_difference",
+    "interval_low",
+    "interval_high",
+    "p_value",
+    "significant",
+]
+"""The columns of ``paired_tests.csv``."""
 COLUMNS = [
     "setup",
     "strategy",
@@ -484,7 +497,64 @@ def both_accountants(summaries: list[dict[str, Any]], accountant: str) -> float 
     return "inf" if math.isinf(mean) else float(f"{mean:.4g}")
 
 
-def markdown(setup: Setup, rows: list[dict[str, Any]], wall_seconds: float, extra: list[str]) -> str:
+def paired_rows(setup: Setup, runs: list[Run], summaries: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """Paired tests between the strategies run at one target ε, per metric of the setup, over the
+    seeds both ran (:func:`fairclip.sims.statistics.paired_test_rows`: a seed fixes the data
+    and the sampling, so two strategies' runs of one seed form a pair). The values compared are
+    the metrics themselves, so for a ``relative_to`` setup the difference of two strategies'
+    changes is the same number."""
+    import pandas as pd
+
+    from fairclip.sims.statistics import paired_test_rows
+
+    records = []
+    for run in runs:
+        summary = summaries[run.key]
+        record: dict[str, Any] = {
+            "strategy": run.strategy,
+            "seed": run.seed,
+            "target_epsilon": _epsilon_text(run.target_epsilon) or "—",
+        }
+        for metric, (cohort, name) in setup.metrics.items():
+            record[metric] = metric_value(summary, cohort, name)
+        records.append(record)
+    if not records:
+        return []
+    return paired_test_rows(pd.DataFrame(records), list(setup.metrics), ["target_epsilon"])
+
+
+def paired_lines(tests: list[dict[str, Any]]) -> list[str]:
+    """The paired tests as a Markdown section (nothing where fewer than two seeds ran)."""
+    shown = [t for t in tests if t["seeds"] >= 2]
+    if not shown:
+        return []
+    lines = [
+        "## Paired tests between strategies (same seeds)",
+        "",
+        "Mean over seeds of A − B with its 95 % bootstrap interval, and the two-sided paired "
+        "t-test's p (`paired_tests.csv`); **significant** where p < 0.05. With 2-3 seeds these "
+        "tests have little power: a difference that is not significant is not shown to be zero.",
+        "",
+        "| ε | metric | A − B | seeds | mean difference [95 % interval] | p | |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for test in shown:
+        lines.append(
+            f"| {test['target_epsilon']} | {test['quantity']} | `{test['first']}` − `{test['second']}` | "
+            f"{test['seeds']} | {test['mean_difference']:+.4f} [{test['interval_low']:+.4f}, "
+            f"{test['interval_high']:+.4f}] | {test['p_value']:.3g} | "
+            f"{'**significant**' if test['significant'] else ''} |"
+        )
+    return [*lines, ""]
+
+
+def markdown(
+    setup: Setup,
+    rows: list[dict[str, Any]],
+    wall_seconds: float,
+    extra: list[str],
+    tests: list[dict[str, Any]] | None = None,
+) -> str:
     lines = [f"# fairclip reproduce: {setup.name}", "", setup.title, ""]
     if setup.paper_epsilon is not None:
         lines += [f"Paper's ε: {setup.paper_epsilon:g}.", ""]
@@ -519,8 +589,9 @@ def markdown(setup: Setup, rows: list[dict[str, Any]], wall_seconds: float, extr
             f"Every number with a paper value ({compared}) lies within the paper's mean ± 2 s.e. "
             "(or ± 2 points)."
         )
+    lines += [""]
+    lines += paired_lines(tests or [])
     lines += [
-        "",
         "Notes: " + " ".join(setup.notes.split()),
         *extra,
         "",
@@ -530,9 +601,17 @@ def markdown(setup: Setup, rows: list[dict[str, Any]], wall_seconds: float, extr
     return "\n".join(lines)
 
 
-def write_outputs(out: Path, setup: Setup, rows: list[dict[str, Any]], wall: float, extra: list[str]) -> None:
+def write_outputs(
+    out: Path,
+    setup: Setup,
+    rows: list[dict[str, Any]],
+    wall: float,
+    extra: list[str],
+    tests: list[dict[str, Any]] | None = None,
+) -> None:
     write_csv(out / "reproduction.csv", [{column: row[column] for column in COLUMNS} for row in rows])
-    atomic_write_text(out / "reproduction.md", markdown(setup, rows, wall, extra))
+    write_csv(out / "paired_tests.csv", tests or [], columns=PAIRED_COLUMNS)
+    atomic_write_text(out / "reproduction.md", markdown(setup, rows, wall, extra, tests))
 
 
 def select_strategies(setup: Setup, names: list[str] | None) -> Setup:
@@ -629,7 +708,7 @@ def reproduce(
         )
     if max_rounds is not None:
         extra.append(f"Smoke run: at most {max_rounds} rounds per run (not a reproduction).")
-    write_outputs(out, setup, rows, wall, extra)
+    write_outputs(out, setup, rows, wall, extra, paired_rows(setup, final, summaries))
     write_json(out / "chosen.json", {f"{s}@{_epsilon_text(e) or 'none'}": p for (s, e), p in chosen.items()})
     return rows, wall
 

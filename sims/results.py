@@ -34,6 +34,8 @@ README = REPOSITORY / "README.md"
 BEGIN = "<!-- reproduction results: generated from results/reproductions by fairclip.sims.results -->"
 END = "<!-- end of reproduction results -->"
 FILES = ("reproduction.csv", "reproduction.md")
+OPTIONAL_FILES = ("paired_tests.csv",)
+"""Copied where the reproduction wrote them (those tabulated before the paired tests have none)."""
 
 
 def record(out: Path, dest: Path, command: str) -> dict[str, Any]:
@@ -63,7 +65,7 @@ def record(out: Path, dest: Path, command: str) -> dict[str, Any]:
         "specification": spec,
     }
     dest.mkdir(parents=True, exist_ok=True)
-    for name in FILES:
+    for name in FILES + tuple(name for name in OPTIONAL_FILES if (out / name).is_file()):
         shutil.copyfile(out / name, dest / name)
     write_json(dest / "record.json", entry)
     return entry

@@ -401,6 +401,39 @@ def test_changes_against_the_reference_are_paired_by_seed():
     assert [s.name for s in kept.strategies] == ["none", "constant"]
 
 
+def test_reproduce_reports_paired_tests_between_strategies_of_the_same_seeds(tmp_path):
+    """Issue 22: the reproduction's report says which differences are significant at 5 %."""
+    setup = repro.load_setup("xu-adult-balanced")
+    runs, summaries = [], {}
+    # constant is 0.04 below per-cohort on every seed (male), and level with it (female, ± noise)
+    for seed, base in enumerate((0.80, 0.76, 0.78)):
+        for strategy, shift, female in (
+            ("per-cohort", 0.0, 0.86),
+            ("constant", -0.04, 0.86 + (-1) ** seed * 0.01),
+        ):
+            key = f"{strategy}-{seed}"
+            runs.append(repro.Run(key, strategy, None, seed, {}))
+            summaries[key] = _summary(base + shift, base + shift, female, 1.0)
+    tests = repro.paired_rows(setup, runs, summaries)
+    by_metric = {t["quantity"]: t for t in tests}
+    male = by_metric["accuracy_change_male"]
+    assert (male["first"], male["second"], male["seeds"]) == ("per-cohort", "constant", 3)
+    assert male["mean_difference"] == pytest.approx(0.04)
+    assert male["significant"] and male["p_value"] < 0.05
+    female = by_metric["accuracy_change_female"]
+    assert not female["significant"]
+    text = repro.markdown(setup, [], 1.0, [], tests)
+    assert "## Paired tests between strategies" in text
+    assert "`per-cohort` − `constant` | 3 | +0.0400" in text and "**significant**" in text
+    repro.write_outputs(tmp_path, setup, [], 1.0, [], tests)
+    stored = pd.read_csv(tmp_path / "paired_tests.csv")
+    assert list(stored.columns) == repro.PAIRED_COLUMNS and len(stored) == len(tests)
+    # one seed: no test, no section
+    assert "Paired tests" not in repro.markdown(
+        setup, [], 1.0, [], repro.paired_rows(setup, runs[:2], summaries)
+    )
+
+
 def test_seed_004_setups_are_its_table_5():
     for name, balance in (("xu-adult-balanced", True), ("xu-adult", False), ("xu-dutch", True)):
         setup = repro.load_setup(name)

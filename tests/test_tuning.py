@@ -198,6 +198,8 @@ def test_tune_end_to_end_releases_the_best_trial_with_the_search_epsilon(tmp_pat
         (["--grid", "training.client_lr=0.1", "--set", "strategy.name=none"], "needs a private strategy"),
         (["--grid", "training.client_lr=-1"], "client_lr"),
         (["--grid", "training.client_lr=0.1", "--distribution", "tnb", "--gamma", "2"], "gamma"),
+        (["--grid", "training.client_lr=0.1", "--strategies", "constant"], "go together"),
+        (["--grid", "training.client_lr=0.1", "--strategies", "constant", "--epsilons", "1,x"], "not a number"),
     ],
 )
 def test_tune_refuses_bad_input_in_one_line_before_any_work(tmp_path, capsys, args, mentions):
@@ -224,3 +226,64 @@ def test_tune_command_prints_the_report(tmp_path, capsys):
     stored = json.loads((out / "tuning.json").read_text())
     assert stored["trials"]["distribution"] == "poisson" and stored["grid_baseline"] is False
     assert stored["result"]["trials_run"] == len(stored["trial_points"])
+
+
+def test_a_strategy_searches_only_its_own_and_the_shared_keys():
+    from fairclip.sims.tune import strategy_grid
+
+    grid = {
+        "training.client_lr": [0.1],
+        "strategy.bounded.lower_bound": [0.1, 0.5],
+        "strategy.constant.initial_bound": [1.0],
+        "strategy.initial_bound": [2.0],
+    }
+    assert strategy_grid(grid, "constant") == {
+        "training.client_lr": [0.1],
+        "strategy.constant.initial_bound": [1.0],
+        "strategy.initial_bound": [2.0],
+    }
+    assert "strategy.bounded.lower_bound" in strategy_grid(grid, "bounded")
+    assert grid_points({}) == [{}]  # no grid: the configuration as given, among seeds
+
+
+def test_tuning_curve_runs_one_search_per_strategy_and_epsilon(tmp_path):
+    out = tmp_path / "curve"
+    grid = {"training.client_lr": [0.2, 0.5], "strategy.bounded.lower_bound": [0.1, 0.5]}
+    options = dict(overrides={"training.rounds": 3}, grid_baseline=False, distribution="poisson", mu=2.0)
+    with pytest.raises(ConfigError, match="lower_bound"):  # bounded's bad point refused before constant runs
+        bad = {**grid, "strategy.bounded.lower_bound": [-1.0]}
+        fairclip.tune_curve(
+            "demo", strategies=["constant", "bounded"], epsilons=[2.0], grid=bad, out=out, **options
+        )
+    assert not out.exists()
+    table = fairclip.tune_curve(
+        "demo", strategies=["constant", "bounded"], epsilons=[1.0, 4.0], grid=grid, out=out, **options
+    )
+    assert list(zip(table["strategy"], table["target_epsilon"], strict=True)) == [
+        ("constant", 1.0), ("constant", 4.0), ("bounded", 1.0), ("bounded", 4.0),
+    ]  # fmt: skip
+    stored = pd.read_csv(out / "curve.csv")
+    pd.testing.assert_frame_equal(stored, table, check_dtype=False)
+    assert (out / "tuning_curve.png").stat().st_size > 0 and "tuning_curve.png" in (
+        out / "report.md"
+    ).read_text()
+    # a larger target ε costs more in the whole search; constant never searched bounded's key
+    for strategy in ("constant", "bounded"):
+        mine = table[table["strategy"] == strategy]
+        assert mine["epsilon_search"].is_monotonic_increasing
+    constant = json.loads((out / "constant__eps-1" / "tuning.json").read_text())
+    assert constant["grid"] == {"training.client_lr": [0.2, 0.5]}
+    indices = [json.loads((out / k / "tuning.json").read_text())["search_index"] for k in
+               ("constant__eps-1", "constant__eps-4", "bounded__eps-1", "bounded__eps-4")]  # fmt: skip
+    assert indices == [0, 1, 2, 3]
+    # resume: every search comes back from its folder
+    again = fairclip.tune_curve(
+        "demo",
+        strategies=["constant", "bounded"],
+        epsilons=[1.0, 4.0],
+        grid=grid,
+        out=out,
+        resume=True,
+        **options,
+    )
+    pd.testing.assert_frame_equal(again, table)
