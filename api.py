@@ -193,7 +193,11 @@ def simulate_config(
         raise ConfigError(f"backend must be local or ray (got {backend!r})")
     folder = Path(data_dir) if data_dir is not None else None
     task = build_task(config, folder)
-    executor_factory: Callable[..., Any] = lambda task, policy: LocalExecutor(task, policy, workers)  # noqa: E731
+    directions = config.training.cohort_directions
+
+    def executor_factory(task: Any, policy: Any) -> Any:
+        return LocalExecutor(task, policy, workers, directions)
+
     if backend == "ray":
         from fairclip.sims.ray_engine import RayExecutor, ensure_ray
 

@@ -32,11 +32,13 @@ def contribute_blocks(
     cohorts: np.ndarray,
     num_cohorts: int,
     sizes: list[int],
+    directions: bool = False,
 ) -> list[RoundSums]:
     """:func:`contribute` for consecutive blocks of rows (``sizes[j]`` rows each) at once: the
     policy's client side runs once over all rows (it acts on each client's row alone), then each
     block is summed on its own rows -- the same sums as one call per block, bit for bit, without
-    the per-call cost that 64 small blocks a round would pay."""
+    the per-call cost that 64 small blocks a round would pay. ``directions``: also each
+    cohort's sums of its raw updates and of its contributions (simulation diagnostics)."""
     updates = np.atleast_2d(np.asarray(updates, dtype=np.float64))
     cohorts = np.asarray(cohorts, dtype=np.int64)
     reports = policy.client_side(updates, cohorts, params)
@@ -47,10 +49,34 @@ def contribute_blocks(
                 contribution_sum=reports.contributions[rows].sum(axis=0),
                 report_sum=reports.reports[rows].sum(axis=0),
                 num_reports=size,
-                diagnostics=_diagnostics(reports, cohorts[rows], rows, num_cohorts),
+                diagnostics=_diagnostics(
+                    reports,
+                    cohorts[rows],
+                    rows,
+                    num_cohorts,
+                    _cohort_sums(
+                        updates[rows],
+                        reports.contributions[rows],
+                        cohorts[rows],
+                        num_cohorts,
+                    )
+                    if directions
+                    else None,
+                ),
             )
         )
     return sums
+
+
+def _cohort_sums(
+    updates: np.ndarray, contributions: np.ndarray, block_cohorts: np.ndarray, num_cohorts: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Each cohort's sum of the block's raw updates and of its contributions (K × d each); an
+    update that is not finite (which contributes nothing) is left out of both."""
+    finite = np.isfinite(updates).all(axis=1)
+    members = (block_cohorts[None, :] == np.arange(num_cohorts)[:, None]) & finite[None, :]
+    kept = np.where(finite[:, None], updates, 0.0)
+    return members.astype(np.float64) @ kept, members.astype(np.float64) @ contributions
 
 
 def contribute_scaled_blocks(
@@ -61,6 +87,7 @@ def contribute_scaled_blocks(
     num_cohorts: int,
     sizes: list[int],
     exchange: Exchange = Exchange.ROUND,
+    directions: bool = False,
 ) -> list[RoundSums]:
     """:func:`contribute_blocks` for a row-scaling policy (:attr:`Policy.row_scaling`) from the
     norms and weighted sums of updates that are never materialised (:mod:`fairclip.client.ghost`):
@@ -69,18 +96,32 @@ def contribute_scaled_blocks(
 
     Only what ``exchange`` releases is summed (:func:`fairclip.strategies.aggregation.sent_in`):
     the first exchange of a counts-first round forms no contribution sum, the second no report
-    sum; the other part is zero."""
+    sum; the other part is zero. ``directions`` (simulation diagnostics, in the exchange that
+    carries the contributions): each cohort's sums of its unscaled and scaled rows, 2K more
+    weighted sums per block."""
     cohorts = np.asarray(cohorts, dtype=np.int64)
     scaled = policy.scaled_client_side(gradients.norms, cohorts, params)
     contributions = exchange is not Exchange.COUNTS
-    directions = scaled.report_scales is not None and exchange is not Exchange.UPDATES
+    direction_reports = scaled.report_scales is not None and exchange is not Exchange.UPDATES
     report_size = policy.report_size(gradients.dim)
     sums = []
     for rows, size in _block_rows(sizes, cohorts.shape[0]):
         weights = [scaled.contribution_scales[rows]] if contributions else []
-        if directions:
+        if direction_reports:
             weights.append(scaled.report_scales[rows])
+        tracked = directions and contributions
+        if tracked:
+            finite = np.isfinite(np.asarray(gradients.norms[rows], dtype=np.float64))
+            members = ((cohorts[rows][None, :] == np.arange(num_cohorts)[:, None]) & finite[None, :]).astype(
+                np.float64
+            )
+            weights += [*members, *(members * scaled.contribution_scales[rows][None, :])]
         weighted = list(gradients.weighted_sums(rows, np.stack(weights))) if weights else []
+        cohort_sums = None
+        if tracked:
+            per_cohort = np.stack(weighted[-2 * num_cohorts :])
+            weighted = weighted[: -2 * num_cohorts]
+            cohort_sums = (per_cohort[:num_cohorts], per_cohort[num_cohorts:])
         contribution_sum = weighted.pop(0) if contributions else np.zeros(gradients.dim)
         if exchange is Exchange.UPDATES:
             report_sum = np.zeros(report_size)
@@ -91,7 +132,7 @@ def contribute_scaled_blocks(
                 contribution_sum=contribution_sum,
                 report_sum=report_sum,
                 num_reports=size,
-                diagnostics=_diagnostics(scaled, cohorts[rows], rows, num_cohorts),
+                diagnostics=_diagnostics(scaled, cohorts[rows], rows, num_cohorts, cohort_sums),
             )
         )
     return sums
@@ -106,9 +147,14 @@ def _block_rows(sizes: list[int], rows: int) -> list[tuple[slice, int]]:
 
 
 def _diagnostics(
-    reports: ClientReports | ScaledReports, block_cohorts: np.ndarray, rows: slice, num_cohorts: int
+    reports: ClientReports | ScaledReports,
+    block_cohorts: np.ndarray,
+    rows: slice,
+    num_cohorts: int,
+    cohort_sums: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> CohortDiagnostics:
-    """The simulation-only per-cohort diagnostics of one block's rows."""
+    """The simulation-only per-cohort diagnostics of one block's rows (with each cohort's
+    unclipped and clipped sums where tracked)."""
 
     def per_cohort(values: np.ndarray) -> np.ndarray:
         return np.bincount(
@@ -123,4 +169,6 @@ def _diagnostics(
         norm_before=per_cohort(reports.norms),
         norm_after=per_cohort(reports.contribution_norms),
         norms=tuple(block_norms[block_cohorts == k] for k in range(num_cohorts)),
+        unclipped_sums=None if cohort_sums is None else cohort_sums[0],
+        clipped_sums=None if cohort_sums is None else cohort_sums[1],
     )

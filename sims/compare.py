@@ -176,7 +176,8 @@ def run_simulation(
         restore(plugins)
     config = validate(raw_config)
     task = build_task(config, Path(data_dir) if data_dir else None)
-    result = simulate(config, task, lambda task, policy: LocalExecutor(task, policy, workers))
+    directions = config.training.cohort_directions
+    result = simulate(config, task, lambda task, policy: LocalExecutor(task, policy, workers, directions))
     return {"rows": result.rows, "summary": result.summary}
 
 

@@ -228,6 +228,11 @@ class TrainingSpec(_Section):
     without forming them, where the policy is row-scaling and the model's parameterised layers
     are ``Linear`` or ``Conv2d`` (:mod:`fairclip.client.ghost`); ``materialize`` always forms each
     example's gradient with ``torch.func``. Both give the same run to float32 rounding."""
+    cohort_directions: bool = False
+    """Record, per cohort and round, the direction and magnitude errors of the client side of
+    the policy: cos(Σ c_i, Σ Δ_i) and ||Σ c_i|| / ||Σ Δ_i|| over the cohort's sampled clients
+    (seed 003, section 4). Simulation-only diagnostics (``rounds.csv``, never released); they cost
+    2 K model-sized sums per summation block."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """Where clients train and the server evaluates (classification): ``auto`` picks a GPU when
     torch sees one; ``cuda`` requires one."""

@@ -445,6 +445,9 @@ def _round_row(
         internal[f"{name}/norm_before"] = _ratio(diagnostics.norm_before[index], count)
         internal[f"{name}/norm_after"] = _ratio(diagnostics.norm_after[index], count)
         internal[f"{name}/median_norm"] = diagnostics.median_norm(index)
+        if diagnostics.unclipped_sums is not None:
+            internal[f"{name}/direction_cosine"] = diagnostics.direction_cosine(index)
+            internal[f"{name}/magnitude_ratio"] = diagnostics.magnitude_ratio(index)
         for metric, value in per_cohort.get(name, {}).items():
             public[f"{name}/{metric}"] = value
     return public, internal

@@ -69,12 +69,16 @@ def clip_and_sum(
     num_cohorts: int,
     sizes: list[int],
     exchange: Exchange = Exchange.ROUND,
+    directions: bool = False,
 ) -> list[RoundSums]:
     """The clients' sums per block (``sizes[j]`` clients each) under ``params``; from
-    per-example gradients, only what ``exchange`` releases is formed."""
+    per-example gradients, only what ``exchange`` releases is formed. ``directions``: with each
+    cohort's unclipped and clipped sums (``training.cohort_directions``)."""
     if isinstance(work, OneStepGradients):
-        return contribute_scaled_blocks(policy, params, work, cohorts, num_cohorts, sizes, exchange)
-    return contribute_blocks(policy, params, work, cohorts, num_cohorts, sizes)
+        return contribute_scaled_blocks(
+            policy, params, work, cohorts, num_cohorts, sizes, exchange, directions
+        )
+    return contribute_blocks(policy, params, work, cohorts, num_cohorts, sizes, directions)
 
 
 def groups_sums(
@@ -86,6 +90,7 @@ def groups_sums(
     params,
     exchange: Exchange = Exchange.ROUND,
     held: dict[tuple[int, int], ClientWork] | None = None,
+    directions: bool = False,
 ) -> dict[int, RoundSums]:
     """Train each group of blocks in one call, then clip and sum per block; sums by block index,
     holding only what ``exchange`` releases (:func:`sent_in`).
@@ -105,7 +110,16 @@ def groups_sums(
         if held is not None and exchange is Exchange.COUNTS:
             held[key] = work
         cohorts = task.client_cohorts[ids]
-        parts = clip_and_sum(work, policy, params, cohorts, len(task.cohort_names), sizes, exchange)
+        parts = clip_and_sum(
+            work,
+            policy,
+            params,
+            cohorts,
+            len(task.cohort_names),
+            sizes,
+            exchange,
+            directions and exchange is not Exchange.COUNTS,
+        )
         sums.update(zip(group, (sent_in(part, exchange) for part in parts), strict=True))
     return sums
 
@@ -121,6 +135,8 @@ class LocalExecutor:
     task: Task
     policy: Policy
     workers: int = 1
+    directions: bool = False
+    """Also sum each cohort's unclipped and clipped updates (``training.cohort_directions``)."""
 
     def __post_init__(self) -> None:
         self._tasks = [self.task, *(self.task.worker() for _ in range(self.workers - 1))]
@@ -139,7 +155,9 @@ class LocalExecutor:
             self._held.clear()  # a new round: nothing of an earlier one is used again
 
         def run(task: Task, share: list[dict[int, np.ndarray]]) -> dict[int, RoundSums]:
-            return groups_sums(task, self.policy, model, share, round_number, params, exchange, self._held)
+            return groups_sums(
+                task, self.policy, model, share, round_number, params, exchange, self._held, self.directions
+            )
 
         if self.workers == 1 or len(groups) < 2:
             by_block = run(self.task, groups)

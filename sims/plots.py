@@ -12,6 +12,10 @@ the ε axis is labelled with the ε values that were run.
 - ``cohort_norms_rounds.png``: the mechanism -- each cohort's median update norm (before
   clipping; a simulation diagnostic) against the clipping bound, over rounds, one panel per
   strategy: a cohort whose median lies above the bound has most of its updates clipped.
+- ``cohort_directions_rounds.png`` (runs with ``training.cohort_directions``): why clipping hurts
+  a cohort (seed 003, section 4) -- per cohort, the direction error cos(Σ c_i, Σ Δ_i) and the
+  magnitude error ||Σ c_i|| / ||Σ Δ_i|| of its clipped aggregate against its unclipped one, over
+  rounds (simulation-only diagnostics).
 """
 
 from __future__ import annotations
@@ -35,7 +39,14 @@ ACCURACY_VS_EPSILON = "accuracy_vs_epsilon.png"
 CLIP_BOUND_ROUNDS = "clip_bound_rounds.png"
 COHORT_ACCURACY_ROUNDS = "cohort_accuracy_rounds.png"
 COHORT_NORMS_ROUNDS = "cohort_norms_rounds.png"
-PLOTS = (ACCURACY_VS_EPSILON, CLIP_BOUND_ROUNDS, COHORT_ACCURACY_ROUNDS, COHORT_NORMS_ROUNDS)
+COHORT_DIRECTIONS_ROUNDS = "cohort_directions_rounds.png"
+PLOTS = (
+    ACCURACY_VS_EPSILON,
+    CLIP_BOUND_ROUNDS,
+    COHORT_ACCURACY_ROUNDS,
+    COHORT_NORMS_ROUNDS,
+    COHORT_DIRECTIONS_ROUNDS,
+)
 
 REFERENCE = "none"
 _FIXED_COLOURS = plt.get_cmap("tab10").colors
@@ -256,6 +267,53 @@ def plot_cohort_norms(
     save(figure, path)
 
 
+DIRECTION_ERRORS = (
+    ("direction_cosine", "direction: cos(clipped, unclipped)"),
+    ("magnitude_ratio", "magnitude: |clipped| / |unclipped|"),
+)
+
+
+def tracks_directions(rounds: dict[str, pd.DataFrame]) -> bool:
+    """Whether any run recorded its cohorts' direction and magnitude errors."""
+    return any(column.endswith("/direction_cosine") for frame in rounds.values() for column in frame.columns)
+
+
+def plot_cohort_directions(
+    table: pd.DataFrame, rounds: dict[str, pd.DataFrame], keys: RunKeys, path: Path
+) -> bool:
+    """Rows: (error, ε); columns: cohorts; one line per private strategy over rounds. False
+    (nothing drawn) without a private run at a finite ε."""
+    epsilons = _epsilons(keys)
+    if not epsilons:
+        return False
+    styles = {
+        name: style
+        for name, style in strategy_styles(s for s, _ in keys.values()).items()
+        if name != REFERENCE
+    }
+    cohorts = list(dict.fromkeys(table["cohort"]))
+    panels = [(column, label, epsilon) for column, label in DIRECTION_ERRORS for epsilon in epsilons]
+    figure, axes = plt.subplots(
+        len(panels), len(cohorts), figsize=(5 * len(cohorts), 3.2 * len(panels)), squeeze=False
+    )
+    for row, (column, label, epsilon) in enumerate(panels):
+        for col, cohort in enumerate(cohorts):
+            axis = axes[row][col]
+            for strategy, style in styles.items():
+                stats = _curves(_runs_of(rounds, keys, strategy, epsilon), f"{cohort}/{column}")
+                if stats is not None:
+                    _draw_band(axis, stats, style.colour, style.linestyle, strategy)
+            axis.set(title=f"{cohort}, ε = {epsilon_label(epsilon)}", xlabel="round", ylabel=label)
+            axis.grid(alpha=0.3)
+            axis.legend(fontsize="small")
+    note = "each cohort's clipped aggregate against its unclipped one (simulation only); " + _band_note(
+        table["seed"].nunique()
+    )
+    figure.suptitle(note, fontsize="small")
+    save(figure, path)
+    return True
+
+
 def _same(a: float, b: float) -> bool:
     return (math.isnan(a) and math.isnan(b)) or a == b
 
@@ -287,4 +345,13 @@ def write_plots(
         table, rounds, keys, out / COHORT_ACCURACY_ROUNDS, lambda c: f"{c}/accuracy", "accuracy", True
     )
     plot_cohort_norms(table, rounds, keys, out / COHORT_NORMS_ROUNDS)
+    if not tracks_directions(rounds):
+        (out / COHORT_DIRECTIONS_ROUNDS).unlink(missing_ok=True)
+        left_out[COHORT_DIRECTIONS_ROUNDS] = (
+            "the runs did not record their cohorts' direction and magnitude errors "
+            "(set training.cohort_directions = true)"
+        )
+    elif not plot_cohort_directions(table, rounds, keys, out / COHORT_DIRECTIONS_ROUNDS):
+        (out / COHORT_DIRECTIONS_ROUNDS).unlink(missing_ok=True)
+        left_out[COHORT_DIRECTIONS_ROUNDS] = "no private run at a finite ε"
     return left_out

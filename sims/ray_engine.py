@@ -157,7 +157,10 @@ class ClientBlocksActor:
     ) -> dict[int, RoundSums]:
         if exchange is not Exchange.UPDATES:
             self.held.clear()
-        sums = groups_sums(self.task, self.policy, model, groups, round_number, params, exchange, self.held)
+        directions = self.config.training.cohort_directions
+        sums = groups_sums(
+            self.task, self.policy, model, groups, round_number, params, exchange, self.held, directions
+        )
         if exchange is Exchange.UPDATES:
             self.held.clear()
         return sums

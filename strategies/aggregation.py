@@ -24,7 +24,12 @@ import numpy as np
 class CohortDiagnostics:
     """Simulation-only sums per cohort (arrays of length K), and each cohort's update norms
     before clipping (``norms[k]``, one value per client; ``()`` where they are not known) for
-    the per-cohort median, which no sum gives."""
+    the per-cohort median, which no sum gives.
+
+    Where a run asks for them (``training.cohort_directions``), also each cohort's aggregate
+    update before and after the client side of the policy (K × d: Σ_{i in k} Δ_i and
+    Σ_{i in k} c_i, the contribution before noise), from which :meth:`direction_cosine` and
+    :meth:`magnitude_ratio` come (seed 003, section 4: clipping's direction and magnitude errors)."""
 
     sampled: np.ndarray
     exceeded: np.ndarray
@@ -32,6 +37,8 @@ class CohortDiagnostics:
     norm_before: np.ndarray
     norm_after: np.ndarray
     norms: tuple[np.ndarray, ...] = ()
+    unclipped_sums: np.ndarray | None = None
+    clipped_sums: np.ndarray | None = None
 
     @classmethod
     def zeros(cls, num_cohorts: int) -> CohortDiagnostics:
@@ -46,7 +53,26 @@ class CohortDiagnostics:
             self.norm_before + other.norm_before,
             self.norm_after + other.norm_after,
             tuple(map(np.concatenate, zip(self.norms, other.norms, strict=True))) if known else (),
+            _add_or_none(self.unclipped_sums, other.unclipped_sums),
+            _add_or_none(self.clipped_sums, other.clipped_sums),
         )
+
+    def direction_cosine(self, cohort: int) -> float:
+        """cos(Σ c_i, Σ Δ_i) over the cohort's clients: 1 where clipping kept the direction of
+        the cohort's aggregate update; NaN where not tracked, none sampled, or a sum is zero."""
+        if self.unclipped_sums is None or self.clipped_sums is None:
+            return float("nan")
+        before, after = self.unclipped_sums[cohort], self.clipped_sums[cohort]
+        norms = float(np.linalg.norm(before)) * float(np.linalg.norm(after))
+        return float(before @ after) / norms if norms > 0 else float("nan")
+
+    def magnitude_ratio(self, cohort: int) -> float:
+        """||Σ c_i|| / ||Σ Δ_i|| over the cohort's clients: how much of the cohort's aggregate
+        update's length clipping kept; NaN where not tracked or the unclipped sum is zero."""
+        if self.unclipped_sums is None or self.clipped_sums is None:
+            return float("nan")
+        before = float(np.linalg.norm(self.unclipped_sums[cohort]))
+        return float(np.linalg.norm(self.clipped_sums[cohort])) / before if before > 0 else float("nan")
 
     def median_norm(self, cohort: int) -> float:
         """Median update norm (before clipping) of cohort ``cohort``'s clients; NaN where none
@@ -54,6 +80,11 @@ class CohortDiagnostics:
         if not self.norms or self.norms[cohort].size == 0:
             return float("nan")
         return float(np.median(self.norms[cohort]))
+
+
+def _add_or_none(first: np.ndarray | None, second: np.ndarray | None) -> np.ndarray | None:
+    """The sum of two tracked arrays; None unless both are tracked."""
+    return None if first is None or second is None else first + second
 
 
 @dataclass

@@ -39,7 +39,11 @@ def test_local_and_ray_give_identical_runs(ray_session, strategy):
             "seed=7",
         ],
     )
-    local = simulate(config, build_task(config), LocalExecutor)
+    directions = config.training.cohort_directions  # the demo records them: on both backends
+    assert directions
+    local = simulate(
+        config, build_task(config), lambda task, policy: LocalExecutor(task, policy, 1, directions)
+    )
     executor = RayExecutor.start(config, None, num_actors=3)
     try:
         remote = simulate(config, build_task(config), lambda _task, _policy: executor)
@@ -47,6 +51,7 @@ def test_local_and_ray_give_identical_runs(ray_session, strategy):
         executor.stop()
     local_rounds, remote_rounds = pd.DataFrame(local.rows), pd.DataFrame(remote.rows)
     assert (local_rounds["noise_std"] > 0).all()
+    assert local_rounds["minority/magnitude_ratio"].notna().all()
     pd.testing.assert_frame_equal(local_rounds, remote_rounds, check_exact=True)
     assert local.summary["cohorts"] == remote.summary["cohorts"]
 

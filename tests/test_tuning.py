@@ -199,7 +199,10 @@ def test_tune_end_to_end_releases_the_best_trial_with_the_search_epsilon(tmp_pat
         (["--grid", "training.client_lr=-1"], "client_lr"),
         (["--grid", "training.client_lr=0.1", "--distribution", "tnb", "--gamma", "2"], "gamma"),
         (["--grid", "training.client_lr=0.1", "--strategies", "constant"], "go together"),
-        (["--grid", "training.client_lr=0.1", "--strategies", "constant", "--epsilons", "1,x"], "not a number"),
+        (
+            ["--grid", "training.client_lr=0.1", "--strategies", "constant", "--epsilons", "1,x"],
+            "not a number",
+        ),
     ],
 )
 def test_tune_refuses_bad_input_in_one_line_before_any_work(tmp_path, capsys, args, mentions):
