@@ -193,10 +193,9 @@ def simulate_config(
         raise ConfigError(f"backend must be local or ray (got {backend!r})")
     folder = Path(data_dir) if data_dir is not None else None
     task = build_task(config, folder)
-    directions = config.training.cohort_directions
 
     def executor_factory(task: Any, policy: Any) -> Any:
-        return LocalExecutor(task, policy, workers, directions)
+        return LocalExecutor(task, policy, workers)
 
     if backend == "ray":
         from fairclip.sims.ray_engine import RayExecutor, ensure_ray

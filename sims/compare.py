@@ -176,8 +176,7 @@ def run_simulation(
         restore(plugins)
     config = validate(raw_config)
     task = build_task(config, Path(data_dir) if data_dir else None)
-    directions = config.training.cohort_directions
-    result = simulate(config, task, lambda task, policy: LocalExecutor(task, policy, workers, directions))
+    result = simulate(config, task, lambda task, policy: LocalExecutor(task, policy, workers))
     return {"rows": result.rows, "summary": result.summary}
 
 

@@ -90,7 +90,6 @@ def groups_sums(
     params,
     exchange: Exchange = Exchange.ROUND,
     held: dict[tuple[int, int], ClientWork] | None = None,
-    directions: bool = False,
 ) -> dict[int, RoundSums]:
     """Train each group of blocks in one call, then clip and sum per block; sums by block index,
     holding only what ``exchange`` releases (:func:`sent_in`).
@@ -98,7 +97,11 @@ def groups_sums(
     In a counts-first round, ``held`` keeps each group's work (by round and first block) from the
     :attr:`Exchange.COUNTS` call for the :attr:`Exchange.UPDATES` call, which clips the same
     updates with the round's new bounds; a group not held there is trained again (training is
-    a function of θ_t, the client and the round, so the updates are the same)."""
+    a function of θ_t, the client and the round, so the updates are the same).
+
+    A task with ``cohort_directions`` set (``training.cohort_directions``, :func:`build_task`)
+    also sums each cohort's unclipped and clipped updates, in the exchange that carries them."""
+    directions = bool(getattr(task, "cohort_directions", False)) and exchange is not Exchange.COUNTS
     sums: dict[int, RoundSums] = {}
     for group in groups:
         ids = np.concatenate(list(group.values()))
@@ -118,7 +121,7 @@ def groups_sums(
             len(task.cohort_names),
             sizes,
             exchange,
-            directions and exchange is not Exchange.COUNTS,
+            directions,
         )
         sums.update(zip(group, (sent_in(part, exchange) for part in parts), strict=True))
     return sums
@@ -135,8 +138,6 @@ class LocalExecutor:
     task: Task
     policy: Policy
     workers: int = 1
-    directions: bool = False
-    """Also sum each cohort's unclipped and clipped updates (``training.cohort_directions``)."""
 
     def __post_init__(self) -> None:
         self._tasks = [self.task, *(self.task.worker() for _ in range(self.workers - 1))]
@@ -155,9 +156,7 @@ class LocalExecutor:
             self._held.clear()  # a new round: nothing of an earlier one is used again
 
         def run(task: Task, share: list[dict[int, np.ndarray]]) -> dict[int, RoundSums]:
-            return groups_sums(
-                task, self.policy, model, share, round_number, params, exchange, self._held, self.directions
-            )
+            return groups_sums(task, self.policy, model, share, round_number, params, exchange, self._held)
 
         if self.workers == 1 or len(groups) < 2:
             by_block = run(self.task, groups)

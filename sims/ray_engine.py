@@ -157,10 +157,7 @@ class ClientBlocksActor:
     ) -> dict[int, RoundSums]:
         if exchange is not Exchange.UPDATES:
             self.held.clear()
-        directions = self.config.training.cohort_directions
-        sums = groups_sums(
-            self.task, self.policy, model, groups, round_number, params, exchange, self.held, directions
-        )
+        sums = groups_sums(self.task, self.policy, model, groups, round_number, params, exchange, self.held)
         if exchange is Exchange.UPDATES:
             self.held.clear()
         return sums

@@ -21,7 +21,11 @@ class Task(Protocol):
 
     And ``group_metrics(model)``: extra (overall, per-cohort) metrics of the final model, such as
     :meth:`fairclip.sims.classification.ClassificationTask.group_metrics`'s group-fairness rates,
-    merged into the summary once a run, or ``None``."""
+    merged into the summary once a run, or ``None``.
+
+    :func:`build_task` sets ``cohort_directions`` (``training.cohort_directions``): the engines
+    then also sum each cohort's unclipped and clipped updates for the direction and magnitude
+    diagnostics (:class:`fairclip.strategies.aggregation.CohortDiagnostics`)."""
 
     cohort_names: list[str]
     client_cohorts: np.ndarray
@@ -59,6 +63,12 @@ def build_task(config: RunConfig, data_dir: Path | None = None) -> Task:
     A scenario that its data cannot satisfy (a cohort left without clients, too few examples)
     raises :class:`ConfigError`; missing or corrupt files raise ``DataError``.
     """
+    task = _build(config, data_dir)
+    task.cohort_directions = config.training.cohort_directions  # type: ignore[attr-defined]
+    return task
+
+
+def _build(config: RunConfig, data_dir: Path | None) -> Task:
     from fairclip.sims.data import DataError
 
     try:

@@ -419,10 +419,14 @@ def plot_curve(table: pd.DataFrame, metric: str, path: Path) -> None:
     from matplotlib.ticker import FixedLocator, NullLocator
 
     spent = pd.concat([table["epsilon_search"], table["grid_epsilon_run"]]).dropna()
-    ticks = sorted({float(f"{value:.2g}") for value in spent if math.isfinite(value)})
-    axes.xaxis.set_major_locator(FixedLocator(ticks))
-    axes.xaxis.set_minor_locator(NullLocator())
-    axes.set_xticklabels([f"{tick:g}" for tick in ticks])
+    spent = spent[np.isfinite(spent) & (spent > 0)]
+    if not spent.empty:  # 1-2-5 ticks across the ε drawn
+        low, high = math.floor(math.log10(spent.min())), math.ceil(math.log10(spent.max()))
+        ticks = [m * 10.0**k for k in range(low, high + 1) for m in (1, 2, 5)]
+        ticks = [t for t in ticks if spent.min() / 1.5 <= t <= spent.max() * 1.5]
+        axes.xaxis.set_major_locator(FixedLocator(ticks))
+        axes.xaxis.set_minor_locator(NullLocator())
+        axes.set_xticklabels([f"{tick:g}" for tick in ticks])
     axes.set_xlabel("ε (δ as configured)")
     axes.set_ylabel(f"best {metric}")
     axes.legend(fontsize=7)

@@ -39,11 +39,8 @@ def test_local_and_ray_give_identical_runs(ray_session, strategy):
             "seed=7",
         ],
     )
-    directions = config.training.cohort_directions  # the demo records them: on both backends
-    assert directions
-    local = simulate(
-        config, build_task(config), lambda task, policy: LocalExecutor(task, policy, 1, directions)
-    )
+    assert config.training.cohort_directions  # the demo records them: on both backends
+    local = simulate(config, build_task(config), LocalExecutor)
     executor = RayExecutor.start(config, None, num_actors=3)
     try:
         remote = simulate(config, build_task(config), lambda _task, _policy: executor)
