@@ -467,9 +467,9 @@ def tune(
 ) -> None:
     """Tune hyperparameters by DP random search (Papernot & Steinke 2022); ε covers the search.
 
-    Also runs every grid point once and reports the non-private selection beside it. With
-    --strategies and --epsilons: one search per strategy and target ε, and the curve of the best
-    result against ε (curve.csv, tuning_curve.png).
+    Also runs every grid point once: the non-private selection, reported beside it.
+
+    --strategies with --epsilons: one search each, and the best result against ε (curve.csv).
     """
     from fairclip.api import tune as tune_search
     from fairclip.api import tune_curve
