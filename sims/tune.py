@@ -99,6 +99,7 @@ def check_spec(spec: TuneSpec) -> list[dict[str, Any]]:
         if key == "seed" or key.startswith("scenario."):
             raise ConfigError(f"grid key {key}: tune searches training, strategy and privacy settings only")
     configs = []
+    deltas = set()
     for point in grid_points(spec.grid):
         raw = spec.raw
         for key, value in point.items():
@@ -106,7 +107,10 @@ def check_spec(spec: TuneSpec) -> list[dict[str, Any]]:
         config = validate(raw)
         if config.strategy.name == "none":
             raise ConfigError("tune needs a private strategy (strategy none has no privacy to account)")
+        deltas.add(config.privacy.delta)
         configs.append(raw)
+    if len(deltas) > 1:
+        raise ConfigError("every grid point must share one privacy.delta: the search's ε is stated at one δ")
     return configs
 
 
@@ -186,6 +190,8 @@ class Tuning:
     epsilon_trial_rdp: float
     """ε of one trial alone by RDP (what the search's ε is compared with)."""
     delta: float
+    run_accountant: str
+    """The accountant of each run's own ε (``epsilon_run``; the search's ε is RDP's)."""
     trial_count: TrialCount
     metric: str
 
@@ -198,21 +204,23 @@ class Tuning:
                     "non-private selection (every grid point)",
                     self.grid_best,
                     self.grid_best["epsilon_run"],
+                    self.run_accountant,
                     "the chosen run only",
                 )
             )
         if self.best is not None:
-            rows.append(_selection("DP random search", self.best, self.epsilon, "the whole search"))
+            rows.append(_selection("DP random search", self.best, self.epsilon, "rdp", "the whole search"))
         return pd.DataFrame(rows)
 
 
-def _selection(name: str, row: pd.Series, epsilon: float, covers: str) -> dict[str, Any]:
+def _selection(name: str, row: pd.Series, epsilon: float, accountant: str, covers: str) -> dict[str, Any]:
     keys = [k for k in row.index if "." in str(k)]
     return {
         "selection": name,
         "settings": ", ".join(f"{k}={row[k]}" for k in keys),
         **{m: row[m] for m in REPORTED},
         "epsilon": epsilon,
+        "accountant": accountant,
         "epsilon_covers": covers,
     }
 
@@ -280,6 +288,7 @@ def run_search(
         epsilon=epsilon,
         epsilon_trial_rdp=epsilon_trial,
         delta=delta,
+        run_accountant=validate(configs[0]).privacy.accountant,
         trial_count=spec.trials,
         metric=spec.metric,
     )

@@ -167,6 +167,8 @@ def test_tune_end_to_end_releases_the_best_trial_with_the_search_epsilon(tmp_pat
     assert tuning.epsilon == pytest.approx(expected, rel=1e-12)
     assert privacy["result"]["epsilon"] == pytest.approx(expected, rel=1e-12)
     assert tuning.epsilon > tuning.epsilon_trial_rdp > tuning.best["epsilon_run"] * 0.99
+    summary = tuning.summary().set_index("selection")["accountant"]
+    assert list(summary) == ["prv", "rdp"]  # each ε with the accountant it comes from
     report = (out / "report.md").read_text()
     assert "DP random search" in report and "non-private selection" in report
     assert f"{tuning.epsilon:.4g}" in report
@@ -195,6 +197,7 @@ def test_tune_end_to_end_releases_the_best_trial_with_the_search_epsilon(tmp_pat
         (["--grid", "training.client_lr"], "--grid expects KEY=V1,V2"),
         (["--grid", "training.client_lr=0.1", "--metric", "speed"], "metric must be one of"),
         (["--grid", "scenario.features=3,4"], "tune searches training, strategy and privacy"),
+        (["--grid", "privacy.delta=1e-5,1e-6"], "one privacy.delta"),
         (["--grid", "training.client_lr=0.1", "--set", "strategy.name=none"], "needs a private strategy"),
         (["--grid", "training.client_lr=-1"], "client_lr"),
         (["--grid", "training.client_lr=0.1", "--distribution", "tnb", "--gamma", "2"], "gamma"),
