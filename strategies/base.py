@@ -399,6 +399,11 @@ class Policy(ABC):
         nonfinite = ~np.isfinite(updates).all(axis=1)
         safe = np.where(nonfinite[:, None], 0.0, updates) if nonfinite.any() else updates
         norms = row_norms(safe)
+        overflowed = ~np.isfinite(norms)  # finite entries whose norm is not: dropped like them,
+        if overflowed.any():  # as scaled_client_side drops a non-finite norm
+            nonfinite = nonfinite | overflowed
+            safe = np.where(nonfinite[:, None], 0.0, updates)
+            norms = np.where(nonfinite, 0.0, norms)
         contributions, reports, exceeded = self.transform(safe, norms, cohorts, params)
         contributions, contribution_norms = clip_rows_with_norms(
             contributions, self.contribution_bounds(params, cohorts)

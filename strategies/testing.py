@@ -151,6 +151,7 @@ def _check_clients(policy: Policy, state: Any, updates: np.ndarray, cohorts: np.
             f"the policy rejects its own honest report {report}"
         )
     nonfinite = ~np.isfinite(updates).all(axis=1)
+    assert np.all(out.nonfinite[nonfinite]), "a non-finite update is not marked so"
     assert np.all(out.contributions[nonfinite] == 0), "a non-finite update contributed"
     assert np.all(out.reports[nonfinite] == 0), "a non-finite update reported"
     if policy.row_scaling:
@@ -166,6 +167,8 @@ def _check_scaled_clients(
     nonfinite = ~np.isfinite(updates).all(axis=1)
     safe = np.where(nonfinite[:, None], 0.0, updates)
     norms = row_norms(safe)
+    nonfinite |= ~np.isfinite(norms)  # finite entries whose norm overflows count as non-finite
+    safe = np.where(nonfinite[:, None], 0.0, updates)
     scaled = policy.scaled_client_side(np.where(nonfinite, np.inf, norms), cohorts, params)
     assert np.array_equal(scaled.nonfinite, nonfinite) and np.array_equal(scaled.exceeded, out.exceeded)
     assert np.all(scaled.contribution_norms <= bounds), "a scaled contribution exceeds its bound"

@@ -151,7 +151,9 @@ def test_the_mechanism_plot_puts_each_cohorts_median_norm_against_the_bound(figu
 
 def test_without_target_epsilon_the_plot_shows_the_epsilon_spent(figures, tmp_path):
     table, rounds, keys = _sweep(["adaptive", "bounded"], [math.nan], spent=3.21)
-    assert plots.write_plots(tmp_path, table, rounds, keys) == {}
+    left_out = plots.write_plots(tmp_path, table, rounds, keys)
+    assert list(left_out) == [plots.COHORT_DIRECTIONS_ROUNDS]  # these rounds hold no direction errors
+    assert "training.cohort_directions = true" in left_out[plots.COHORT_DIRECTIONS_ROUNDS]
     axis = figures[plots.ACCURACY_VS_EPSILON].axes[0]
     assert axis.get_xlabel().startswith("ε spent")
     assert [tick.get_text() for tick in axis.get_xticklabels()] == ["3.21"]
