@@ -793,3 +793,20 @@ def test_noise_multipliers_are_validated(value):
         NoiseMultipliers(update=value, report=1.0)
     with pytest.raises(PolicyConfigError, match="count noise multiplier"):
         NoiseMultipliers(update=1.0, report=value)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_an_update_whose_norm_overflows_is_dropped_on_both_paths(name):
+    """Finite entries, infinite norm (the fresh-clone CI's hypothesis example): both the
+    materialised and the scaled client side drop it as non-finite, and the plugin helper's
+    client checks accept every built-in policy on it."""
+    from fairclip.strategies.testing import _check_clients
+
+    policy = build_policy(name, {"lower_bound": 0.1} if name == "bounded" else {}, num_cohorts=1)
+    state = policy.initial_state(2)
+    updates = np.array([[1.27116101e308, 1.27116101e308], [0.3, 0.4]])
+    cohorts = np.zeros(2, dtype=np.int64)
+    out = policy.client_side(updates, cohorts, policy.broadcast(state))
+    assert list(out.nonfinite) == [True, False]
+    assert np.all(out.contributions[0] == 0) and np.all(out.reports[0] == 0) and not out.exceeded[0]
+    _check_clients(policy, state, updates, cohorts)
