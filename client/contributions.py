@@ -74,9 +74,15 @@ def _cohort_sums(
     """Each cohort's sum of the block's raw updates and of its contributions (K × d each); an
     update that is not finite (which contributes nothing) is left out of both."""
     finite = np.isfinite(updates).all(axis=1)
-    members = (block_cohorts[None, :] == np.arange(num_cohorts)[:, None]) & finite[None, :]
+    members = _finite_members(block_cohorts, finite, num_cohorts)
     kept = np.where(finite[:, None], updates, 0.0)
-    return members.astype(np.float64) @ kept, members.astype(np.float64) @ contributions
+    return members @ kept, members @ contributions
+
+
+def _finite_members(block_cohorts: np.ndarray, finite: np.ndarray, num_cohorts: int) -> np.ndarray:
+    """K × n weights: 1 where row i is finite and in cohort k (the cohort sums of the directions
+    diagnostics, on both the materialised and the one-step path)."""
+    return ((block_cohorts[None, :] == np.arange(num_cohorts)[:, None]) & finite[None, :]).astype(np.float64)
 
 
 def contribute_scaled_blocks(
@@ -112,9 +118,7 @@ def contribute_scaled_blocks(
         tracked = directions and contributions
         if tracked:
             finite = np.isfinite(np.asarray(gradients.norms[rows], dtype=np.float64))
-            members = ((cohorts[rows][None, :] == np.arange(num_cohorts)[:, None]) & finite[None, :]).astype(
-                np.float64
-            )
+            members = _finite_members(cohorts[rows], finite, num_cohorts)
             weights += [*members, *(members * scaled.contribution_scales[rows][None, :])]
         weighted = list(gradients.weighted_sums(rows, np.stack(weights))) if weights else []
         cohort_sums = None
