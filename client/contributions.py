@@ -33,17 +33,23 @@ def contribute_blocks(
     num_cohorts: int,
     sizes: list[int],
     directions: bool = False,
+    unclipped_total: bool = False,
 ) -> list[RoundSums]:
     """:func:`contribute` for consecutive blocks of rows (``sizes[j]`` rows each) at once: the
     policy's client side runs once over all rows (it acts on each client's row alone), then each
     block is summed on its own rows -- the same sums as one call per block, bit for bit, without
     the per-call cost that 64 small blocks a round would pay. ``directions``: also each
-    cohort's sums of its raw updates and of its contributions (simulation diagnostics)."""
+    cohort's sums of its raw updates and of its contributions (simulation diagnostics);
+    ``unclipped_total``: also the sum of all raw updates that contribute (simulation only)."""
     updates = np.atleast_2d(np.asarray(updates, dtype=np.float64))
     cohorts = np.asarray(cohorts, dtype=np.int64)
     reports = policy.client_side(updates, cohorts, params)
     sums = []
     for rows, size in _block_rows(sizes, updates.shape[0]):
+        total = None
+        if unclipped_total:
+            kept = _contributing(reports, rows)
+            total = np.where(kept[:, None] > 0, updates[rows], 0.0).sum(axis=0)
         sums.append(
             RoundSums(
                 contribution_sum=reports.contributions[rows].sum(axis=0),
@@ -62,10 +68,17 @@ def contribute_blocks(
                     )
                     if directions
                     else None,
+                    total,
                 ),
             )
         )
     return sums
+
+
+def _contributing(reports: ClientReports | ScaledReports, rows: slice) -> np.ndarray:
+    """1 for each of the block's rows that contributes (its update or norm is finite), else 0:
+    the weights of the unclipped total."""
+    return 1.0 - np.asarray(reports.nonfinite, dtype=np.float64)[rows]
 
 
 def _cohort_sums(
@@ -94,6 +107,7 @@ def contribute_scaled_blocks(
     sizes: list[int],
     exchange: Exchange = Exchange.ROUND,
     directions: bool = False,
+    unclipped_total: bool = False,
 ) -> list[RoundSums]:
     """:func:`contribute_blocks` for a row-scaling policy (:attr:`Policy.row_scaling`) from the
     norms and weighted sums of updates that are never materialised (:mod:`fairclip.client.ghost`):
@@ -104,7 +118,8 @@ def contribute_scaled_blocks(
     the first exchange of a counts-first round forms no contribution sum, the second no report
     sum; the other part is zero. ``directions`` (simulation diagnostics, in the exchange that
     carries the contributions): each cohort's sums of its unscaled and scaled rows, 2K more
-    weighted sums per block."""
+    weighted sums per block; ``unclipped_total`` (there too): the sum of the unscaled rows that
+    contribute, one more."""
     cohorts = np.asarray(cohorts, dtype=np.int64)
     scaled = policy.scaled_client_side(gradients.norms, cohorts, params)
     contributions = exchange is not Exchange.COUNTS
@@ -120,7 +135,11 @@ def contribute_scaled_blocks(
             finite = np.isfinite(np.asarray(gradients.norms[rows], dtype=np.float64))
             members = _finite_members(cohorts[rows], finite, num_cohorts)
             weights += [*members, *(members * scaled.contribution_scales[rows][None, :])]
+        totalled = unclipped_total and contributions
+        if totalled:
+            weights.append(_contributing(scaled, rows))
         weighted = list(gradients.weighted_sums(rows, np.stack(weights))) if weights else []
+        total = weighted.pop() if totalled else None
         cohort_sums = None
         if tracked:
             per_cohort = np.stack(weighted[-2 * num_cohorts :])
@@ -136,7 +155,7 @@ def contribute_scaled_blocks(
                 contribution_sum=contribution_sum,
                 report_sum=report_sum,
                 num_reports=size,
-                diagnostics=_diagnostics(scaled, cohorts[rows], rows, num_cohorts, cohort_sums),
+                diagnostics=_diagnostics(scaled, cohorts[rows], rows, num_cohorts, cohort_sums, total),
             )
         )
     return sums
@@ -156,9 +175,10 @@ def _diagnostics(
     rows: slice,
     num_cohorts: int,
     cohort_sums: tuple[np.ndarray, np.ndarray] | None = None,
+    unclipped_total: np.ndarray | None = None,
 ) -> CohortDiagnostics:
     """The simulation-only per-cohort diagnostics of one block's rows (with each cohort's
-    unclipped and clipped sums where tracked)."""
+    unclipped and clipped sums, and the unclipped total, where tracked)."""
 
     def per_cohort(values: np.ndarray) -> np.ndarray:
         return np.bincount(
@@ -175,4 +195,5 @@ def _diagnostics(
         norms=tuple(block_norms[block_cohorts == k] for k in range(num_cohorts)),
         unclipped_sums=None if cohort_sums is None else cohort_sums[0],
         clipped_sums=None if cohort_sums is None else cohort_sums[1],
+        unclipped_total=unclipped_total,
     )

@@ -233,6 +233,12 @@ class TrainingSpec(_Section):
     the policy: cos(Σ c_i, Σ Δ_i) and ||Σ c_i|| / ||Σ Δ_i|| over the cohort's sampled clients
     (seed 003, section 4). Simulation-only diagnostics (``rounds.csv``, never released); they cost
     2 K model-sized sums per summation block."""
+    clipping_error: Literal["both", "direction", "magnitude"] = "both"
+    """Seed 003's Table 1 ablation, for non-private runs of a clipping policy (simulation only):
+    ``direction`` steps along the clipped aggregate Σ c_i rescaled to the length of the unclipped
+    one Σ Δ_i (clipping's direction error alone); ``magnitude`` steps along Σ Δ_i rescaled to the
+    length of Σ c_i (its magnitude error alone); ``both`` is clipping as it is
+    (:func:`fairclip.sims.clipping_errors.keep_one_error`)."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """Where clients train and the server evaluates (classification): ``auto`` picks a GPU when
     torch sees one; ``cuda`` requires one."""
@@ -413,7 +419,23 @@ def validate(raw: dict[str, Any]) -> RunConfig:
     except ValidationError as error:
         raise ConfigError(_first_error(error)) from None
     strategy = resolve_strategy(raw_strategy, num_cohorts)
-    return partial.model_copy(update={"strategy": strategy})
+    config = partial.model_copy(update={"strategy": strategy})
+    _check_clipping_error(config)
+    return config
+
+
+def _check_clipping_error(config: RunConfig) -> None:
+    """``training.clipping_error`` other than ``both`` only in a run without DP noise: the update
+    it steps with uses the clients' unclipped sum, which no DP release covers."""
+    privacy = config.privacy
+    if config.training.clipping_error == "both" or config.strategy.name == "none":
+        return
+    if privacy.noise_multiplier > 0 or privacy.target_epsilon is not None:
+        raise ConfigError(
+            f"training.clipping_error: {config.training.clipping_error!r} steps with the unclipped sum, "
+            "which DP does not cover; set privacy.noise_multiplier = 0 and no privacy.target_epsilon "
+            "(a non-private ablation)"
+        )
 
 
 def load_config(scenario: str | None, config_file: Path | None, assignments: list[str]) -> RunConfig:

@@ -29,6 +29,7 @@ import numpy as np
 
 from fairclip.server.optimizer import ServerSGD
 from fairclip.server.round_server import RoundServer
+from fairclip.sims.clipping_errors import keep_one_error
 from fairclip.sims.config import RunConfig
 from fairclip.sims.interrupts import interrupts_deferred
 from fairclip.sims.local_engine import ClientExecutor, LocalExecutor
@@ -245,7 +246,9 @@ class RunServer:
         """Release the round (noise, model step, state, accountant), evaluate on schedule, and
         return the round's row."""
         with interrupts_deferred():  # the model, state, accountant, summary and rows move together
-            released = self.rounds.release(round_number, sums)
+            released = self.rounds.release(
+                round_number, keep_one_error(sums, self.config.training.clipping_error)
+            )
             overall: dict[str, float] = {}
             per_cohort: dict[str, dict[str, float]] = {}
             epsilon = math.nan

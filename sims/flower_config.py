@@ -92,8 +92,14 @@ def flower_run(run_config: dict[str, Any]) -> FlowerRun:
     node_wait = run_config.get("node-wait", DEFAULT_NODE_WAIT_SECONDS)
     if isinstance(node_wait, bool) or not isinstance(node_wait, int | float) or not node_wait > 0:
         raise ConfigError(f"node-wait must be a number of seconds > 0 (got {node_wait!r})")
+    config = validate(raw)
+    if config.training.clipping_error != "both":
+        raise ConfigError(
+            "training.clipping_error is a simulation-only ablation: "
+            "a Flower node never sends its unclipped update"
+        )
     return FlowerRun(
-        config=validate(raw),
+        config=config,
         out=Path(str(run_config.get("out", UNSET)) or "runs/flwr"),
         data_dir=Path(data_dir) if data_dir else None,
         seed_source=seed_source,

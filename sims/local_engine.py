@@ -70,15 +70,17 @@ def clip_and_sum(
     sizes: list[int],
     exchange: Exchange = Exchange.ROUND,
     directions: bool = False,
+    unclipped_total: bool = False,
 ) -> list[RoundSums]:
     """The clients' sums per block (``sizes[j]`` clients each) under ``params``; from
     per-example gradients, only what ``exchange`` releases is formed. ``directions``: with each
-    cohort's unclipped and clipped sums (``training.cohort_directions``)."""
+    cohort's unclipped and clipped sums (``training.cohort_directions``); ``unclipped_total``:
+    with the sum of the raw updates (``training.clipping_error``)."""
     if isinstance(work, OneStepGradients):
         return contribute_scaled_blocks(
-            policy, params, work, cohorts, num_cohorts, sizes, exchange, directions
+            policy, params, work, cohorts, num_cohorts, sizes, exchange, directions, unclipped_total
         )
-    return contribute_blocks(policy, params, work, cohorts, num_cohorts, sizes, directions)
+    return contribute_blocks(policy, params, work, cohorts, num_cohorts, sizes, directions, unclipped_total)
 
 
 def groups_sums(
@@ -100,8 +102,10 @@ def groups_sums(
     a function of θ_t, the client and the round, so the updates are the same).
 
     A task with ``cohort_directions`` set (``training.cohort_directions``, :func:`build_task`)
-    also sums each cohort's unclipped and clipped updates, in the exchange that carries them."""
+    also sums each cohort's unclipped and clipped updates, and one with ``unclipped_total`` set
+    all the unclipped updates, in the exchange that carries them."""
     directions = bool(getattr(task, "cohort_directions", False)) and exchange is not Exchange.COUNTS
+    unclipped_total = bool(getattr(task, "unclipped_total", False)) and exchange is not Exchange.COUNTS
     sums: dict[int, RoundSums] = {}
     for group in groups:
         ids = np.concatenate(list(group.values()))
@@ -122,6 +126,7 @@ def groups_sums(
             sizes,
             exchange,
             directions,
+            unclipped_total,
         )
         sums.update(zip(group, (sent_in(part, exchange) for part in parts), strict=True))
     return sums

@@ -76,12 +76,21 @@ POINTS = 0.02
 @dataclass(frozen=True)
 class StrategySetup:
     name: str
+    """The label of the setup's rows and runs: the policy's name, or a variant's own name."""
     settings: dict[str, Any]
     paper: dict[str, dict[str, float]]
     """{target ε as text, or "" when the setup has none: {metric: value}}."""
     paper_stderr: dict[str, dict[str, float]]
     grid: dict[str, list[Any]]
     full_grid: dict[str, list[Any]]
+    policy: str = ""
+    """The policy it runs (``strategy.name``): ``policy = "..."`` in the setup file, for a variant
+    of a policy under its own label (seed 003's Table 1 runs ``constant`` three ways); default
+    the label."""
+
+    @property
+    def policy_name(self) -> str:
+        return self.policy or self.name
 
 
 @dataclass(frozen=True)
@@ -181,11 +190,17 @@ def load_setup(name: str) -> Setup:
 
 
 def _strategy(name: str, table: dict[str, Any], where: str) -> StrategySetup:
-    unknown = set(table) - {"settings", "paper", "paper_stderr", "grid", "full_grid"}
+    unknown = set(table) - {"policy", "settings", "paper", "paper_stderr", "grid", "full_grid"}
     if unknown:
         raise ConfigError(f"{where}: strategies.{name}.{sorted(unknown)[0]}: unknown key")
+    if "__" in name:
+        raise ConfigError(f"{where}: strategies.{name}: a label may not contain '__' (it separates run keys)")
+    policy = table.get("policy", name)
+    if not isinstance(policy, str) or not policy:
+        raise ConfigError(f"{where}: strategies.{name}.policy must name a strategy")
     return StrategySetup(
         name=name,
+        policy=policy,
         settings=dict(table.get("settings", {})),
         paper=_by_epsilon(table.get("paper", {})),
         paper_stderr=_by_epsilon(table.get("paper_stderr", {})),
@@ -242,7 +257,7 @@ def _apply(raw: dict[str, Any], settings: dict[str, Any]) -> dict[str, Any]:
 
 
 def _strategy_raw(base: dict[str, Any], strategy: StrategySetup, point: dict[str, Any]) -> dict[str, Any]:
-    raw = _apply(set_value(base, "strategy.name", strategy.name), {**strategy.settings, **point})
+    raw = _apply(set_value(base, "strategy.name", strategy.policy_name), {**strategy.settings, **point})
     # Zhao et al.'s grid puts C_LB up to 50; fairclip requires C_0 >= C_LB, so the bound starts there.
     lower = raw["strategy"].get("lower_bound")
     if lower is not None and lower > raw["strategy"].get("initial_bound", 1.0):

@@ -25,7 +25,9 @@ class Task(Protocol):
 
     :func:`build_task` sets ``cohort_directions`` (``training.cohort_directions``): the engines
     then also sum each cohort's unclipped and clipped updates for the direction and magnitude
-    diagnostics (:class:`fairclip.strategies.aggregation.CohortDiagnostics`)."""
+    diagnostics (:class:`fairclip.strategies.aggregation.CohortDiagnostics`); and
+    ``unclipped_total`` (``training.clipping_error`` other than ``both``): they also sum the raw
+    updates of all clients, for :func:`fairclip.sims.clipping_errors.keep_one_error`."""
 
     cohort_names: list[str]
     client_cohorts: np.ndarray
@@ -65,6 +67,7 @@ def build_task(config: RunConfig, data_dir: Path | None = None) -> Task:
     """
     task = _build(config, data_dir)
     task.cohort_directions = config.training.cohort_directions  # type: ignore[attr-defined]
+    task.unclipped_total = config.training.clipping_error != "both"  # type: ignore[attr-defined]
     return task
 
 

@@ -39,6 +39,9 @@ class CohortDiagnostics:
     norms: tuple[np.ndarray, ...] = ()
     unclipped_sums: np.ndarray | None = None
     clipped_sums: np.ndarray | None = None
+    unclipped_total: np.ndarray | None = None
+    """Σ Δ_i over all the clients' finite raw updates (d), where a run asks for it
+    (``training.clipping_error``): the unclipped counterpart of the contribution sum."""
 
     @classmethod
     def zeros(cls, num_cohorts: int) -> CohortDiagnostics:
@@ -55,6 +58,7 @@ class CohortDiagnostics:
             tuple(map(np.concatenate, zip(self.norms, other.norms, strict=True))) if known else (),
             _add_or_none(self.unclipped_sums, other.unclipped_sums),
             _add_or_none(self.clipped_sums, other.clipped_sums),
+            _add_or_none(self.unclipped_total, other.unclipped_total),
         )
 
     def direction_cosine(self, cohort: int) -> float:

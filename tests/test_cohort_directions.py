@@ -86,16 +86,17 @@ def test_the_one_step_path_gives_the_materialised_cohort_sums():
     median = float(np.median(gradients.norms))
     policy = build_policy("bounded", {"initial_bound": median, "lower_bound": median / 2}, num_cohorts=2)
     params = policy.broadcast(policy.initial_state(theta.shape[0]))
-    want = add_in_order(contribute_blocks(policy, params, updates, cohorts, 2, sizes, directions=True))
-    have = add_in_order(
-        contribute_scaled_blocks(policy, params, gradients, cohorts, 2, sizes, directions=True)
-    )
+    tracked = {"directions": True, "unclipped_total": True}  # (the latter: training.clipping_error)
+    want = add_in_order(contribute_blocks(policy, params, updates, cohorts, 2, sizes, **tracked))
+    have = add_in_order(contribute_scaled_blocks(policy, params, gradients, cohorts, 2, sizes, **tracked))
     tolerance = count * float(np.spacing(np.float32(np.abs(theta).max())))
     np.testing.assert_allclose(
         have.diagnostics.unclipped_sums, want.diagnostics.unclipped_sums, atol=tolerance
     )
     np.testing.assert_allclose(have.diagnostics.clipped_sums, want.diagnostics.clipped_sums, atol=tolerance)
     np.testing.assert_allclose(have.contribution_sum, want.contribution_sum, atol=tolerance)
+    np.testing.assert_allclose(have.diagnostics.unclipped_total, updates.sum(0), atol=tolerance)
+    np.testing.assert_allclose(want.diagnostics.unclipped_total, updates.sum(0), atol=1e-12)
     for k in range(2):
         assert have.diagnostics.magnitude_ratio(k) == pytest.approx(
             want.diagnostics.magnitude_ratio(k), rel=1e-4

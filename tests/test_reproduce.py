@@ -16,6 +16,7 @@ import pandas as pd
 import pytest
 
 from fairclip.sims import reproduce as repro
+from fairclip.sims.config import validate
 from fairclip.sims.data import DATASET_FILES
 from fairclip.sims.errors import ConfigError
 
@@ -453,3 +454,33 @@ def test_seed_004_setups_are_its_table_5():
     # seed 004's "male" Dutch rows are fairclip's female rows: its columns are swapped here
     assert dutch["constant"].paper[""]["accuracy_change_female"] == -0.153
     assert "reweight" in dutch
+
+
+def test_a_setup_runs_a_policy_variant_under_its_own_label(tmp_path):
+    """Seed 003's Table 1 runs ``constant`` three ways: a strategy table may name the policy it
+    runs (``policy``) under a label of its own, which keys its runs and rows."""
+    setup = repro.load_setup("esipova-clipping-errors")
+    assert [(s.name, s.policy_name) for s in setup.strategies] == [
+        ("none", "none"),
+        ("constant", "constant"),
+        ("magnitude-error-only", "constant"),
+        ("direction-error-only", "constant"),
+    ]
+    planner = repro.Planner(setup, None, [], max_rounds=3, examples=lambda *_: 1000)
+    runs = {run.strategy: run for run in planner.final_runs(1, {})}
+    assert set(runs) == {s.name for s in setup.strategies}
+    assert runs["magnitude-error-only"].key == "magnitude-error-only__eps-none__seed-0"
+    errors = {name: validate(run.raw).training.clipping_error for name, run in runs.items()}
+    assert errors == {
+        "none": "both",
+        "constant": "both",
+        "magnitude-error-only": "magnitude",
+        "direction-error-only": "direction",
+    }
+    assert {validate(run.raw).strategy.name for run in runs.values()} == {"none", "constant"}
+    assert all(validate(run.raw).privacy.noise_multiplier == 0 for run in runs.values())
+    # a label that would break the run keys, and a policy that is no string, are refused
+    with pytest.raises(ConfigError, match="may not contain '__'"):
+        repro._strategy("a__b", {}, "reproduction x")
+    with pytest.raises(ConfigError, match="policy must name a strategy"):
+        repro._strategy("variant", {"policy": 3}, "reproduction x")
