@@ -1,18 +1,23 @@
 """Memory a run will need, estimated before any work, and the check that refuses what cannot fit.
 
-A simulation holds every client's data in memory, so its size grows with
-``federation.num_clients``. The estimate is per client plus the interpreter (torch, numpy and
-fairclip imported), from what the tasks allocate while they build their data (the peak):
+A simulation holds every client's data in memory, unless the population is generated (below),
+so its size grows with ``federation.num_clients``. The estimate is per client plus the
+interpreter (torch, numpy and fairclip imported), from what the tasks allocate while they build
+their data and run (the peak):
 
-- ``mean-estimation`` (d dimensions): points, the Gaussian draws and the centres gathered per
-  client (3 d float64) and the cohort and spread of each (2 × 8 bytes), plus the sampling draw
-  of a round (8 bytes): ``(24 d + 24)`` bytes a client. Measured: 10⁶ clients 425 MB, 10⁷
-  777 MB peak (39 bytes a client for d = 1; estimate 48).
+- ``mean-estimation`` (d dimensions): the points (d float64, drawn and scaled in place) and a
+  round's sampling draw (a float64 and a bool a client), with the sampled clients' ids and
+  updates: ``(8 d + 24)`` bytes a client. Measured: 10⁶ clients 413 MB, 10⁷ 592 MB peak (21
+  bytes a client for d = 1; estimate 32).
 - ``classification`` on the synthetic dataset (n examples of f features a client): the float64
   draws and their float32 copy (12 f bytes an example), the labels (2 × 8) and an index array a
   client (~120 bytes of numpy object and n × 8 of indices): ``n (12 f + 24) + 120`` bytes.
 - ``classification`` on a real dataset: the dataset is fixed in size and a client is at least
   one example, so the population never dominates; 200 bytes a client is counted.
+
+A synthetic population too large to hold (:data:`fairclip.sims.generated_clients.GENERATE_ABOVE_BYTES`)
+holds no client: a round draws its sampled clients' data, so only the expected qN sampled clients
+count, at what a held client costs (their data) plus their ids.
 
 A run with R copies of its task (Ray actors of ``run --backend ray``, runs at once of
 ``compare``) needs R times that.
@@ -20,6 +25,7 @@ A run with R copies of its task (Ray actors of ``run --backend ray``, runs at on
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 from fairclip.sims.config import RunConfig
@@ -33,19 +39,40 @@ CGROUP_LIMIT = Path("/sys/fs/cgroup/memory.max")
 CGROUP_USAGE = Path("/sys/fs/cgroup/memory.current")
 
 
-def bytes_per_client(config: RunConfig) -> int:
-    """Peak bytes one simulated client costs in a run's task (see the module docstring)."""
+def client_bytes(config: RunConfig) -> int:
+    """Peak bytes one client's data costs in a run's task, held or drawn (module docstring)."""
     scenario = config.scenario
     if scenario.task == "mean-estimation":
-        return 24 * scenario.dimension + 16
+        return 8 * scenario.dimension + 24
     if scenario.dataset == "synthetic":
         return scenario.examples_per_client * (12 * scenario.features + 24) + 120
     return 200
 
 
+def generated(config: RunConfig) -> bool:
+    """Whether the scenario's population is generated when sampled rather than held."""
+    from fairclip.sims.generated_clients import generates_clients
+    from fairclip.sims.mean_estimation import generates_points
+
+    scenario, clients = config.scenario, config.federation.num_clients
+    if scenario.task == "mean-estimation":
+        return generates_points(scenario.dimension, clients)
+    return scenario.task == "classification" and generates_clients(scenario, clients)
+
+
+def bytes_per_client(config: RunConfig) -> int:
+    """Peak bytes one client of the population costs: its data where it is held, nothing where
+    the population is generated (the sampled clients are counted by :func:`estimate_run_memory`)."""
+    return 0 if generated(config) else client_bytes(config)
+
+
 def estimate_run_memory(config: RunConfig) -> int:
     """Peak bytes of one process that builds and runs the task of ``config``."""
-    return INTERPRETER_BYTES + config.federation.num_clients * bytes_per_client(config)
+    federation = config.federation
+    if generated(config):
+        sampled = math.ceil(federation.sample_rate * federation.num_clients)
+        return INTERPRETER_BYTES + sampled * (client_bytes(config) + 8)
+    return INTERPRETER_BYTES + federation.num_clients * bytes_per_client(config)
 
 
 def available_memory() -> int:
@@ -75,11 +102,18 @@ def check_memory(config: RunConfig, copies: int = 1, available: int | None = Non
     available = available_memory() if available is None else available
     if needed <= available:
         return
-    per_client = bytes_per_client(config)
-    fits = max(0, (available // copies - INTERPRETER_BYTES) // per_client)
     where = f" in {copies} processes at once" if copies > 1 else ""
+    federation = config.federation
+    if generated(config):
+        raise ConfigError(
+            f"federation.sample_rate={federation.sample_rate:g} of {federation.num_clients:,} clients "
+            f"draws about {math.ceil(federation.sample_rate * federation.num_clients):,} clients a round, "
+            f"whose data need about {_gigabytes(needed)} of memory{where}, and "
+            f"{_gigabytes(available)} is available; lower the sample rate"
+        )
+    fits = max(0, (available // copies - INTERPRETER_BYTES) // bytes_per_client(config))
     raise ConfigError(
-        f"federation.num_clients={config.federation.num_clients:,} needs about "
+        f"federation.num_clients={federation.num_clients:,} needs about "
         f"{_gigabytes(needed)} of memory{where} and {_gigabytes(available)} is available; "
         f"at most about {fits:,} clients fit"
     )
