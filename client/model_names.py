@@ -11,4 +11,5 @@ MODELS = (
     "tanh-cnn",
     "esipova-cnn",
     "zhao-cnn",
+    "xu-cnn",
 )

@@ -113,6 +113,9 @@ class ClassificationSpec(_ScenarioBase):
     dirichlet_alpha: PositiveFloat = 0.5
     skew_class: Annotated[int, Field(ge=0)] | None = None
     skew_keep: Annotated[float, Field(gt=0, le=1)] = 0.09
+    skew_count: Annotated[int, Field(ge=0)] | None = None
+    """Keep exactly this many training examples of ``skew_class`` (a seeded subset) instead of
+    each with probability ``skew_keep``."""
     balance: bool = True
     feature_scaling: Literal["standardize", "minmax"] = "standardize"
     """How Adult's numeric columns are scaled, with the training rows' statistics: ``standardize``

@@ -49,7 +49,9 @@ def load(spec: ClassificationSpec, data_dir: Path | None, seed: int) -> Dataset:
     else:
         dataset = load_dataset(spec.dataset, directory, seed=seed)
     if spec.skew_class is not None:
-        dataset = skew_class(dataset, cls=spec.skew_class, keep=spec.skew_keep, seed=seed)
+        dataset = skew_class(
+            dataset, cls=spec.skew_class, keep=spec.skew_keep, seed=seed, count=spec.skew_count
+        )
     if spec.evaluate_on == "validation":
         dataset = validation_split(dataset, spec.test_fraction, seed)
     return dataset

@@ -16,7 +16,7 @@ from fairclip.sims.config import load_config
 from fairclip.sims.engine import simulate
 from fairclip.sims.tasks import build_task
 
-IMAGE_MODELS = ["cnn", "tanh-cnn", "esipova-cnn", "zhao-cnn"]
+IMAGE_MODELS = ["cnn", "tanh-cnn", "esipova-cnn", "zhao-cnn", "xu-cnn"]
 INPUT_SHAPES = {
     **{name: (10,) for name in ("logistic", "binary-logistic", "sigmoid-logistic", "mlp", "mlp-tanh")},
     **{name: (1, 28, 28) for name in IMAGE_MODELS},
@@ -98,6 +98,9 @@ def test_the_papers_cnns_have_their_published_sizes():
 
     assert pools("zhao-cnn") == [(3, 2), (3, 2)]
     assert pools("esipova-cnn") == []
+    # seed 004's: conv 20@5x5 28 -> 24, pool 12, conv 50@5x5 -> 8, pool 4: 800 inputs to dense 500
+    assert count["xu-cnn"] == 431_080 == (25 + 1) * 20 + (500 + 1) * 50 + (800 + 1) * 500 + (500 + 1) * 10
+    assert pools("xu-cnn") == [(2, 2), (2, 2)]
 
 
 def test_unknown_model_is_refused():

@@ -277,6 +277,33 @@ def test_skew_is_seeded_and_validated(mnist) -> None:
         skew_class(mnist, keep=1.5, seed=0)
 
 
+def test_a_skew_can_keep_an_exact_count(mnist) -> None:
+    """Seed 004's unbalanced MNIST keeps exactly 500 eights (``scenario.skew_count``): a seeded
+    subset of the class, every other class and the test set untouched."""
+    skewed = skew_class(mnist, cls=8, seed=2, count=500)
+    counts = np.bincount(skewed.y_train, minlength=10)
+    assert counts[8] == 500
+    assert [c for k, c in enumerate(counts) if k != 8] == [
+        c for k, c in enumerate(MNIST_TRAIN_COUNTS) if k != 8
+    ]
+    kept = skewed.x_train[skewed.y_train == 8]
+    eights = mnist.x_train[mnist.y_train == 8]
+    assert all((eights == image).all(axis=(1, 2, 3)).any() for image in kept[:20])  # real eights
+    np.testing.assert_array_equal(skew_class(mnist, cls=8, seed=2, count=500).x_train, skewed.x_train)
+    assert not np.array_equal(skew_class(mnist, cls=8, seed=3, count=500).x_train, skewed.x_train)
+    assert skewed.x_test is mnist.x_test
+    with pytest.raises(ValueError, match="cannot keep 6000 examples of class 8"):
+        skew_class(mnist, cls=8, seed=0, count=6000)
+
+
+def test_skew_count_is_a_scenario_key_refused_in_one_line_when_too_large(cli, tmp_path) -> None:
+    need(*files_of("mnist/"))
+    args = ["run", "--scenario", "skewed-mnist", "--data-dir", str(DATA_DIR), "--out", str(tmp_path / "r")]
+    status, _, err = cli(*args, "--set", "scenario.skew_count=9999", "--set", "training.rounds=1")
+    assert status == 2 and err.strip().count("\n") == 0
+    assert "cannot keep 9999 examples of class 8" in err
+
+
 def test_load_dataset_by_scenario_name(mnist) -> None:
     skewed = load_dataset("skewed-mnist", DATA_DIR, seed=3)
     np.testing.assert_array_equal(skewed.y_train, skew_class(mnist, seed=3).y_train)

@@ -234,15 +234,26 @@ def load_fashion_mnist(data_dir: str | os.PathLike[str] | None = None) -> Datase
     return _load_idx_dataset(data_dir, "fashion-mnist", "fashion-mnist")
 
 
-def skew_class(dataset: Dataset, cls: int = 8, keep: float = 0.09, *, seed: int) -> Dataset:
-    """Keep each training example of class ``cls`` with probability ``keep`` (seeded); test untouched."""
+def skew_class(
+    dataset: Dataset, cls: int = 8, keep: float = 0.09, *, seed: int, count: int | None = None
+) -> Dataset:
+    """Keep each training example of class ``cls`` with probability ``keep`` (seeded), or, with
+    ``count``, exactly ``count`` of them (a seeded uniform subset: seed 004 keeps 500 eights);
+    test untouched."""
     if not 0 <= cls < dataset.num_classes:
         raise ValueError(f"class {cls} is outside 0..{dataset.num_classes - 1} of {dataset.name}")
     if not 0.0 <= keep <= 1.0:
         raise ValueError(f"keep must lie in [0, 1], not {keep}")
     rng = np.random.default_rng(seed)
     of_class = np.flatnonzero(dataset.y_train == cls)
-    dropped = of_class[rng.random(len(of_class)) >= keep]
+    if count is not None:
+        if not 0 <= count <= len(of_class):
+            raise ValueError(
+                f"cannot keep {count} examples of class {cls}: {dataset.name} has {len(of_class)}"
+            )
+        dropped = np.setdiff1d(of_class, rng.choice(of_class, size=count, replace=False))
+    else:
+        dropped = of_class[rng.random(len(of_class)) >= keep]
     mask = np.ones(dataset.num_train, dtype=bool)
     mask[dropped] = False
     return dataclasses.replace(
