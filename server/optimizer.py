@@ -1,18 +1,36 @@
-"""Server optimizer: SGD with optional momentum on the noisy update estimate.
+"""Server optimizers: SGD with optional momentum, or Adam, on the noisy update estimate.
 
-    v_{t+1} = β v_t + Δ̂_t − λ θ_t          θ_{t+1} = θ_t + η_s · ρ_t · v_{t+1}
+Δ̂_t is an update direction (θ_client − θ), so the optimizers step *along* it; with one local
+step of client learning rate 1 (the sample-level case) Δ̂_t = −ĝ_t, the negated noisy mean
+gradient of DP-SGD. ρ_t is the policy's server learning-rate factor (1 except for ``online``
+with ``adapt_server_lr``). λ (``weight_decay``) is an L2 penalty λ/2·||θ||²: its gradient λθ_t
+is public, so it joins the direction after the noise, unclipped: d_t = Δ̂_t − λθ_t.
 
-Δ̂_t is an update direction (θ_client − θ), so it is added. ρ_t is the policy's server
-learning-rate factor (1 except for ``online`` with ``adapt_server_lr``). λ (``weight_decay``) is
-an L2 penalty λ/2·||θ||²: its gradient λθ_t is public, so it is added after the noise, unclipped.
+* ``sgd``:  v_{t+1} = β v_t + d_t,  θ_{t+1} = θ_t + η_s · ρ_t · v_{t+1}.
+* ``adam`` (Kingma & Ba 2015, "Adam: a method for stochastic optimization", Algorithm 1, on the
+  gradient −d_t; what DP-Adam does with the noisy gradient, e.g. Opacus' optimizer wrapping
+  ``torch.optim.Adam``)::
+
+      m_t = β₁ m_{t−1} + (1 − β₁) d_t        u_t = β₂ u_{t−1} + (1 − β₂) d_t²
+      θ_{t+1} = θ_t + η_s · ρ_t · (m_t / (1 − β₁^t)) / (sqrt(u_t / (1 − β₂^t)) + ε)
+
 Anything done here is post-processing of released values and costs no privacy.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
+
+SERVER_OPTIMIZERS = ("sgd", "adam")
+
+
+class ServerOptimizer(Protocol):
+    """Steps the model along a round's released update estimate Δ̂."""
+
+    def step(self, model: np.ndarray, estimate: np.ndarray, lr_factor: float = 1.0) -> np.ndarray: ...
 
 
 @dataclass
@@ -30,3 +48,48 @@ class ServerSGD:
             estimate = estimate - self.weight_decay * model
         self.velocity = estimate if self.velocity is None else self.momentum * self.velocity + estimate
         return model + self.lr * lr_factor * self.velocity
+
+
+@dataclass
+class ServerAdam:
+    """Adam with learning rate ``lr`` on update estimates (module docstring)."""
+
+    lr: float
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+    weight_decay: float = 0.0
+    first: np.ndarray | None = field(default=None, repr=False)
+    second: np.ndarray | None = field(default=None, repr=False)
+    steps: int = 0
+
+    def step(self, model: np.ndarray, estimate: np.ndarray, lr_factor: float = 1.0) -> np.ndarray:
+        """The next model from the current one and this round's Δ̂."""
+        direction = estimate - self.weight_decay * model if self.weight_decay else estimate
+        beta1, beta2 = self.betas
+        if self.first is None or self.second is None:
+            self.first, self.second = np.zeros_like(direction), np.zeros_like(direction)
+        self.steps += 1
+        self.first = beta1 * self.first + (1.0 - beta1) * direction
+        self.second = beta2 * self.second + (1.0 - beta2) * direction * direction
+        corrected_first = self.first / (1.0 - beta1**self.steps)
+        corrected_second = self.second / (1.0 - beta2**self.steps)
+        return model + self.lr * lr_factor * corrected_first / (np.sqrt(corrected_second) + self.eps)
+
+
+def server_optimizer(
+    name: str,
+    lr: float,
+    *,
+    momentum: float = 0.0,
+    weight_decay: float = 0.0,
+    betas: tuple[float, float] = (0.9, 0.999),
+    eps: float = 1e-8,
+) -> ServerOptimizer:
+    """The server optimizer ``name`` (``sgd`` or ``adam``) with its settings."""
+    if name == "sgd":
+        return ServerSGD(lr, momentum, weight_decay)
+    if name == "adam":
+        if momentum:
+            raise ValueError("momentum is SGD's; Adam keeps its own moments (betas)")
+        return ServerAdam(lr, betas, eps, weight_decay)
+    raise ValueError(f"unknown server optimizer {name!r} (known: {', '.join(SERVER_OPTIMIZERS)})")

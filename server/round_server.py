@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from fairclip.server.optimizer import ServerSGD
+from fairclip.server.optimizer import ServerOptimizer
 from fairclip.strategies import NoiseMultipliers, Policy, ServerRound
 from fairclip.strategies.accounting import Accountant
 from fairclip.strategies.aggregation import RoundSums
@@ -46,7 +46,7 @@ class RoundServer:
     sample_rate: float
     expected_clients: float
     """m̂ = qN, the public denominator of Δ̂."""
-    optimizer: ServerSGD
+    optimizer: ServerOptimizer
     accountant: Accountant
     noise_source: Callable[[int], np.random.Generator | GaussianSampler]
     sampler: Callable[[int], np.ndarray] | None = None

@@ -220,6 +220,13 @@ class TrainingSpec(_Section):
     client_lr: PositiveFloat = 0.1
     server_lr: PositiveFloat = 1.0
     server_momentum: Annotated[float, Field(ge=0, lt=1)] = 0.0
+    server_optimizer: Literal["sgd", "adam"] = "sgd"
+    """How the server steps along the released Δ̂ (post-processing): SGD with
+    ``server_momentum``, or Adam with ``server_beta1``, ``server_beta2`` and ``server_eps``
+    (:mod:`fairclip.server.optimizer`; DP-Adam in the sample-level case)."""
+    server_beta1: Annotated[float, Field(ge=0, lt=1)] = 0.9
+    server_beta2: Annotated[float, Field(ge=0, lt=1)] = 0.999
+    server_eps: PositiveFloat = 1e-8
     weight_decay: NonNegativeFloat = 0.0
     """λ of an L2 penalty λ/2·||θ||², applied by the server step to the released model
     (post-processing): θ_{t+1} = θ_t + η_s·ρ_t·v_{t+1} with v_{t+1} = β·v_t + Δ̂_t − λ·θ_t."""
@@ -255,6 +262,12 @@ class TrainingSpec(_Section):
             if not torch.cuda.is_available():
                 raise ValueError("cuda, but torch sees no CUDA device (use auto or cpu)")
         return device
+
+    @model_validator(mode="after")
+    def _momentum_is_sgds(self) -> TrainingSpec:
+        if self.server_optimizer == "adam" and self.server_momentum:
+            raise ValueError("server_momentum is SGD's; Adam keeps its own moments (server_beta1/2)")
+        return self
 
 
 class PrivacySpec(_Section):

@@ -27,7 +27,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from fairclip.server.optimizer import ServerSGD
+from fairclip.server.optimizer import server_optimizer
 from fairclip.server.round_server import RoundServer
 from fairclip.sims.clipping_errors import keep_one_error
 from fairclip.sims.config import RunConfig
@@ -149,8 +149,13 @@ class RunServer:
             noise=self.plan.noise,
             sample_rate=config.federation.sample_rate,
             expected_clients=config.expected_clients,
-            optimizer=ServerSGD(
-                config.training.server_lr, config.training.server_momentum, config.training.weight_decay
+            optimizer=server_optimizer(
+                config.training.server_optimizer,
+                config.training.server_lr,
+                momentum=config.training.server_momentum,
+                weight_decay=config.training.weight_decay,
+                betas=(config.training.server_beta1, config.training.server_beta2),
+                eps=config.training.server_eps,
             ),
             accountant=Accountant(config.privacy.accountant),
             sampler=self._sample,

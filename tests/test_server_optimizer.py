@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from fairclip.server.optimizer import ServerSGD
+from fairclip.server.optimizer import ServerAdam, ServerSGD, server_optimizer
 from fairclip.sims.config import ConfigError, load_config
 from fairclip.sims.engine import simulate
 from fairclip.sims.tasks import build_task
@@ -40,9 +43,76 @@ def test_a_run_with_weight_decay_shrinks_the_model():
     [
         ("training.weight_decay=-0.1", "weight_decay"),
         ("scenario.feature_scaling=minmax", "adult dataset only"),
+        ("training.server_optimizer=rmsprop", "server_optimizer"),
+        ("training.server_beta2=1.0", "server_beta2"),
+        ("training.server_optimizer=adam", "server_momentum is SGD's"),
     ],
 )
 def test_bad_optimizer_and_scaling_settings_are_one_line(override, mentions):
+    extra = ["training.server_momentum=0.5"] if override.endswith("=adam") else []
     with pytest.raises(ConfigError) as caught:
-        load_config("demo", None, [override])
+        load_config("demo", None, [override, *extra])
     assert "\n" not in str(caught.value) and mentions in str(caught.value)
+
+
+@given(
+    seed=st.integers(0, 2**16),
+    beta1=st.floats(0.0, 0.99),
+    beta2=st.floats(0.5, 0.9999),
+    weight_decay=st.sampled_from([0.0, 0.01, 0.3]),
+    lr_factors=st.lists(st.sampled_from([1.0, 0.5, 2.0]), min_size=1, max_size=6),
+)
+@settings(max_examples=60, deadline=None)
+def test_server_adam_is_torchs_adam_on_the_negated_estimates(seed, beta1, beta2, weight_decay, lr_factors):
+    """DP-Adam: Adam (with L2 weight decay) on the gradient −Δ̂_t, as ``torch.optim.Adam`` steps
+    it; ρ_t scales the learning rate of its step."""
+    rng = np.random.default_rng(seed)
+    theta = rng.normal(size=7)
+    reference = torch.nn.Parameter(torch.tensor(theta.copy()))
+    adam = torch.optim.Adam([reference], lr=0.05, betas=(beta1, beta2), eps=1e-8, weight_decay=weight_decay)
+    ours = ServerAdam(0.05, (beta1, beta2), 1e-8, weight_decay)
+    model = theta
+    for factor in lr_factors:
+        estimate = rng.normal(size=7) * rng.uniform(0.01, 3.0)
+        for group in adam.param_groups:
+            group["lr"] = 0.05 * factor
+        reference.grad = torch.tensor(-estimate)
+        adam.step()
+        model = ours.step(model, estimate, lr_factor=factor)
+        np.testing.assert_allclose(model, reference.detach().numpy(), rtol=1e-10, atol=1e-12)
+
+
+def test_the_factory_names_each_optimizer():
+    assert isinstance(server_optimizer("sgd", 0.1, momentum=0.9), ServerSGD)
+    adam = server_optimizer("adam", 0.01, betas=(0.8, 0.99), eps=1e-6, weight_decay=0.1)
+    assert isinstance(adam, ServerAdam) and adam.betas == (0.8, 0.99) and adam.eps == 1e-6
+    with pytest.raises(ValueError, match="momentum is SGD's"):
+        server_optimizer("adam", 0.01, momentum=0.5)
+    with pytest.raises(ValueError, match="unknown server optimizer"):
+        server_optimizer("lamb", 0.01)
+
+
+def test_a_sample_level_run_with_server_adam_is_dp_adam():
+    """One step of a sample-level run (client lr 1, so Δ̂ = −ĝ) moves every parameter by about
+    η_s (Adam's first step is ±η_s·ĝ/(|ĝ| + ε)), unlike SGD's step; ε is the same."""
+    settings_ = [
+        "scenario.examples_per_client=1",
+        "federation.num_clients=400",
+        "training.client_lr=1.0",
+        "training.rounds=1",
+        "strategy.name=constant",
+        "privacy.noise_multiplier=0.5",
+        "seed=2",
+    ]
+    runs = {}
+    for optimizer in ("sgd", "adam"):
+        config = load_config(
+            "demo", None, [*settings_, f"training.server_optimizer={optimizer}", "training.server_lr=0.01"]
+        )
+        task = build_task(config)
+        result = simulate(config, task)
+        runs[optimizer] = (result.model - task.initial_model(), result.summary["epsilon"])
+    adam_step, sgd_step = runs["adam"][0], runs["sgd"][0]
+    np.testing.assert_allclose(np.abs(adam_step), 0.01, rtol=1e-3)
+    assert np.all(np.sign(adam_step) == np.sign(sgd_step))
+    assert runs["adam"][1] == runs["sgd"][1]
