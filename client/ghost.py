@@ -39,6 +39,7 @@ import torch
 from torch import nn
 
 from fairclip.client.models import image_layout, load_vector
+from fairclip.client.training import weighted_losses
 
 
 @dataclass
@@ -141,11 +142,17 @@ def ghost_layers(model: nn.Module) -> list[nn.Module] | None:
 
 
 def one_step_gradients(
-    model: nn.Module, global_vector: np.ndarray, features: torch.Tensor, labels: torch.Tensor, lr: float
+    model: nn.Module,
+    global_vector: np.ndarray,
+    features: torch.Tensor,
+    labels: torch.Tensor,
+    lr: float,
+    class_weights: tuple[float, ...] | None = None,
 ) -> OneStepGradients | None:
     """The norms and weighted sums of the one-step updates of the examples (``features``,
-    ``labels``) from θ_t = ``global_vector`` under cross-entropy, or ``None`` where the model has
-    a layer this path does not handle (then materialise the gradients instead)."""
+    ``labels``) from θ_t = ``global_vector`` under cross-entropy (times ``class_weights`` of each
+    example's class, :func:`fairclip.client.training.weighted_losses`), or ``None`` where the
+    model has a layer this path does not handle (then materialise the gradients instead)."""
     layers = ghost_layers(model)
     if not layers:
         return None
@@ -165,7 +172,7 @@ def one_step_gradients(
     try:
         with torch.enable_grad():
             logits = model(features)
-            losses = nn.functional.cross_entropy(logits, labels, reduction="none")
+            losses = weighted_losses(logits, labels, class_weights)
             if any(layer not in outputs or not outputs[layer].requires_grad for layer in layers):
                 return None  # a layer the forward pass skips, or frozen all the way down
             output_grads = torch.autograd.grad(

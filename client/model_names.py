@@ -7,6 +7,7 @@ MODELS = (
     "sigmoid-logistic",
     "mlp",
     "mlp-tanh",
+    "binary-mlp",
     "cnn",
     "tanh-cnn",
     "esipova-cnn",

@@ -7,6 +7,8 @@
 * ``mlp``: two hidden layers of 256 units with ReLU.
 * ``mlp-tanh``: the same with tanh, as seed 003 (Esipova et al. 2023) trains Adult (its appendix
   and its authors' code, ``layer6ai-labs/fair-dp``).
+* ``binary-mlp``: ``mlp`` with one output z and a sigmoid, as seed 001 (SoftAdaClip) trains
+  Adult: logits (0, z), as ``binary-logistic`` (two classes only).
 * ``sigmoid-logistic``: seed 003's "logistic regression" as its authors' code runs it: one linear
   layer to the classes, a sigmoid on each output, and those sigmoids fed to cross-entropy as
   logits (so per-example gradients stay small: Dutch, seed 003).
@@ -49,15 +51,18 @@ def build_model(name: str, input_shape: tuple[int, ...], num_classes: int) -> nn
         return nn.Sequential(nn.Flatten(), nn.Linear(features, 1), ZeroLogit())
     if name == "sigmoid-logistic":
         return nn.Sequential(nn.Flatten(), nn.Linear(features, num_classes), nn.Sigmoid())
-    if name in ("mlp", "mlp-tanh"):
-        activation = nn.ReLU if name == "mlp" else nn.Tanh
+    if name in ("mlp", "mlp-tanh", "binary-mlp"):
+        activation = nn.Tanh if name == "mlp-tanh" else nn.ReLU
+        if name == "binary-mlp" and num_classes != 2:
+            raise ValueError(f"model 'binary-mlp' needs 2 classes (got {num_classes})")
+        head = [nn.Linear(256, 1), ZeroLogit()] if name == "binary-mlp" else [nn.Linear(256, num_classes)]
         return nn.Sequential(
             nn.Flatten(),
             nn.Linear(features, 256),
             activation(),
             nn.Linear(256, 256),
             activation(),
-            nn.Linear(256, num_classes),
+            *head,
         )
     if name in ("cnn", "tanh-cnn", "esipova-cnn", "zhao-cnn", "xu-cnn"):
         if len(input_shape) != 3:

@@ -22,6 +22,21 @@ class LocalTraining:
     epochs: int
     batch_size: int
     lr: float
+    class_weights: tuple[float, ...] | None = None
+    """w_y: each example's loss is multiplied by its class's weight (``training.class_weights``)."""
+
+
+def weighted_losses(
+    logits: torch.Tensor, labels: torch.Tensor, class_weights: tuple[float, ...] | None
+) -> torch.Tensor:
+    """Each example's cross-entropy ℓ_i times its class's weight w_{y_i}. Seed 001's binary
+    cross-entropy with positive weight p is this with w = (1, p) on a model with logits (0, z)
+    (``binary-*`` models): for y = 1 the loss is −p·log σ(z), for y = 0 −log(1 − σ(z))."""
+    losses = nn.functional.cross_entropy(logits, labels, reduction="none")
+    if class_weights is None:
+        return losses
+    weights = torch.as_tensor(class_weights, dtype=losses.dtype, device=losses.device)
+    return losses * weights.index_select(0, labels)
 
 
 def local_update(
@@ -45,7 +60,12 @@ def local_update(
         for start in range(0, count, training.batch_size):
             batch = order[start : start + training.batch_size]
             optimizer.zero_grad(set_to_none=True)
-            loss_function(model(features[batch]), labels[batch]).backward()
+            logits = model(features[batch])
+            if training.class_weights is None:
+                loss = loss_function(logits, labels[batch])
+            else:  # the mean of the weighted example losses (not torch's weight-normalised mean)
+                loss = weighted_losses(logits, labels[batch], training.class_weights).mean()
+            loss.backward()
             optimizer.step()
     return model_to_vector(model) - global_vector
 
@@ -73,6 +93,7 @@ def one_step_updates(
     labels: torch.Tensor,
     lr: float,
     micro_batch: int = ONE_STEP_MICRO_BATCH,
+    class_weights: tuple[float, ...] | None = None,
 ) -> np.ndarray:
     """Δ_i of many one-example, one-step clients at once (the sample-level special case).
 
@@ -96,7 +117,9 @@ def one_step_updates(
 
     def example_loss(parameters, x, y):
         logits = functional_call(model, (parameters, buffers), (x.unsqueeze(0),))
-        return nn.functional.cross_entropy(logits, y.unsqueeze(0))
+        if class_weights is None:
+            return nn.functional.cross_entropy(logits, y.unsqueeze(0))
+        return weighted_losses(logits, y.unsqueeze(0), class_weights).sum()
 
     per_example_grads = vmap(grad(example_loss), in_dims=(None, 0, 0))
     count = labels.shape[0]

@@ -1,7 +1,8 @@
 """Evaluation of the global model: accuracy and loss overall, per class and per cohort.
 
 Per class (seed 000): accuracy of each class, their mean (macro accuracy) and their minimum
-(worst-class accuracy); across cohorts, the worst cohort's accuracy and the gap between the best
+(worst-class accuracy); for a binary task, the F1 score of the positive class (scikit-learn's
+``f1_score``; seed 001); across cohorts, the worst cohort's accuracy and the gap between the best
 and the worst. Per cohort: accuracy and loss on the cohort's test distribution, given
 as per-example weights over the test set (a cohort defined by a protected attribute weighs its
 own rows; a cohort defined by a class mix weighs each class by its share in the cohort).
@@ -57,6 +58,11 @@ def evaluate(
     for c in range(num_classes):
         if np.any(label_array == c):
             overall[f"accuracy_class_{c}"] = float(correct[label_array == c].mean())
+    if num_classes == 2:  # F1 of the positive class (seed 001 reports it)
+        from sklearn.metrics import f1_score
+
+        predictions = logits.argmax(dim=1).cpu().numpy()
+        overall["f1"] = float(f1_score(label_array, predictions, pos_label=1, zero_division=0.0))
     cohorts = {}
     for name, weights in cohort_weights.items():
         total = weights.sum()

@@ -165,7 +165,17 @@ class ClassificationTask:
         self.test_x = torch.from_numpy(data.test_x).to(self.device)
         self.test_y = torch.from_numpy(data.test_y).to(self.device)
         self.cohort_weights = data.cohort_weights
-        self.training = LocalTraining(training.local_epochs, training.batch_size, training.client_lr)
+        weights = training.class_weights
+        if weights is not None and len(weights) != data.num_classes:
+            raise ValueError(
+                f"training.class_weights has {len(weights)} weights for {data.num_classes} classes"
+            )
+        self.training = LocalTraining(
+            training.local_epochs,
+            training.batch_size,
+            training.client_lr,
+            None if weights is None else tuple(float(w) for w in weights),
+        )
         torch.manual_seed(int(rng(seed, Stream.DATA, 1).integers(2**62)))
         if isinstance(model, str):
             self.model = build_model(model, input_shape, data.num_classes)
@@ -235,7 +245,13 @@ class ClassificationTask:
             # per-client generator; all sampled clients' gradients at once.
             if len(client_ids) == 0:
                 return np.empty((0, model.shape[0]))
-            return one_step_updates(self.model, model, *self._examples(client_ids), self.training.lr)
+            return one_step_updates(
+                self.model,
+                model,
+                *self._examples(client_ids),
+                self.training.lr,
+                class_weights=self.training.class_weights,
+            )
         updates = np.empty((len(client_ids), model.shape[0]))
         for row, client in enumerate(client_ids):
             features, labels = self._examples(np.array([client]))
@@ -254,7 +270,13 @@ class ClassificationTask:
         apply (the engine then materialises the updates)."""
         if not (self.one_step and self.per_example == "auto" and policy.row_scaling and len(client_ids)):
             return None
-        return one_step_gradients(self.model, model, *self._examples(client_ids), self.training.lr)
+        return one_step_gradients(
+            self.model,
+            model,
+            *self._examples(client_ids),
+            self.training.lr,
+            self.training.class_weights,
+        )
 
     def _examples(self, client_ids: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
         """The training examples and labels of ``client_ids``, in their order."""

@@ -220,6 +220,10 @@ class TrainingSpec(_Section):
     client_lr: PositiveFloat = 0.1
     server_lr: PositiveFloat = 1.0
     server_momentum: Annotated[float, Field(ge=0, lt=1)] = 0.0
+    class_weights: list[PositiveFloat] | None = None
+    """w_y, one per class: each training example's loss is multiplied by its class's weight
+    (seed 001's binary cross-entropy with positive weight 2 is ``[1.0, 2.0]`` on a ``binary-*``
+    model); classification only. The evaluation loss stays the plain cross-entropy."""
     server_optimizer: Literal["sgd", "adam"] = "sgd"
     """How the server steps along the released Δ̂ (post-processing): SGD with
     ``server_momentum``, or Adam with ``server_beta1``, ``server_beta2`` and ``server_eps``
@@ -437,6 +441,8 @@ def validate(raw: dict[str, Any]) -> RunConfig:
     strategy = resolve_strategy(raw_strategy, num_cohorts)
     config = partial.model_copy(update={"strategy": strategy})
     _check_clipping_error(config)
+    if config.training.class_weights is not None and config.scenario.task == "mean-estimation":
+        raise ConfigError("training.class_weights: a mean-estimation task has no classes")
     return config
 
 

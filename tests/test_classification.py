@@ -18,7 +18,10 @@ from fairclip.sims.tasks import build_task
 
 IMAGE_MODELS = ["cnn", "tanh-cnn", "esipova-cnn", "zhao-cnn", "xu-cnn"]
 INPUT_SHAPES = {
-    **{name: (10,) for name in ("logistic", "binary-logistic", "sigmoid-logistic", "mlp", "mlp-tanh")},
+    **{
+        name: (10,)
+        for name in ("logistic", "binary-logistic", "sigmoid-logistic", "mlp", "mlp-tanh", "binary-mlp")
+    },
     **{name: (1, 28, 28) for name in IMAGE_MODELS},
 }
 
@@ -45,7 +48,7 @@ def test_every_model_is_covered():
 @pytest.mark.parametrize("name", MODELS)
 def test_model_builds_for_its_input_shape_and_vectors_round_trip(name):
     shape = INPUT_SHAPES[name]
-    classes = 2 if name == "binary-logistic" else 10
+    classes = 2 if name.startswith("binary-") else 10
     torch.manual_seed(0)
     model = build_model(name, shape, classes)
     assert model(torch.zeros(3, *shape)).shape == (3, classes)

@@ -19,7 +19,10 @@ from fairclip.sims.tasks import build_task
 from fairclip.strategies.clipping import row_norms
 from fairclip.strategies.registry import POLICIES, build_policy, policy_parameters
 
-SHAPES = {name: (1, 6, 6) for name in ("logistic", "binary-logistic", "sigmoid-logistic", "mlp", "mlp-tanh")}
+SHAPES = {
+    name: (1, 6, 6)
+    for name in ("logistic", "binary-logistic", "sigmoid-logistic", "mlp", "mlp-tanh", "binary-mlp")
+}
 """Input shapes of the models that take any input (the CNNs take 1×28×28)."""
 
 
@@ -43,7 +46,7 @@ def _float32_tolerance(theta: np.ndarray, count: int) -> float:
 def test_every_policy_sums_each_block_as_the_materialised_gradients_do(model_name):
     torch.manual_seed(0)
     shape = SHAPES.get(model_name, (1, 28, 28))
-    classes = 2 if model_name == "binary-logistic" else 10
+    classes = 2 if model_name.startswith("binary-") else 10
     model = build_model(model_name, shape, classes)
     assert ghost_layers(model) is not None, f"{model_name} should take the ghost path"
     theta = model_to_vector(model)
