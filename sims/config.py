@@ -117,6 +117,10 @@ class ClassificationSpec(_ScenarioBase):
     """Keep exactly this many training examples of ``skew_class`` (a seeded subset) instead of
     each with probability ``skew_keep``."""
     balance: bool = True
+    protected: Literal["sex", "age"] = "sex"
+    """Adult's protected attribute, which ``attribute`` cohorts name: ``sex`` (``male``,
+    ``female``) or ``age`` binarised at the median of the complete rows (``younger``,
+    ``older``; seed 001's second grouping)."""
     feature_scaling: Literal["standardize", "minmax"] = "standardize"
     """How Adult's numeric columns are scaled, with the training rows' statistics: ``standardize``
     (mean 0, standard deviation 1) or ``minmax`` (into [0, 1], as seed 004 does)."""
@@ -156,6 +160,8 @@ class ClassificationSpec(_ScenarioBase):
             raise ValueError("evaluate_on: validation needs a real dataset")
         if self.partition == "per-example" and self.dataset == "synthetic":
             raise ValueError("partition: per-example needs a real dataset")
+        if self.protected != "sex" and self.dataset != "adult":
+            raise ValueError("protected applies to the adult dataset only (its age column)")
         if self.feature_scaling != "standardize" and self.dataset != "adult":
             raise ValueError("feature_scaling applies to the adult dataset only (its numeric columns)")
         return self

@@ -45,6 +45,7 @@ def load(spec: ClassificationSpec, data_dir: Path | None, seed: int) -> Dataset:
             balance=spec.balance,
             test_fraction=spec.test_fraction,
             scaling=spec.feature_scaling,
+            protected=spec.protected,
         )
     else:
         dataset = load_dataset(spec.dataset, directory, seed=seed)

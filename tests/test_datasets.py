@@ -372,6 +372,28 @@ def test_adult_minmax_scaling_maps_the_training_rows_into_the_unit_interval(adul
         load_adult(need("adult/adult.data", "adult/adult.test"), seed=0, scaling="rank")
 
 
+def test_adult_can_be_grouped_by_age_at_the_median() -> None:
+    """Seed 001's second grouping: age below the median of the complete rows, or at least it.
+    The rows, split, features and labels are those of the sex grouping (all rows); balancing
+    samples 14,000 of each age group."""
+    root = need("adult/adult.data", "adult/adult.test")
+    by_age = load_adult(root, seed=0, balance=False, protected="age")
+    by_sex = load_adult(root, seed=0, balance=False)
+    assert by_age.group_names == ("younger", "older")
+    np.testing.assert_array_equal(by_age.x_train, by_sex.x_train)
+    np.testing.assert_array_equal(by_age.y_test, by_sex.y_test)
+    age = datasets_module.ADULT_NUMERIC.index("age")
+    scaled = np.concatenate([by_age.x_train[:, age], by_age.x_test[:, age]])
+    groups = np.concatenate([by_age.g_train, by_age.g_test])
+    median = np.median(scaled)  # standardisation keeps the order, so the same median row
+    np.testing.assert_array_equal(groups, (scaled >= median).astype(np.int64))
+    assert 0.45 < groups.mean() < 0.56
+    balanced = load_adult(root, seed=0, protected="age")
+    assert np.bincount(np.concatenate([balanced.g_train, balanced.g_test])).tolist() == [14_000, 14_000]
+    with pytest.raises(ValueError, match="protected must be one of"):
+        load_adult(root, seed=0, protected="race")
+
+
 def test_adult_split_is_seeded(adult) -> None:
     root = need("adult/adult.data", "adult/adult.test")
     np.testing.assert_array_equal(load_adult(root, seed=0).x_test, adult.x_test)

@@ -104,6 +104,9 @@ IDX_IMAGES_MAGIC = 2051
 IDX_LABELS_MAGIC = 2049
 
 SEX_GROUPS = ("male", "female")
+AGE_GROUPS = ("younger", "older")
+"""Adult's age groups with ``protected="age"``: below the median age, and at or above it."""
+PROTECTED_ATTRIBUTES = ("sex", "age")
 
 
 @dataclass(frozen=True, eq=False)
@@ -299,6 +302,7 @@ def _tabular(
     test: np.ndarray,
     name: str,
     feature_names: list[str],
+    group_names: tuple[str, ...] = SEX_GROUPS,
 ) -> Dataset:
     return Dataset(
         x_train=np.ascontiguousarray(x[train]),
@@ -309,7 +313,7 @@ def _tabular(
         g_test=g[test],
         num_classes=2,
         name=name,
-        group_names=SEX_GROUPS,
+        group_names=group_names,
         feature_names=tuple(feature_names),
     )
 
@@ -388,9 +392,15 @@ def load_adult(
     per_group: int = 14_000,
     include_protected: bool = True,
     scaling: str = "standardize",
+    protected: str = "sex",
 ) -> Dataset:
-    """UCI Adult, income > 50K, protected attribute sex (0 male, 1 female); see the module docstring."""
+    """UCI Adult, income > 50K; see the module docstring. The protected attribute is sex (0 male,
+    1 female), or with ``protected="age"`` the age binarised at the median of the complete rows
+    (0 younger than the median, 1 at least the median: seed 001's second grouping); ``balance``
+    samples ``per_group`` rows of each group of the protected attribute."""
     _check_split_args(seed, test_fraction)
+    if protected not in PROTECTED_ATTRIBUTES:
+        raise ValueError(f"protected must be one of {', '.join(PROTECTED_ATTRIBUTES)}, not {protected!r}")
     root = resolve_data_dir(data_dir)
     train_path = verified_path(root, "adult/adult.data")
     test_path = verified_path(root, "adult/adult.test")
@@ -400,14 +410,19 @@ def load_adult(
     sex = frame["sex"]
     if not sex.isin(["Male", "Female"]).all():
         raise _malformed(train_path, "sex is neither Male nor Female in some row")
-    g = (sex == "Female").to_numpy(dtype=np.int64)
+    female = (sex == "Female").to_numpy(dtype=np.int64)
+    if protected == "sex":
+        g, group_names = female, SEX_GROUPS
+    else:
+        age = frame["age"].astype(np.float64).to_numpy()
+        g, group_names = (age >= np.median(age)).astype(np.int64), AGE_GROUPS
 
     rng = np.random.default_rng(seed)
     if balance:
         if per_group <= 0:
             raise ValueError(f"per_group must be positive, not {per_group}")
         chosen = []
-        for group, group_name in enumerate(SEX_GROUPS):
+        for group, group_name in enumerate(group_names):
             members = np.flatnonzero(g == group)
             if len(members) < per_group:
                 raise ValueError(f"Adult has {len(members)} complete {group_name} rows, not {per_group}")
@@ -432,15 +447,15 @@ def load_adult(
     names.extend(ADULT_NUMERIC)
     columns.append((frame["race"] != "White").to_numpy(dtype=np.float32)[:, None])
     names.append("race=non-white")
-    if include_protected:
-        columns.append(g.astype(np.float32)[:, None])
+    if include_protected:  # the sex column, whichever attribute defines the groups (age is numeric)
+        columns.append(female.astype(np.float32)[:, None])
         names.append("sex=female")
     for column in ADULT_CATEGORICAL:
         matrix, labels = _one_hot(frame[column], column, sorted(frame[column].unique()))
         columns.append(matrix)
         names.extend(labels)
     x = np.concatenate(columns, axis=1)
-    return _tabular(x, y, g, train, test, "adult", names)
+    return _tabular(x, y, g, train, test, "adult", names, group_names)
 
 
 # ----------------------------------------------------------------------------------------------
