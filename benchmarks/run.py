@@ -48,7 +48,7 @@ CONTENDERS = {
     ),
     "w3": ("bimodal-mean", "logistic", "logistic-1e9", "logistic-1e6"),
     "w4": ("pair",),
-    "w5": ("actors-1", "actors-2", "nodes-2"),
+    "w5": ("actors-1", "actors-2", "nodes-2", "floor-1", "floors-2"),
 }
 QUICK_SKIPS = {
     ("w1", "flower"): "skipped in --quick (Flower's runtime start alone takes ~30 s)",
@@ -127,6 +127,12 @@ def targets(workload: str, results: dict[str, dict[str, Any]], cores: int) -> li
         met = None if value is None else value >= at_least
         rows.append({"name": name, "value": value, "target": text, "threshold": at_least, "met": met})
 
+    def reference(name: str, top: str, bottom: str) -> None:
+        """A ratio reported for reading the targets, with no target of its own."""
+        a, b = _value(results, top), _value(results, bottom)
+        value = a / b if a is not None and b else None
+        rows.append({"name": name, "value": value, "target": "(reference)", "threshold": None, "met": None})
+
     def at_most(name: str, top: str, bottom: str, limit: float) -> None:
         a, b = _value(results, top), _value(results, bottom)
         value = a / b if a is not None and b else None
@@ -179,6 +185,9 @@ def targets(workload: str, results: dict[str, dict[str, Any]], cores: int) -> li
     elif workload == "w5":
         ratio("actors-2/actors-1", "actors-2", "actors-1", W5_SPEEDUP, f"≥ {W5_SPEEDUP}")
         ratio("nodes-2/actors-1", "nodes-2", "actors-1", W5_SPEEDUP, f"≥ {W5_SPEEDUP}")
+        reference("floors-2/floor-1 (the machine's own scale-out)", "floors-2", "floor-1")
+        reference("actors-1/floor-1", "actors-1", "floor-1")
+        reference("actors-2/floors-2", "actors-2", "floors-2")
     return rows
 
 

@@ -6,13 +6,24 @@ Client updates per second of the rounds (as W1). Target: 2 workers at least 1.7Ã
 (the fixed summation blocks make all three runs the same run, which each contender checks
 against the 1-actor model where it ran in the same process; here each runs in its own process,
 so the report keeps each run's final accuracy and Îµ to compare).
+
+The physical anchor, as plain SGD is W2's: W1's compute floor (plain PyTorch, one thread,
+:func:`benchmarks.w1.run_floor`) alone and in two processes at once. Their ratio is what two
+cores give this training with no framework between them, the ceiling of the actors' speed-up.
 """
 
 from __future__ import annotations
 
-from .common import Measurement, measured
+import json
+import subprocess
+import sys
+import time
+
+from .common import REPO_ROOT, RESULT_MARKER, Measurement, measured
 
 UNIT = "client updates/s"
+PACKAGE = __package__ or "benchmarks"
+FLOOR_TIMEOUT_S = 600
 
 
 def _run(quick: bool, actors: int, nodes: int) -> Measurement:
@@ -57,4 +68,44 @@ def run_two_nodes(quick: bool) -> Measurement:
     return _run(quick, actors=2, nodes=2)
 
 
-CONTENDERS = {"actors-1": run_one_actor, "actors-2": run_two_actors, "nodes-2": run_two_nodes}
+def run_one_floor(quick: bool) -> Measurement:
+    """W1's compute floor alone (one process, one thread)."""
+    from .w1 import run_floor
+
+    return run_floor(quick)
+
+
+def run_two_floors(quick: bool) -> Measurement:
+    """W1's compute floor in two processes started together: the sum of their throughputs, the
+    longer of their measured phases, the sum of their peak memories."""
+    started = time.perf_counter()
+    command = [sys.executable, "-m", f"{PACKAGE}.child", "w1", "floor", *(["--quick"] if quick else [])]
+    processes = [
+        subprocess.Popen(command, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for _ in range(2)
+    ]
+    results = []
+    for process in processes:
+        stdout, stderr = process.communicate(timeout=FLOOR_TIMEOUT_S)
+        lines = [line for line in stdout.splitlines() if line.startswith(RESULT_MARKER)]
+        if process.returncode or not lines:
+            raise RuntimeError(f"a floor process failed (exit {process.returncode}): {stderr[-500:]}")
+        results.append(json.loads(lines[-1][len(RESULT_MARKER) :]))
+    return Measurement(
+        throughput=sum(result["throughput"] for result in results),
+        unit=UNIT,
+        wall_s=max(result["wall_s"] for result in results),
+        total_s=time.perf_counter() - started,
+        work=sum(result["work"] for result in results),
+        peak_rss_bytes=sum(result["peak_rss_bytes"] for result in results),
+        details={"processes": 2, "throughputs": [result["throughput"] for result in results]},
+    )
+
+
+CONTENDERS = {
+    "actors-1": run_one_actor,
+    "actors-2": run_two_actors,
+    "nodes-2": run_two_nodes,
+    "floor-1": run_one_floor,
+    "floors-2": run_two_floors,
+}

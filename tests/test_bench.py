@@ -158,8 +158,16 @@ def test_quick_w5_scale_out(tmp_path):
         assert (contenders[name]["actors"], contenders[name]["nodes"]) == (actors, nodes)
         assert _positive(report["throughput"][f"w5.{name}"])
     # The same seed gives the same run on 1 actor, 2 actors and 2 nodes.
-    finals = {(c["final_accuracy"], c["epsilon"], c["client_updates"]) for c in contenders.values()}
+    ray_runs = [contenders[name] for name in ("actors-1", "actors-2", "nodes-2")]
+    finals = {(c["final_accuracy"], c["epsilon"], c["client_updates"]) for c in ray_runs}
     assert len(finals) == 1
     ratios = {row["name"]: row for row in report["targets"]}
     for name in ("actors-2/actors-1", "nodes-2/actors-1"):
         assert math.isfinite(ratios[name]["value"]) and ratios[name]["met"] in (True, False)
+    # the physical anchor: the compute floor alone and twice at once, the same clients each
+    floors = contenders["floors-2"]
+    assert contenders["floor-1"]["status"] == floors["status"] == "ok"
+    assert floors["processes"] == 2 and floors["work"] == 2 * contenders["floor-1"]["work"]
+    assert floors["throughput"] == pytest.approx(sum(floors["throughputs"]))
+    for name in ("floors-2/floor-1 (the machine's own scale-out)", "actors-2/floors-2"):
+        assert math.isfinite(ratios[name]["value"]) and ratios[name]["met"] is None
