@@ -338,6 +338,10 @@ def reproduce(
         int | None,
         typer.Option("--grid-limit", min=1, help="First K values of each grid axis (smoke tests)."),
     ] = None,
+    max_batch: Annotated[
+        int | None,
+        typer.Option("--max-batch", min=1, help="Cap every run's expected batch (smoke tests only)."),
+    ] = None,
     address: Annotated[
         str | None, typer.Option("--address", help="An existing Ray cluster to run on.")
     ] = None,
@@ -374,6 +378,7 @@ def reproduce(
         overrides,
         strategies=None if strategies is None else [s.strip() for s in strategies.split(",") if s.strip()],
         explicit_only=mode is sweep_folder.Mode.RESUME,
+        max_batch=max_batch,
     )
     data_dir = resolve_data_dir(data_dir)
     _check_cluster(address, workers)
@@ -401,6 +406,7 @@ def reproduce(
             full_grid=spec["full_grid"],
             grid_limit=spec["grid_limit"],
             max_rounds=spec["max_rounds"],
+            max_batch=spec.get("max_batch"),
             overrides=spec["overrides"],
             address=address,
             workers=workers,

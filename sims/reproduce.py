@@ -233,9 +233,12 @@ def _epsilon_text(epsilon: float | None) -> str:
 # ----- planning ---------------------------------------------------------------------------------
 
 
-def sample_level_settings(setup: Setup, num_examples: int, max_rounds: int | None) -> dict[str, Any]:
+def sample_level_settings(
+    setup: Setup, num_examples: int, max_rounds: int | None, max_batch: int | None = None
+) -> dict[str, Any]:
     """The settings (typed, by dotted key) that make every training example a client of a
-    DP-SGD step."""
+    DP-SGD step. ``max_rounds`` and ``max_batch`` (smoke runs only) cap the number of steps and
+    the expected batch (the sampling rate)."""
     if setup.batch_size is None:
         rate, rounds = 1.0, setup.epochs
     else:
@@ -243,6 +246,8 @@ def sample_level_settings(setup: Setup, num_examples: int, max_rounds: int | Non
         rounds = math.ceil(setup.epochs * num_examples / setup.batch_size)
     if max_rounds is not None:
         rounds = min(rounds, max_rounds)
+    if max_batch is not None:
+        rate = min(rate, max_batch / num_examples)
     return {
         "federation.num_clients": num_examples,
         "federation.sample_rate": float(rate),
@@ -284,12 +289,14 @@ class Planner:
         overrides: list[str],
         max_rounds: int | None,
         examples: Callable[[Any, Path | None, int], int] | None = None,
+        max_batch: int | None = None,
     ):
         from fairclip.sims.real_data import training_examples
 
         self.setup = setup
         self.data_dir = data_dir
         self.max_rounds = max_rounds
+        self.max_batch = max_batch
         self.examples = examples or training_examples
         self.base = apply_overrides(_apply(scenario_source(setup.scenario, None), setup.settings), overrides)
         self._counts: dict[tuple[int, bool], int] = {}
@@ -304,7 +311,9 @@ class Planner:
         marker = (seed, validation)
         if marker not in self._counts:
             self._counts[marker] = self.examples(validate(raw).scenario, self.data_dir, seed)
-        raw = _apply(raw, sample_level_settings(self.setup, self._counts[marker], self.max_rounds))
+        raw = _apply(
+            raw, sample_level_settings(self.setup, self._counts[marker], self.max_rounds, self.max_batch)
+        )
         validate(raw)  # fail before any work
         return raw
 
@@ -658,6 +667,7 @@ def reproduce(
     full_grid: bool = False,
     grid_limit: int | None = None,
     max_rounds: int | None = None,
+    max_batch: int | None = None,
     overrides: list[str] | None = None,
     address: str | None = None,
     workers: int = 1,
@@ -673,7 +683,7 @@ def reproduce(
     setup = select_strategies(full_setup, strategies)
     if seeds < 1:
         raise ConfigError(f"--seeds must be >= 1 (got {seeds})")
-    planner = Planner(setup, data_dir, overrides or [], max_rounds)
+    planner = Planner(setup, data_dir, overrides or [], max_rounds, max_batch=max_batch)
     extra = []
     reused = 0
     chosen: dict[tuple[str, float | None], dict[str, Any]] = {}
@@ -721,8 +731,10 @@ def reproduce(
             + ", ".join(s.name for s in full_setup.strategies)
             + " (`--strategies`)."
         )
-    if max_rounds is not None:
-        extra.append(f"Smoke run: at most {max_rounds} rounds per run (not a reproduction).")
+    if max_rounds is not None or max_batch is not None:
+        limits = [f"at most {max_rounds} rounds" if max_rounds is not None else ""]
+        limits.append(f"expected batches of at most {max_batch} examples" if max_batch is not None else "")
+        extra.append(f"Smoke run: {' and '.join(x for x in limits if x)} per run (not a reproduction).")
     write_outputs(out, setup, rows, wall, extra, paired_rows(setup, final, summaries))
     write_json(out / "chosen.json", {f"{s}@{_epsilon_text(e) or 'none'}": p for (s, e), p in chosen.items()})
     return rows, wall
@@ -741,6 +753,7 @@ def reproduce_spec(
     *,
     strategies: list[str] | None = None,
     explicit_only: bool = False,
+    max_batch: int | None = None,
 ) -> dict[str, Any]:
     """The specification of a reproduction (what :mod:`fairclip.sims.sweep_folder` stores), with
     the defaults filled in -- or, ``explicit_only`` (``--resume``), only what was given. The
@@ -756,11 +769,14 @@ def reproduce_spec(
         "full_grid": (full_grid, False),
         "grid_limit": (grid_limit, None),
         "max_rounds": (max_rounds, None),
+        "max_batch": (max_batch, None),
         "overrides": (overrides or None, []),
     }
     spec = specification("reproduce", {"name": name}, options, explicit_only)
     if spec.get("strategies", ...) is None:
         del spec["strategies"]  # all of the setup's, as in folders stored before --strategies
+    if spec.get("max_batch", ...) is None:
+        spec.pop("max_batch", None)  # uncapped, as in folders stored before --max-batch
     return spec
 
 

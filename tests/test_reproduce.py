@@ -7,6 +7,7 @@ every run at one round and the grid at one value per axis: it checks the plumbin
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import shutil
@@ -51,7 +52,7 @@ def test_every_setup_runs_a_few_steps(ray_session, cli, tmp_path, name):
     skip_without_data(setup)
     out = tmp_path / name
     args = ["reproduce", name, "--seeds", "1", "--max-rounds", "1", "--grid-limit", "1", "--out", str(out)]
-    args += ["--data-dir", str(DATA_DIR)]
+    args += ["--max-batch", "64", "--data-dir", str(DATA_DIR)]  # a few steps of small batches
     if setup.scenario == "skewed-mnist":
         args += ["--workers", "2"]  # as its notes advise: one run at a time, two threads each
     status, stdout, err = cli(*args)
@@ -73,6 +74,13 @@ def test_every_setup_runs_a_few_steps(ray_session, cli, tmp_path, name):
     assert (means.abs() <= 1).all()  # a change against the reference lies in [-1, 1]
     report = (out / "reproduction.md").read_text()
     assert setup.title in report and "Wall time" in report
+    assert "Smoke run: at most 1 rounds and expected batches of at most 64 examples" in report
+    summaries = [json.loads(path.read_text()) for path in out.glob("runs/*/summary.json")]
+    assert summaries and all(s["config"]["training"]["rounds"] == 1 for s in summaries)
+    rates = {
+        s["config"]["federation"]["sample_rate"] * s["config"]["federation"]["num_clients"] for s in summaries
+    }
+    assert all(rate <= 64 + 1e-9 for rate in rates)
     if setup.has_grid:
         assert any(key.startswith("grid__") for key in os.listdir(out / "runs"))
 
