@@ -46,56 +46,36 @@ def contribute_blocks(
     reports = policy.client_side(updates, cohorts, params)
     sums = []
     for rows, size in _block_rows(sizes, updates.shape[0]):
-        total = None
-        if unclipped_total:
+        cohort_sums, total = None, None
+        if directions or unclipped_total:
             kept = _contributing(reports, rows)
-            total = np.where(kept[:, None] > 0, updates[rows], 0.0).sum(axis=0)
+            raw = np.where(kept[:, None] > 0, updates[rows], 0.0)  # a dropped row adds nothing
+            if directions:
+                members = _cohort_members(cohorts[rows], kept, num_cohorts)
+                cohort_sums = (members @ raw, members @ reports.contributions[rows])
+            if unclipped_total:
+                total = raw.sum(axis=0)
         sums.append(
             RoundSums(
                 contribution_sum=reports.contributions[rows].sum(axis=0),
                 report_sum=reports.reports[rows].sum(axis=0),
                 num_reports=size,
-                diagnostics=_diagnostics(
-                    reports,
-                    cohorts[rows],
-                    rows,
-                    num_cohorts,
-                    _cohort_sums(
-                        updates[rows],
-                        reports.contributions[rows],
-                        cohorts[rows],
-                        num_cohorts,
-                    )
-                    if directions
-                    else None,
-                    total,
-                ),
+                diagnostics=_diagnostics(reports, cohorts[rows], rows, num_cohorts, cohort_sums, total),
             )
         )
     return sums
 
 
 def _contributing(reports: ClientReports | ScaledReports, rows: slice) -> np.ndarray:
-    """1 for each of the block's rows that contributes (its update or norm is finite), else 0:
-    the weights of the unclipped total."""
+    """1 for each of the block's rows that contributes (its update and its norm are finite),
+    else 0: the rows the unclipped sums take, on both the materialised and the one-step path."""
     return 1.0 - np.asarray(reports.nonfinite, dtype=np.float64)[rows]
 
 
-def _cohort_sums(
-    updates: np.ndarray, contributions: np.ndarray, block_cohorts: np.ndarray, num_cohorts: int
-) -> tuple[np.ndarray, np.ndarray]:
-    """Each cohort's sum of the block's raw updates and of its contributions (K × d each); an
-    update that is not finite (which contributes nothing) is left out of both."""
-    finite = np.isfinite(updates).all(axis=1)
-    members = _finite_members(block_cohorts, finite, num_cohorts)
-    kept = np.where(finite[:, None], updates, 0.0)
-    return members @ kept, members @ contributions
-
-
-def _finite_members(block_cohorts: np.ndarray, finite: np.ndarray, num_cohorts: int) -> np.ndarray:
-    """K × n weights: 1 where row i is finite and in cohort k (the cohort sums of the directions
-    diagnostics, on both the materialised and the one-step path)."""
-    return ((block_cohorts[None, :] == np.arange(num_cohorts)[:, None]) & finite[None, :]).astype(np.float64)
+def _cohort_members(block_cohorts: np.ndarray, kept: np.ndarray, num_cohorts: int) -> np.ndarray:
+    """K × n weights: 1 where row i contributes (``kept``) and is in cohort k (the cohort sums of
+    the directions diagnostics)."""
+    return (block_cohorts[None, :] == np.arange(num_cohorts)[:, None]) * kept[None, :]
 
 
 def contribute_scaled_blocks(
@@ -132,8 +112,7 @@ def contribute_scaled_blocks(
             weights.append(scaled.report_scales[rows])
         tracked = directions and contributions
         if tracked:
-            finite = np.isfinite(np.asarray(gradients.norms[rows], dtype=np.float64))
-            members = _finite_members(cohorts[rows], finite, num_cohorts)
+            members = _cohort_members(cohorts[rows], _contributing(scaled, rows), num_cohorts)
             weights += [*members, *(members * scaled.contribution_scales[rows][None, :])]
         totalled = unclipped_total and contributions
         if totalled:

@@ -69,10 +69,14 @@ def test_the_unclipped_total_sums_the_raw_updates_that_contribute():
     policy = build_policy("constant", {"initial_bound": 1.0}, num_cohorts=2)
     params = policy.broadcast(policy.initial_state(2))
     cohorts = np.array([0, 0, 1, 1])
-    blocks = contribute_blocks(policy, params, updates, cohorts, 2, [2, 2], unclipped_total=True)
+    blocks = contribute_blocks(
+        policy, params, updates, cohorts, 2, [2, 2], directions=True, unclipped_total=True
+    )
     total = add_in_order(blocks)
-    # the NaN row and the row whose norm overflows contribute nothing, so neither is summed
+    # the NaN row and the row whose norm overflows contribute nothing, so neither is summed,
+    # in the total or in its cohort's sum
     np.testing.assert_allclose(total.diagnostics.unclipped_total, [3.3, 4.4])
+    np.testing.assert_allclose(total.diagnostics.unclipped_sums, [[3.0, 4.0], [0.3, 0.4]])
     np.testing.assert_allclose(total.contribution_sum, [0.9, 1.2])
     plain = add_in_order(contribute_blocks(policy, params, updates, cohorts, 2, [2, 2]))
     assert plain.diagnostics.unclipped_total is None
