@@ -14,16 +14,11 @@ cores give this training with no framework between them, the ceiling of the acto
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 import time
 
-from .common import REPO_ROOT, RESULT_MARKER, Measurement, measured
+from .common import Measurement, measured
 
 UNIT = "client updates/s"
-PACKAGE = __package__ or "benchmarks"
-FLOOR_TIMEOUT_S = 600
 
 
 def _run(quick: bool, actors: int, nodes: int) -> Measurement:
@@ -76,21 +71,21 @@ def run_one_floor(quick: bool) -> Measurement:
 
 
 def run_two_floors(quick: bool) -> Measurement:
-    """W1's compute floor in two processes started together: the sum of their throughputs, the
+    """W1's compute floor in two child processes started together (the runner's own
+    :func:`benchmarks.run.run_contender`, from two threads): the sum of their throughputs, the
     longer of their measured phases, the sum of their peak memories."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from .run import run_contender
+
     started = time.perf_counter()
-    command = [sys.executable, "-m", f"{PACKAGE}.child", "w1", "floor", *(["--quick"] if quick else [])]
-    processes = [
-        subprocess.Popen(command, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        for _ in range(2)
-    ]
-    results = []
-    for process in processes:
-        stdout, stderr = process.communicate(timeout=FLOOR_TIMEOUT_S)
-        lines = [line for line in stdout.splitlines() if line.startswith(RESULT_MARKER)]
-        if process.returncode or not lines:
-            raise RuntimeError(f"a floor process failed (exit {process.returncode}): {stderr[-500:]}")
-        results.append(json.loads(lines[-1][len(RESULT_MARKER) :]))
+    with ThreadPoolExecutor(2) as pool:
+        results = [
+            found["floor"] for found in pool.map(lambda _: run_contender("w1", "floor", quick), range(2))
+        ]
+    failed = [result["status"] for result in results if result["status"] != "ok"]
+    if failed:
+        raise RuntimeError(f"a floor process did not finish: {failed[0]}")
     return Measurement(
         throughput=sum(result["throughput"] for result in results),
         unit=UNIT,

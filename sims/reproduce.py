@@ -731,10 +731,13 @@ def reproduce(
             + ", ".join(s.name for s in full_setup.strategies)
             + " (`--strategies`)."
         )
-    if max_rounds is not None or max_batch is not None:
-        limits = [f"at most {max_rounds} rounds" if max_rounds is not None else ""]
-        limits.append(f"expected batches of at most {max_batch} examples" if max_batch is not None else "")
-        extra.append(f"Smoke run: {' and '.join(x for x in limits if x)} per run (not a reproduction).")
+    limits = []
+    if max_rounds is not None:
+        limits.append(f"at most {max_rounds} rounds")
+    if max_batch is not None:
+        limits.append(f"expected batches of at most {max_batch} examples")
+    if limits:
+        extra.append(f"Smoke run: {' and '.join(limits)} per run (not a reproduction).")
     write_outputs(out, setup, rows, wall, extra, paired_rows(setup, final, summaries))
     write_json(out / "chosen.json", {f"{s}@{_epsilon_text(e) or 'none'}": p for (s, e), p in chosen.items()})
     return rows, wall
