@@ -16,6 +16,7 @@ cohort's distribution, ½(||μ − c_k||² + d·spread_k²), and the population 
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import numpy as np
@@ -112,8 +113,10 @@ class MeanEstimationTask:
             losses[cohort] = 0.5 * total / len(members)
         return losses
 
+    @functools.cached_property
     def population_mean(self) -> np.ndarray:
-        """The mean of the N points (held), or of the cohorts' distributions weighted by size."""
+        """The mean of the N points (held), or of the cohorts' distributions weighted by size;
+        fixed data, computed once (an O(N) pass over held points)."""
         if self.points is not None:
             return self.points.mean(0)
         return (self.cohort_sizes[:, None] * self.centres).sum(0) / self.cohort_sizes.sum()
@@ -130,7 +133,7 @@ class MeanEstimationTask:
         present = self.cohort_sizes > 0
         overall = {
             "loss": float(np.sum(losses[present] * self.cohort_sizes[present]) / self.cohort_sizes.sum()),
-            "distance_to_mean": float(np.linalg.norm(model - self.population_mean())),
+            "distance_to_mean": float(np.linalg.norm(model - self.population_mean)),
         }
         if self.dimension == 1:
             overall["estimate"] = float(model[0])
@@ -139,6 +142,6 @@ class MeanEstimationTask:
     def summary(self, model: np.ndarray) -> dict[str, Any]:
         return {
             "estimate": [float(v) for v in model],
-            "population_mean": [float(v) for v in self.population_mean()],
+            "population_mean": [float(v) for v in self.population_mean],
             "points": "drawn per sampled client" if self.draws_points else "held",
         }
