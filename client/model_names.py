@@ -13,4 +13,5 @@ MODELS = (
     "esipova-cnn",
     "zhao-cnn",
     "xu-cnn",
+    "galli-cnn",
 )

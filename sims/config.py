@@ -283,6 +283,9 @@ class TrainingSpec(_Section):
 class PrivacySpec(_Section):
     noise_multiplier: NonNegativeFloat = 0.0
     count_noise_multiplier: NonNegativeFloat | None = None
+    count_noise_ratio: PositiveFloat | None = None
+    """k = σ_b / σ_Δ when σ_b is not given (default 10), also when ``target_epsilon``
+    calibrates: seed 002 runs σ_q ≈ 7.124 σ_eff, which is k = (7.124² − 1)^½ = 7.054."""
     target_epsilon: PositiveFloat | None = None
     epsilon_budget: PositiveFloat | None = None
     delta: Annotated[float, Field(gt=0, lt=1)] = 1e-5
@@ -290,6 +293,19 @@ class PrivacySpec(_Section):
     secure_noise: bool | None = None
     """Draw the DP noise with OpenDP's exact sampler (:mod:`fairclip.server.secure_noise`);
     unset: on for the Flower ``ServerApp`` (deployments), off for simulations."""
+
+    @model_validator(mode="after")
+    def _one_count_noise(self) -> PrivacySpec:
+        if self.count_noise_multiplier is not None and self.count_noise_ratio is not None:
+            raise ValueError(
+                "give count_noise_multiplier (sigma_b) or count_noise_ratio (sigma_b / sigma_delta), not both"
+            )
+        if self.count_noise_multiplier is not None and self.target_epsilon is not None:
+            raise ValueError(
+                "target_epsilon calibrates sigma_b too (sigma_b = count_noise_ratio * sigma_delta): "
+                "give count_noise_ratio instead of count_noise_multiplier"
+            )
+        return self
 
 
 class StrategySpec(_Section):

@@ -1,10 +1,11 @@
 """The privacy side of a run: noise multipliers, ε per round and the budget that stops it.
 
-Resolution of ``[privacy]`` (docs/design.md, section 5): ``target_epsilon`` (when set) calibrates σ_Δ and
-σ_b for the configured number of rounds; otherwise σ_Δ = ``noise_multiplier`` and
-σ_b = ``count_noise_multiplier`` (default 10 σ_Δ). The budget is ``epsilon_budget``, or the
-target when calibrating; a run stops before the first round whose ε would exceed it.
-The non-private ``none`` policy adds no noise and has ε = ∞.
+Resolution of ``[privacy]`` (docs/design.md, section 5): ``target_epsilon`` (when set)
+calibrates σ_Δ and σ_b = k σ_Δ for the configured number of rounds; otherwise
+σ_Δ = ``noise_multiplier`` and σ_b = ``count_noise_multiplier``, or k σ_Δ. k is
+``count_noise_ratio`` (default 10). The budget is ``epsilon_budget``, or the target when
+calibrating; a run stops before the first round whose ε would exceed it. The non-private
+``none`` policy adds no noise and has ε = ∞.
 """
 
 from __future__ import annotations
@@ -93,6 +94,7 @@ def plan_privacy(config: RunConfig, policy: Policy, dimension: int) -> PrivacyPl
     if policy.private:
         check_accountable(config)
     try:
+        ratio = DEFAULT_COUNT_RATIO if privacy.count_noise_ratio is None else privacy.count_noise_ratio
         if not policy.private:
             noise = NoiseMultipliers(0.0, 0.0)
         elif privacy.target_epsilon is not None:
@@ -103,12 +105,13 @@ def plan_privacy(config: RunConfig, policy: Policy, dimension: int) -> PrivacyPl
                 privacy.delta,
                 privacy.accountant,
                 releases_reports=releases_reports,
+                count_ratio=ratio,
             )
         else:
             count = privacy.count_noise_multiplier
             noise = NoiseMultipliers(
                 privacy.noise_multiplier,
-                DEFAULT_COUNT_RATIO * privacy.noise_multiplier if count is None else count,
+                ratio * privacy.noise_multiplier if count is None else count,
             )
     except PolicyConfigError as error:
         raise ConfigError(f"privacy: {error}") from None

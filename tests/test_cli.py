@@ -173,6 +173,45 @@ def test_target_epsilon_calibrates_both_multipliers(cli, tmp_path):
     assert privacy["count_noise_multiplier"] == pytest.approx(10 * privacy["noise_multiplier"])
 
 
+def test_count_noise_ratio_sets_sigma_b_with_and_without_calibration(cli, tmp_path):
+    """Seed 002's σ_q ≈ 7.124 σ_eff is k = 7.054: the calibrated pair keeps σ_eff (the same ε as
+    with k = 10) and σ_b = k σ_Δ; without a target, σ_b = k σ_Δ from the given σ_Δ."""
+    runs = {
+        "k7": ("privacy.target_epsilon=4.0", "privacy.count_noise_ratio=7.054"),
+        "k10": ("privacy.target_epsilon=4.0",),
+        "fixed": ("privacy.noise_multiplier=0.9", "privacy.count_noise_ratio=3.0"),
+    }
+    privacy = {}
+    for name, keys in runs.items():
+        sets = [arg for key in ("strategy.name=online", *keys) for arg in ("--set", key)]
+        status, _, err = _run(cli, tmp_path / name, *sets)
+        assert status == 0, err
+        privacy[name] = json.loads((tmp_path / name / "summary.json").read_text())["privacy"]
+    k7, k10, fixed = privacy["k7"], privacy["k10"], privacy["fixed"]
+    assert k7["count_noise_multiplier"] == pytest.approx(7.054 * k7["noise_multiplier"])
+    assert k7["effective_noise_multiplier"] == pytest.approx(k10["effective_noise_multiplier"])
+    assert k7["count_noise_multiplier"] == pytest.approx(7.124 * k7["effective_noise_multiplier"], rel=1e-3)
+    assert k7["noise_multiplier"] > k10["noise_multiplier"]  # a noisier q buys less update noise
+    assert fixed["noise_multiplier"] == 0.9
+    assert fixed["count_noise_multiplier"] == pytest.approx(2.7)
+
+
+@pytest.mark.parametrize(
+    "keys, named",
+    [
+        (("privacy.count_noise_multiplier=5.0", "privacy.count_noise_ratio=3.0"), "not both"),
+        (("privacy.count_noise_multiplier=5.0", "privacy.target_epsilon=4.0"), "count_noise_ratio instead"),
+        (("privacy.count_noise_ratio=0",), "count_noise_ratio"),
+    ],
+)
+def test_conflicting_count_noise_keys_are_refused_in_one_line(cli, tmp_path, keys, named):
+    sets = [arg for key in keys for arg in ("--set", key)]
+    status, _out, err = _run(cli, tmp_path, *sets)
+    assert status == 2
+    assert named in err and "Traceback" not in err
+    assert not (tmp_path / "summary.json").exists()
+
+
 def test_same_seed_same_result_and_other_seed_differs(cli, tmp_path):
     noisy = ["--set", "strategy.name=adaptive", "--set", "privacy.noise_multiplier=0.5"]
     for name, seed in (("a", 3), ("b", 3), ("c", 4)):

@@ -54,7 +54,7 @@ def _plain_sgd_update(name, theta, features, labels, lr, steps):
     return model_to_vector(model) - theta
 
 
-@pytest.mark.parametrize("name", ["cnn", "tanh-cnn", "esipova-cnn", "zhao-cnn", "xu-cnn"])
+@pytest.mark.parametrize("name", ["cnn", "tanh-cnn", "esipova-cnn", "zhao-cnn", "xu-cnn", "galli-cnn"])
 def test_channels_last_training_equals_the_default_layout(name):
     """Both client paths train images in the channels-last format (``image_layout``): their
     updates equal plain SGD in the default layout (the format Opacus' hooks get wrong)."""
