@@ -365,6 +365,10 @@ def reproduce(
         for setup_name, title in repro.setup_titles().items():
             typer.echo(f"{setup_name:<24} {title}")
         return
+    if name is None and resume and out is not None:  # --resume alone: the folder names its setup
+        stored = sweep_folder.stored_spec(out)
+        if stored is not None and stored.get("command") == "reproduce":
+            name = stored.get("name")
     if name is None:
         raise ConfigError("give a reproduction NAME (see `fairclip reproduce --list`)")
     repro.load_setup(name)  # an unknown name fails before the data are read

@@ -12,6 +12,15 @@ markers, so the README always shows what the committed files hold (a test checks
     python -m fairclip.sims.results record runs/xu-dutch xu-dutch \
         --command "fairclip reproduce xu-dutch --seeds 3"
     python -m fairclip.sims.results readme
+
+A reproduction of many hours outlives the session that started it through :func:`keep`: it
+copies what ``--resume`` needs -- the folder's ``sweep.json`` and each *finished* run's
+``summary.json`` -- into ``results/in-progress/<setup>/`` with ``progress.json`` (runs
+finished, their compute time and commits). A fresh clone continues it with::
+
+    python -m fairclip.sims.results keep runs/esipova-skewed-mnist esipova-skewed-mnist
+    cp -r results/in-progress/esipova-skewed-mnist runs/esipova-skewed-mnist
+    fairclip reproduce --resume --out runs/esipova-skewed-mnist
 """
 
 from __future__ import annotations
@@ -30,6 +39,7 @@ from fairclip.sims.provenance import git_commit, machine
 
 REPOSITORY = Path(__file__).resolve().parents[1]
 RESULTS_DIR = REPOSITORY / "results" / "reproductions"
+IN_PROGRESS_DIR = REPOSITORY / "results" / "in-progress"
 README = REPOSITORY / "README.md"
 BEGIN = "<!-- reproduction results: generated from results/reproductions by fairclip.sims.results -->"
 END = "<!-- end of reproduction results -->"
@@ -68,6 +78,41 @@ def record(out: Path, dest: Path, command: str) -> dict[str, Any]:
     for name in FILES + tuple(name for name in OPTIONAL_FILES if (out / name).is_file()):
         shutil.copyfile(out / name, dest / name)
     write_json(dest / "record.json", entry)
+    return entry
+
+
+def keep(out: Path, dest: Path) -> dict[str, Any]:
+    """Copy into ``dest`` what ``fairclip reproduce --resume`` needs of the unfinished
+    reproduction in ``out`` -- its ``sweep.json`` and the ``summary.json`` of every finished run
+    (a run's summary is written last, so a run without one is in flight and is left out) -- and
+    write ``progress.json``; return it. ``dest`` is replaced: it holds the latest state only."""
+    out, dest = Path(out), Path(dest)
+    if not (out / "sweep.json").is_file():
+        raise FileNotFoundError(f"{out} holds no sweep.json: it is not a reproduction folder")
+    spec = json.loads((out / "sweep.json").read_text())
+    if spec.get("command") != "reproduce":
+        raise ValueError(f"{out} holds a {spec.get('command')!r} sweep, not a reproduction")
+    finished = sorted((out / "runs").glob("*/summary.json"))
+    summaries = [json.loads(path.read_text()) for path in finished]
+    entry = {
+        "setup": spec.get("name"),
+        "specification": spec,
+        "finished_runs": len(finished),
+        "compute_seconds": round(sum(float(s["provenance"]["wall_seconds"]) for s in summaries), 1),
+        "run_commits": sorted({str(s.get("provenance", {}).get("git_commit")) for s in summaries}),
+        "machine": next(
+            (s["provenance"]["machine"] for s in summaries if "machine" in s.get("provenance", {})), None
+        ),
+        "kept": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+    }
+    if dest.exists():
+        shutil.rmtree(dest)
+    for path in finished:
+        (dest / "runs" / path.parent.name).mkdir(parents=True)
+        shutil.copyfile(path, dest / "runs" / path.parent.name / "summary.json")
+    dest.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(out / "sweep.json", dest / "sweep.json")
+    write_json(dest / "progress.json", entry)
     return entry
 
 
@@ -148,7 +193,14 @@ def update_readme(readme: Path = README, results: Path = RESULTS_DIR) -> bool:
 
 
 def main(argv: list[str]) -> int:
-    """``record OUT NAME --command TEXT`` or ``readme``."""
+    """``record OUT NAME --command TEXT``, ``keep OUT NAME`` or ``readme``."""
+    if argv[:1] == ["keep"] and len(argv) == 3:
+        entry = keep(Path(argv[1]), IN_PROGRESS_DIR / argv[2])
+        print(
+            f"kept {entry['setup']}: {entry['finished_runs']} finished runs, "
+            f"{entry['compute_seconds']:.0f} s of run time, in {IN_PROGRESS_DIR / argv[2]}"
+        )
+        return 0
     if argv[:1] == ["readme"] and len(argv) == 1:
         print("README updated" if update_readme() else "README already up to date")
         return 0
@@ -158,7 +210,10 @@ def main(argv: list[str]) -> int:
             f"recorded {entry['setup']}: {entry['runs']} runs, {entry['compute_seconds']:.0f} s of run time"
         )
         return 0
-    print("usage: python -m fairclip.sims.results record OUT NAME --command TEXT | readme", file=sys.stderr)
+    print(
+        "usage: python -m fairclip.sims.results record OUT NAME --command TEXT | keep OUT NAME | readme",
+        file=sys.stderr,
+    )
     return 2
 
 

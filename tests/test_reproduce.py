@@ -17,6 +17,7 @@ import pandas as pd
 import pytest
 
 from fairclip.sims import reproduce as repro
+from fairclip.sims import results
 from fairclip.sims.config import validate
 from fairclip.sims.data import DATASET_FILES
 from fairclip.sims.errors import ConfigError
@@ -186,6 +187,41 @@ def test_resume_reuses_finished_runs_and_refuses_other_settings(ray_session, cli
     status, _stdout, err = cli(*other_rounds, "--resume")
     assert status == 2
     assert err.strip().count("\n") == 0 and "max_rounds differ" in err
+
+
+def test_kept_progress_continues_from_a_fresh_folder(ray_session, cli, tmp_path):
+    """``results.keep`` stores what --resume needs of an unfinished reproduction (its sweep.json
+    and the finished runs' summaries, nothing of the run in flight); a copy of that alone, as a
+    fresh clone has it, continues the reproduction: the kept runs are reused, the missing one is
+    computed, and the table is the uninterrupted one."""
+    setup = repro.load_setup("esipova-dutch")
+    skip_without_data(setup)
+    out = tmp_path / "dutch"
+    args = ["reproduce", "esipova-dutch", "--seeds", "1", "--max-rounds", "1", "--out", str(out)]
+    status, _stdout, err = cli(*args, "--data-dir", str(DATA_DIR))
+    assert status == 0, err
+    table = (out / "reproduction.csv").read_text()
+    runs = sorted(path.name for path in (out / "runs").iterdir())
+    (out / "runs" / runs[0] / "summary.json").unlink()  # as if that run were still running
+
+    entry = results.keep(out, tmp_path / "kept")
+    assert entry["finished_runs"] == len(runs) - 1 == len(setup.strategies) - 1
+    assert entry["setup"] == "esipova-dutch" and entry["compute_seconds"] > 0
+    kept = sorted(
+        str(p.relative_to(tmp_path / "kept")) for p in (tmp_path / "kept").rglob("*") if p.is_file()
+    )
+    assert kept == sorted(["sweep.json", "progress.json", *(f"runs/{key}/summary.json" for key in runs[1:])])
+
+    fresh = tmp_path / "fresh"
+    shutil.copytree(tmp_path / "kept", fresh)
+    status, stdout, err = cli("reproduce", "--resume", "--out", str(fresh), "--data-dir", str(DATA_DIR))
+    assert status == 0, err
+    assert f"Resumed: {len(runs) - 1} finished runs were reused" in stdout
+    assert (fresh / "reproduction.csv").read_text() == table
+    with pytest.raises(ValueError, match="not a reproduction"):
+        (tmp_path / "compare").mkdir()
+        (tmp_path / "compare" / "sweep.json").write_text('{"command": "compare"}')
+        results.keep(tmp_path / "compare", tmp_path / "elsewhere")
 
 
 def test_markdown_says_what_was_compared():
