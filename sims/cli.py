@@ -671,20 +671,36 @@ def privacy(
         float | None,
         typer.Option("--target-epsilon", help="Print the noise multipliers that reach this ε."),
     ] = None,
+    count_noise_ratio: Annotated[
+        float | None,
+        typer.Option(
+            "--count-noise-ratio", help="With --target-epsilon: σ_b = k σ_Δ [10] (seed 002: 7.054)."
+        ),
+    ] = None,
     accountant: Annotated[Accountant, typer.Option("--accountant")] = Accountant.prv,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
     """ε of T rounds of user-level DP-FedAvg, or the noise for a target ε."""
-    from fairclip.strategies.accounting import PrivacyClaim, calibrate, check_privacy_parameters
+    from fairclip.strategies.accounting import (
+        DEFAULT_COUNT_RATIO,
+        PrivacyClaim,
+        calibrate,
+        check_privacy_parameters,
+    )
 
     if (noise_multiplier is None) == (target_epsilon is None):
         raise ConfigError("give exactly one of --noise-multiplier or --target-epsilon")
     check_privacy_parameters(sample_rate, rounds, delta, accountant.value)
+    if count_noise_ratio is not None and target_epsilon is None:
+        raise ConfigError(
+            "--count-noise-ratio goes with --target-epsilon; else give --count-noise-multiplier"
+        )
     if target_epsilon is not None:
-        releases_reports = True  # calibrate for a policy with a count release, split σ_b = 10 σ_Δ
+        releases_reports = True  # calibrate for a policy with a count release, split σ_b = k σ_Δ
         if count_noise_multiplier is not None:
             raise ConfigError(
-                "--count-noise-multiplier is derived (10 x sigma) when --target-epsilon is given"
+                "--count-noise-multiplier is derived (k x sigma, --count-noise-ratio k, default 10) "
+                "when --target-epsilon is given"
             )
         noise = calibrate(
             target_epsilon,
@@ -693,6 +709,7 @@ def privacy(
             delta,
             accountant.value,
             releases_reports=releases_reports,
+            count_ratio=DEFAULT_COUNT_RATIO if count_noise_ratio is None else count_noise_ratio,
         )
     else:
         releases_reports = count_noise_multiplier is not None

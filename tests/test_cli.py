@@ -95,6 +95,25 @@ def test_privacy_target_epsilon_round_trips(cli):
         "--json",
     )
     assert json.loads(out)["epsilon"] == pytest.approx(3.0, rel=0.01)
+
+
+def test_privacy_count_noise_ratio_splits_the_calibrated_noise(cli):
+    """Seed 002's σ_q = 7.124 σ_eff: --count-noise-ratio 7.054 gives σ_b = k σ_Δ with the same σ_eff
+    (so the same ε) as the default split; without --target-epsilon it is refused (exit 2)."""
+    common = ["--sample-rate", "0.00853", "--rounds", "1172", "--delta", "1e-5", "--accountant", "rdp"]
+    claims = {}
+    for ratio in (None, "7.054"):
+        extra = [] if ratio is None else ["--count-noise-ratio", ratio]
+        status, out, err = cli("privacy", "--target-epsilon", "3", *common, *extra, "--json")
+        assert status == 0, err
+        claims[ratio] = json.loads(out)
+    oso = claims["7.054"]
+    assert oso["count_noise_multiplier"] == pytest.approx(7.054 * oso["noise_multiplier"])
+    assert oso["count_noise_multiplier"] / oso["effective_noise_multiplier"] == pytest.approx(7.124, rel=1e-3)
+    assert oso["effective_noise_multiplier"] == pytest.approx(claims[None]["effective_noise_multiplier"])
+    assert oso["epsilon"] == pytest.approx(claims[None]["epsilon"]) and oso["epsilon"] <= 3.0
+    status, _out, err = cli("privacy", "--noise-multiplier", "1", "--count-noise-ratio", "7", *common)
+    assert status == 2 and "--count-noise-ratio goes with --target-epsilon" in err
     assert json.loads(out)["epsilon"] <= 3.0
 
 
