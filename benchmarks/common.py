@@ -175,6 +175,70 @@ def _version(name: str) -> str | None:
         return None
 
 
+BUSY_FRACTION = 0.05
+"""Share of the machine's CPU time that processes other than the benchmark's may take before the
+report says its timings are not those of an idle machine."""
+
+
+class OtherLoad:
+    """CPU time taken, while the benchmark runs, by the processes that were already running when
+    it started (other than this one): a background job that competes with the contenders. Its
+    threads also slow multi-threaded contenders out of proportion (a thread that waits for its
+    busy core holds up the others at every barrier), so such a run's ratios mislead. Processes
+    started later by others are not seen; every contender's processes start later and are not
+    counted. A process that ends counts what it had used at the last :meth:`per_process` call
+    (the runner calls it after every contender)."""
+
+    def __init__(self) -> None:
+        import psutil
+
+        self._started = time.perf_counter()
+        self._before: dict[int, tuple[float, float]] = {}
+        self._last: dict[int, tuple[float, str]] = {}
+        own = os.getpid()
+        for process in psutil.process_iter():
+            try:
+                if process.pid != own:
+                    self._before[process.pid] = (process.create_time(), _cpu_seconds(process))
+            except psutil.Error:
+                continue
+
+    def per_process(self) -> list[tuple[float, int, str]]:
+        """(core-seconds since the start, pid, name) of each earlier process: now, or at the
+        last call for one that has ended since."""
+        import psutil
+
+        for pid, (created, before) in self._before.items():
+            try:
+                process = psutil.Process(pid)
+                if process.create_time() != created:  # the pid was reused
+                    continue
+                self._last[pid] = (_cpu_seconds(process) - before, process.name())
+            except psutil.Error:
+                continue
+        return [(seconds, pid, name) for pid, (seconds, name) in self._last.items()]
+
+    def measure(self) -> dict[str, Any]:
+        """``core_seconds`` the earlier processes used since the start, their ``fraction`` of the
+        machine's CPU time over that wall time, and the ``busiest`` three (pid, name, seconds)."""
+        wall = time.perf_counter() - self._started
+        used = self.per_process()
+        total = sum(seconds for seconds, _, _ in used)
+        return {
+            "core_seconds": round(total, 2),
+            "fraction": round(total / (wall * usable_cores()), 4) if wall > 0 else 0.0,
+            "busiest": [
+                {"pid": pid, "name": name, "core_seconds": round(seconds, 2)}
+                for seconds, pid, name in sorted(used, reverse=True)[:3]
+            ],
+        }
+
+
+def _cpu_seconds(process: Any) -> float:
+    times = process.cpu_times()
+    return float(times.user + times.system)
+
+
 def machine_info() -> dict[str, Any]:
     """Cores, CPU model, memory, load and the versions of the libraries that matter here."""
     try:

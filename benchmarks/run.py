@@ -18,7 +18,7 @@ from typing import Any
 
 from fairclip.sims.errors import ConfigError
 
-from .common import REPO_ROOT, RESULT_MARKER, machine_info, usable_cores
+from .common import BUSY_FRACTION, REPO_ROOT, RESULT_MARKER, OtherLoad, machine_info, usable_cores
 from .w2 import MODELS as W2_MODELS
 from .w2 import contender_name as w2_name
 
@@ -204,6 +204,7 @@ def run_bench(workloads: list[str], quick: bool, json_path: Path | None) -> dict
     if unknown:
         raise ConfigError(f"unknown workload(s) {', '.join(unknown)} (known: {', '.join(WORKLOADS)})")
     cores = usable_cores()
+    others = OtherLoad()
     report: dict[str, Any] = {
         "command": "fairclip bench " + " ".join([*chosen, *(["--quick"] if quick else [])]),
         "started": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
@@ -223,6 +224,7 @@ def run_bench(workloads: list[str], quick: bool, json_path: Path | None) -> dict
                 continue
             _progress(f"{workload} {contender} ...")
             results.update(run_contender(workload, contender, quick))
+            others.per_process()  # what a background job that ends later has used so far
         rows = targets(workload, results, cores)
         report["workloads"][workload] = {
             "description": (QUICK_DESCRIPTIONS if quick else DESCRIPTIONS)[workload],
@@ -234,6 +236,8 @@ def run_bench(workloads: list[str], quick: bool, json_path: Path | None) -> dict
             report["throughput"][f"{workload}.{name}"] = _value(results, name)
         report["targets"] += [{"workload": workload, **row} for row in rows]
     report["machine"]["load_average_after"] = machine_info()["load_average"]
+    report["other_load"] = others.measure()
+    report["other_load"]["idle_enough"] = report["other_load"]["fraction"] <= BUSY_FRACTION
     pfl = report["workloads"].get("w1", {}).get("contenders", {}).get("pfl", {})
     if pfl.get("pfl_version"):  # pfl lives in a venv of its own (benchmarks/setup_pfl.sh)
         report["machine"]["libraries"]["pfl"] = pfl["pfl_version"]
@@ -299,6 +303,16 @@ def print_table(report: dict[str, Any]) -> None:
     console.print(targets_table)
     libraries = ", ".join(f"{k} {v}" for k, v in machine["libraries"].items() if v)
     console.print(f"machine: {machine['platform']}, Python {machine['python']}; {libraries}")
+    others = report.get("other_load")
+    if others and not others["idle_enough"]:
+        busiest = ", ".join(
+            f"pid {p['pid']} ({p['name']}) {p['core_seconds']:.0f} s" for p in others["busiest"]
+        )
+        console.print(
+            f"[bold red]warning:[/bold red] processes running before the benchmark took "
+            f"{others['core_seconds']:.0f} core-seconds ({others['fraction']:.0%} of the machine) "
+            f"while it ran ({busiest}): these timings are not an idle machine's; rerun on an idle one"
+        )
 
 
 def failed_contenders(report: dict[str, Any]) -> list[str]:

@@ -7,6 +7,7 @@ import json
 import math
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -41,6 +42,9 @@ def test_quick_suite_writes_the_report(tmp_path):
     assert machine["cores"] >= 1 and machine["cpu_model"]
     assert machine["libraries"]["torch"] and machine["libraries"]["flwr"]
     assert report["quick"] is True
+    others = report["other_load"]  # what processes already running took meanwhile
+    assert others["core_seconds"] >= 0 and others["fraction"] >= 0 and len(others["busiest"]) <= 3
+    assert others["idle_enough"] == (others["fraction"] <= 0.05)
     expected = {f"w2.{name}" for name in CONTENDERS["w2"]}
     assert {"w2.opacus-ghost", "w2.sgd", "w2.esipova-cnn/opacus-ghost", "w2.zhao-cnn/sgd"} <= expected
     expected |= {"w3.bimodal-mean", "w3.logistic", "w3.logistic-1e9", "w3.logistic-1e6"}
@@ -171,3 +175,47 @@ def test_quick_w5_scale_out(tmp_path):
     assert floors["throughput"] == pytest.approx(sum(floors["throughputs"]))
     for name in ("floors-2/floor-1 (the machine's own scale-out)", "actors-2/floors-2"):
         assert math.isfinite(ratios[name]["value"]) and ratios[name]["met"] is None
+
+
+def test_a_background_job_is_seen_and_the_contenders_are_not():
+    """A process already running when the benchmark starts is counted with the CPU it takes; one
+    started afterwards (as every contender is) is not."""
+    from fairclip.benchmarks.common import OtherLoad
+
+    spin = [sys.executable, "-c", "import time\nend = time.time() + 1.5\nwhile time.time() < end: pass"]
+    background = subprocess.Popen(spin)
+    contender = None
+    try:
+        time.sleep(0.2)  # it runs before the benchmark starts
+        others = OtherLoad()
+        contender = subprocess.Popen(spin)
+        time.sleep(0.8)
+        others.per_process()  # as the runner does after each contender
+        background.wait(timeout=30)  # it ends before the measurement: its last sample counts
+        contender.wait(timeout=30)
+        measured, used = others.measure(), {pid: seconds for seconds, pid, _ in others.per_process()}
+    finally:
+        for process in (background, contender):
+            if process is not None:
+                process.kill()
+    assert background.pid in used and contender.pid not in used
+    assert used[background.pid] > 0.3 and measured["core_seconds"] >= used[background.pid]
+    assert measured["fraction"] > 0
+
+
+def test_the_table_warns_when_the_machine_was_not_idle(capsys):
+    from fairclip.benchmarks.run import print_table
+
+    machine = {"cpu_model": "cpu", "usable_cores": 2, "load_average": [0.0], "platform": "p", "python": "3"}
+    report = {"quick": True, "machine": {**machine, "libraries": {}}, "workloads": {}, "targets": []}
+    busy = {"pid": 7, "name": "ray::run_simulation", "core_seconds": 900.0}
+    for fraction, warned in ((0.5, True), (0.01, False)):
+        others = {
+            "core_seconds": 900.0,
+            "fraction": fraction,
+            "busiest": [busy],
+            "idle_enough": fraction <= 0.05,
+        }
+        print_table({**report, "other_load": others})
+        out = capsys.readouterr().out
+        assert ("not an idle machine's" in out and "ray::run_simulation" in out) == warned
