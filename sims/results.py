@@ -193,7 +193,16 @@ def update_readme(readme: Path = README, results: Path = RESULTS_DIR) -> bool:
 
 
 def main(argv: list[str]) -> int:
-    """``record OUT NAME --command TEXT``, ``keep OUT NAME`` or ``readme``."""
+    """``record OUT NAME --command TEXT``, ``keep OUT NAME`` or ``readme``; a folder that holds
+    no reproduction (or no finished one, for ``record``) is one line on stderr and status 2."""
+    try:
+        return _main(argv)
+    except (FileNotFoundError, ValueError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+
+
+def _main(argv: list[str]) -> int:
     if argv[:1] == ["keep"] and len(argv) == 3:
         entry = keep(Path(argv[1]), IN_PROGRESS_DIR / argv[2])
         print(

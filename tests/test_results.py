@@ -73,3 +73,12 @@ def test_a_finished_reproduction_is_recorded_and_rendered(tmp_path):
     assert not results.update_readme(readme, store)  # already up to date
     shutil.rmtree(store / "xu-dutch")
     assert results.results_markdown(store) == "No reproduction has been recorded yet."
+
+
+def test_the_command_line_refuses_a_folder_without_a_reproduction_in_one_line(tmp_path, capsys):
+    (tmp_path / "empty").mkdir()
+    assert results.main(["keep", str(tmp_path / "empty"), "x"]) == 2
+    assert results.main(["record", str(tmp_path / "empty"), "x", "--command", "c"]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 2 and "not a reproduction folder" in lines[0] and "has not finished" in lines[1]
+    assert not (results.IN_PROGRESS_DIR / "x").exists() and not (results.RESULTS_DIR / "x").exists()
