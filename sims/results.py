@@ -59,19 +59,18 @@ def record(out: Path, dest: Path, command: str) -> dict[str, Any]:
     summaries = [json.loads(path.read_text()) for path in sorted((out / "runs").glob("*/summary.json"))]
     table = pd.read_csv(out / "reproduction.csv", keep_default_na=False)
     started = [s["provenance"]["started"] for s in summaries if "provenance" in s]
+    runs = _runs_provenance(summaries)
     entry = {
         "setup": str(table["setup"].iloc[0]) if len(table) else dest.name,
         "command": command,
         "seeds": int(table["seeds"].max()) if len(table) else 0,
         "runs": len(summaries),
-        "compute_seconds": round(sum(float(s["provenance"]["wall_seconds"]) for s in summaries), 1),
+        "compute_seconds": runs["compute_seconds"],
         "first_run_started": min(started) if started else None,
         "recorded": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        "run_commits": sorted({str(s.get("provenance", {}).get("git_commit")) for s in summaries}),
+        "run_commits": runs["run_commits"],
         "recorded_at_commit": git_commit(),
-        "machine": next(
-            (s["provenance"]["machine"] for s in summaries if "machine" in s.get("provenance", {})), machine()
-        ),
+        "machine": runs["machine"] or machine(),
         "specification": spec,
     }
     dest.mkdir(parents=True, exist_ok=True)
@@ -79,6 +78,19 @@ def record(out: Path, dest: Path, command: str) -> dict[str, Any]:
         shutil.copyfile(out / name, dest / name)
     write_json(dest / "record.json", entry)
     return entry
+
+
+def _runs_provenance(summaries: list[dict[str, Any]]) -> dict[str, Any]:
+    """What the runs' summaries say of where they ran: their wall times summed
+    (``compute_seconds``, which ``--resume`` pieces do not lose), their commits, and the machine
+    of the first that names one (None if none does)."""
+    return {
+        "compute_seconds": round(sum(float(s["provenance"]["wall_seconds"]) for s in summaries), 1),
+        "run_commits": sorted({str(s.get("provenance", {}).get("git_commit")) for s in summaries}),
+        "machine": next(
+            (s["provenance"]["machine"] for s in summaries if "machine" in s.get("provenance", {})), None
+        ),
+    }
 
 
 def keep(out: Path, dest: Path) -> dict[str, Any]:
@@ -98,11 +110,7 @@ def keep(out: Path, dest: Path) -> dict[str, Any]:
         "setup": spec.get("name"),
         "specification": spec,
         "finished_runs": len(finished),
-        "compute_seconds": round(sum(float(s["provenance"]["wall_seconds"]) for s in summaries), 1),
-        "run_commits": sorted({str(s.get("provenance", {}).get("git_commit")) for s in summaries}),
-        "machine": next(
-            (s["provenance"]["machine"] for s in summaries if "machine" in s.get("provenance", {})), None
-        ),
+        **_runs_provenance(summaries),
         "kept": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
     }
     if dest.exists():
