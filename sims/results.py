@@ -97,7 +97,9 @@ def keep(out: Path, dest: Path) -> dict[str, Any]:
     """Copy into ``dest`` what ``fairclip reproduce --resume`` needs of the unfinished
     reproduction in ``out`` -- its ``sweep.json`` and the ``summary.json`` of every finished run
     (a run's summary is written last, so a run without one is in flight and is left out) -- and
-    write ``progress.json``; return it. ``dest`` is replaced: it holds the latest state only."""
+    write ``progress.json``; return it. ``dest`` is replaced by the latest state, but never with
+    fewer finished runs or another specification: a ``dest`` that holds a run ``out`` has not
+    finished, or another reproduction, is refused (ValueError) and left as it is."""
     out, dest = Path(out), Path(dest)
     if not (out / "sweep.json").is_file():
         raise FileNotFoundError(f"{out} holds no sweep.json: it is not a reproduction folder")
@@ -105,6 +107,16 @@ def keep(out: Path, dest: Path) -> dict[str, Any]:
     if spec.get("command") != "reproduce":
         raise ValueError(f"{out} holds a {spec.get('command')!r} sweep, not a reproduction")
     finished = sorted((out / "runs").glob("*/summary.json"))
+    if (dest / "sweep.json").is_file():
+        if json.loads((dest / "sweep.json").read_text()) != spec:
+            raise ValueError(f"{dest} keeps another reproduction than {out}; delete it first to replace it")
+        kept = {path.parent.name for path in dest.glob("runs/*/summary.json")}
+        dropped = sorted(kept - {path.parent.name for path in finished})
+        if dropped:
+            raise ValueError(
+                f"{out} lacks {len(dropped)} finished run(s) that {dest} keeps ({', '.join(dropped)}): "
+                f"copy them into {out} first (or delete {dest})"
+            )
     summaries = [json.loads(path.read_text()) for path in finished]
     entry = {
         "setup": spec.get("name"),

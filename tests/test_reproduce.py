@@ -218,6 +218,16 @@ def test_kept_progress_continues_from_a_fresh_folder(ray_session, cli, tmp_path)
     assert status == 0, err
     assert f"Resumed: {len(runs) - 1} finished runs were reused" in stdout
     assert (fresh / "reproduction.csv").read_text() == table
+    # keeping again never drops a kept run: a folder that lacks one is refused, the kept one stays
+    shutil.rmtree(out / "runs" / runs[1])
+    with pytest.raises(ValueError, match=f"lacks 1 finished run.*{runs[1]}"):
+        results.keep(out, tmp_path / "kept")
+    assert (tmp_path / "kept" / "runs" / runs[1] / "summary.json").is_file()
+    assert results.keep(fresh, tmp_path / "kept")["finished_runs"] == len(runs)  # more runs: kept
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "sweep.json").write_text('{"command": "reproduce", "name": "xu-dutch"}')
+    with pytest.raises(ValueError, match="keeps another reproduction"):
+        results.keep(tmp_path / "other", tmp_path / "kept")
     with pytest.raises(ValueError, match="not a reproduction"):
         (tmp_path / "compare").mkdir()
         (tmp_path / "compare" / "sweep.json").write_text('{"command": "compare"}')
