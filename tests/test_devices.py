@@ -67,3 +67,41 @@ def test_clients_train_and_the_server_evaluates_on_the_gpu():
     cpu = fairclip.simulate("demo", overrides={**SMALL, "training.device": "cpu"})
     np.testing.assert_allclose(gpu.model, cpu.model, atol=1e-3)
     np.testing.assert_allclose(gpu.cohorts["accuracy"], cpu.cohorts["accuracy"], atol=0.02)
+
+
+@pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device: the GPU path runs where torch sees one")
+@pytest.mark.parametrize(
+    "model_name", ["logistic", "mlp-tanh", "esipova-cnn", "zhao-cnn", "xu-cnn", "galli-cnn"]
+)
+def test_norms_from_activations_on_the_gpu_equal_the_materialised_ones(model_name):
+    """The one-step path's per-example norms and clipped sums (``client.ghost``) on CUDA equal the
+    materialised per-example gradients on CUDA, and the CPU's norms, to float32 rounding."""
+    from fairclip.client.contributions import contribute_blocks, contribute_scaled_blocks
+    from fairclip.client.ghost import one_step_gradients
+    from fairclip.client.models import build_model, model_to_vector
+    from fairclip.client.training import one_step_updates
+    from fairclip.strategies.clipping import row_norms
+    from fairclip.strategies.registry import build_policy
+
+    torch.manual_seed(0)
+    shape = (1, 6, 6) if model_name in ("logistic", "mlp-tanh") else (1, 28, 28)
+    model = build_model(model_name, shape, 10)
+    theta = model_to_vector(model)
+    features = torch.randn(16, *shape, generator=torch.Generator().manual_seed(1))
+    labels = torch.arange(16) % 10
+    cpu = one_step_gradients(model, theta, features, labels, lr=0.5)
+    model.to("cuda")
+    gpu_features, gpu_labels = features.to("cuda"), labels.to("cuda")
+    gradients = one_step_gradients(model, theta, gpu_features, gpu_labels, lr=0.5)
+    updates = one_step_updates(model, theta, gpu_features, gpu_labels, lr=0.5)
+    norms = row_norms(updates)
+    np.testing.assert_allclose(gradients.norms, norms, rtol=1e-4)
+    np.testing.assert_allclose(gradients.norms, cpu.norms, rtol=1e-4)
+    policy = build_policy("constant", {"initial_bound": float(np.median(norms))}, num_cohorts=2)
+    params = policy.broadcast(policy.initial_state(theta.shape[0]))
+    cohorts = np.arange(16) % 2
+    want = contribute_blocks(policy, params, updates, cohorts, 2, [16])[0]
+    have = contribute_scaled_blocks(policy, params, gradients, cohorts, 2, [16])[0]
+    scale = float(np.abs(want.contribution_sum).max())
+    assert scale > 0
+    np.testing.assert_allclose(have.contribution_sum, want.contribution_sum, atol=1e-4 * scale)
