@@ -165,13 +165,21 @@ DEVICES = ("auto", "cpu", "cuda")
 
 def resolve_device(name: str) -> torch.device:
     """The torch device of ``training.device``: ``auto`` is a GPU when torch sees one, else the
-    CPU; ``cuda`` without a GPU is a ``ValueError`` naming the problem."""
+    CPU; ``cuda`` without a GPU is a ``ValueError`` naming the problem.
+
+    A GPU turns TF32 off for this process (cuDNN convolutions use it by default): TF32 rounds
+    float32 products to 10-bit mantissas, so a norm computed from activations and the clipped
+    gradients summed by a second backward pass differed by up to 1 % on an H200 (the CNNs of
+    ``tests/test_devices.py``), and a clipped contribution could then exceed its bound."""
     if name not in DEVICES:
         raise ValueError(f"training.device must be one of {', '.join(DEVICES)} (got {name!r})")
     if name == "cuda" and not torch.cuda.is_available():
         raise ValueError("training.device is cuda, but torch sees no CUDA device (use auto or cpu)")
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "cuda":
+        torch.backends.cudnn.allow_tf32 = False
+        torch.backends.cuda.matmul.allow_tf32 = False
     return torch.device(name)
 
 

@@ -39,6 +39,19 @@ def test_cuda_without_a_gpu_is_one_line_before_any_work(cli, tmp_path):
     assert not out.exists()
 
 
+def test_a_gpu_run_turns_tf32_off(monkeypatch):
+    """TF32 would make the norms that clipping uses differ from the gradients summed (see
+    ``resolve_device``): resolving a CUDA device turns it off for the process."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    before = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    try:
+        torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = True
+        assert resolve_device("auto").type == "cuda"
+        assert not torch.backends.cudnn.allow_tf32 and not torch.backends.cuda.matmul.allow_tf32
+    finally:
+        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = before
+
+
 def test_ray_asks_for_gpus_only_where_there_are_some(monkeypatch):
     import ray
 
@@ -83,6 +96,7 @@ def test_norms_from_activations_on_the_gpu_equal_the_materialised_ones(model_nam
     from fairclip.strategies.clipping import row_norms
     from fairclip.strategies.registry import build_policy
 
+    resolve_device("cuda")  # as a run on the GPU does: TF32 off
     torch.manual_seed(0)
     shape = (1, 6, 6) if model_name in ("logistic", "mlp-tanh") else (1, 28, 28)
     model = build_model(model_name, shape, 10)
