@@ -168,9 +168,9 @@ def resolve_device(name: str) -> torch.device:
     CPU; ``cuda`` without a GPU is a ``ValueError`` naming the problem.
 
     A GPU turns TF32 off for this process (cuDNN convolutions use it by default): TF32 rounds
-    float32 products to 10-bit mantissas, so a norm computed from activations and the clipped
-    gradients summed by a second backward pass differed by up to 1 % on an H200 (the CNNs of
-    ``tests/test_devices.py``), and a clipped contribution could then exceed its bound."""
+    float32 products to 10-bit mantissas, so on an H200 the CNNs' per-example gradients from the
+    one-step path and from materialised gradients differed by up to 1 % (``tests/test_devices.py``).
+    That is precision, not privacy: each path clips the rows it sums by those rows' own norms."""
     if name not in DEVICES:
         raise ValueError(f"training.device must be one of {', '.join(DEVICES)} (got {name!r})")
     if name == "cuda" and not torch.cuda.is_available():
