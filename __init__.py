@@ -12,16 +12,28 @@ __version__ = "0.1.0"
 __all__ = [
     "Comparison",
     "FederatedDataset",
+    "Reproduction",
     "Scenario",
     "Simulation",
     "__version__",
     "compare",
+    "reproduce",
     "simulate",
     "tune",
     "tune_curve",
 ]
 
-_API = ("Comparison", "Scenario", "Simulation", "compare", "simulate", "tune", "tune_curve")
+_API = (
+    "Comparison",
+    "Reproduction",
+    "Scenario",
+    "Simulation",
+    "compare",
+    "reproduce",
+    "simulate",
+    "tune",
+    "tune_curve",
+)
 
 
 def __getattr__(name: str):

@@ -490,3 +490,117 @@ def tune_curve(
     search.plot_curve(table, metric, folder / search.CURVE_PLOT)
     atomic_write_text(folder / "report.md", search.curve_report(table, metric, law))
     return table
+
+
+@dataclass(frozen=True)
+class Reproduction:
+    """What :func:`reproduce` produced: the rows of ``reproduction.csv`` and where they lie."""
+
+    name: str
+    """The setup reproduced."""
+    table: pd.DataFrame
+    """One row per strategy, ε and metric: the paper's value, fairclip's mean and standard error
+    over the seeds, both accountants' ε, and whether the mean lies outside the paper's error."""
+    wall_seconds: float
+    """Wall time of this call (runs reused from the folder cost nothing)."""
+    folder: Path
+    """The reproduction's folder: ``reproduction.md``, ``reproduction.csv``, ``paired_tests.csv``,
+    ``chosen.json``, the stored specification and ``runs/<key>/`` of every run."""
+
+
+def reproduce(
+    name: str | None = None,
+    *,
+    seeds: int | None = None,
+    out: str | Path | None = None,
+    mode: str = "new",
+    strategies: Sequence[str] | None = None,
+    full_grid: bool | None = None,
+    grid_limit: int | None = None,
+    max_rounds: int | None = None,
+    max_batch: int | None = None,
+    overrides: Sequence[str] | None = None,
+    data_dir: str | Path | None = None,
+    ray: bool = False,
+    address: str | None = None,
+    workers: int = 1,
+    on_plan: Callable[[int], None] | None = None,
+    on_run: Callable[[str], None] | None = None,
+) -> Reproduction:
+    """Reproduce a seed paper's experiment (a built-in setup, see ``fairclip reproduce --list``);
+    what ``fairclip reproduce`` does.
+
+    ``seeds`` (default 2): the setup's seed, +1, ...; ``strategies``: a subset of the setup's;
+    ``full_grid``: the paper's hyperparameter grid instead of the reduced one; ``overrides``:
+    ``KEY=VALUE`` settings applied to every run (``training.device=cuda``, say); ``grid_limit``,
+    ``max_rounds`` and ``max_batch`` shrink the runs for smoke tests. Every run is written to
+    ``out/runs/<key>/`` as it finishes (default folder ``runs/reproduce-<name>``), then the
+    tables; ``mode`` says what to do with a folder that already holds a reproduction -- ``new``
+    (refuse another one), ``resume`` (continue it, its finished runs kept; ``name`` may be left
+    out), ``extend`` (more seeds or strategies) or ``replace``.
+
+    Runs go one after the other in this process (a local engine of ``workers`` threads), or,
+    with ``ray`` (or the ``address`` of a Ray cluster), as parallel Ray tasks of ``workers`` CPUs:
+    the same numbers either way. ``on_plan(runs)`` is called when the number of runs is known,
+    ``on_run(key)`` per finished (or reused) run.
+    """
+    from fairclip.sims import reproduce as repro
+    from fairclip.sims import sweep_folder
+    from fairclip.sims.data import resolve_data_dir
+    from fairclip.sims.errors import ConfigError
+    from fairclip.sims.outputs import check_output_folder
+
+    if workers < 1:
+        raise ConfigError(f"workers must be >= 1 (got {workers})")
+    if mode not in MODES:
+        raise ConfigError(f"mode must be one of {', '.join(MODES)} (got {mode!r})")
+    folder = Path(out) if out is not None else None
+    if name is None and mode == "resume" and folder is not None:  # the folder names its setup
+        stored = sweep_folder.stored_spec(folder)
+        if stored is not None and stored.get("command") == "reproduce":
+            name = stored.get("name")
+    if name is None:
+        raise ConfigError("give a reproduction NAME (see `fairclip reproduce --list`)")
+    repro.load_setup(name)  # an unknown name fails before the data are read
+    given = repro.reproduce_spec(
+        name,
+        seeds,
+        full_grid,
+        grid_limit,
+        max_rounds,
+        list(overrides) if overrides else None,
+        strategies=None if strategies is None else list(strategies),
+        explicit_only=mode == "resume",
+        max_batch=max_batch,
+    )
+    resolved_data = resolve_data_dir(data_dir)
+    folder = folder or Path("runs") / f"reproduce-{name}"
+    check_output_folder(folder)
+    with sweep_folder.locked(folder):
+        spec = sweep_folder.settle(
+            folder,
+            given,
+            sweep_folder.Mode(mode),
+            merge=repro.merge_specs,
+            results=("runs", "reproduction.csv", "reproduction.md", "chosen.json"),
+        )
+        rows, wall = repro.reproduce(
+            spec["name"],
+            spec["seeds"],
+            folder,
+            strategies=spec.get("strategies"),
+            data_dir=resolved_data,
+            full_grid=spec["full_grid"],
+            grid_limit=spec["grid_limit"],
+            max_rounds=spec["max_rounds"],
+            max_batch=spec.get("max_batch"),
+            overrides=spec["overrides"],
+            address=address,
+            workers=workers,
+            resume=mode in ("resume", "extend"),
+            on_finished=None if on_run is None else (lambda run: on_run(run.key)),
+            on_plan=on_plan,
+            ray=ray or address is not None,
+        )
+    table = pd.DataFrame(rows, columns=repro.COLUMNS)
+    return Reproduction(name=spec["name"], table=table, wall_seconds=wall, folder=folder)

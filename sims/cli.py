@@ -342,6 +342,9 @@ def reproduce(
         int | None,
         typer.Option("--max-batch", min=1, help="Cap every run's expected batch (smoke tests only)."),
     ] = None,
+    backend: Annotated[
+        Backend, typer.Option("--backend", help="Runs one after the other here, or on Ray.")
+    ] = Backend.ray,
     address: Annotated[
         str | None, typer.Option("--address", help="An existing Ray cluster to run on.")
     ] = None,
@@ -357,70 +360,45 @@ def reproduce(
 
     The reproduction's specification is stored in --out: --resume alone continues it.
     """
+    from fairclip.api import reproduce as reproduce_setup
     from fairclip.sims import reproduce as repro
     from fairclip.sims import sweep_folder
-    from fairclip.sims.data import resolve_data_dir
 
     if list_setups:
         for setup_name, title in repro.setup_titles().items():
             typer.echo(f"{setup_name:<24} {title}")
         return
-    if name is None and resume and out is not None:  # --resume alone: the folder names its setup
-        stored = sweep_folder.stored_spec(out)
-        if stored is not None and stored.get("command") == "reproduce":
-            name = stored.get("name")
-    if name is None:
-        raise ConfigError("give a reproduction NAME (see `fairclip reproduce --list`)")
-    repro.load_setup(name)  # an unknown name fails before the data are read
+    if backend is Backend.local and address:
+        raise ConfigError("--address is a Ray cluster's: it goes with --backend ray")
+    if backend is Backend.ray:
+        _check_cluster(address, workers)
     mode = sweep_folder.mode_of(resume, extend, replace)
-    given = repro.reproduce_spec(
-        name,
-        seeds,
-        full_grid,
-        grid_limit,
-        max_rounds,
-        overrides,
-        strategies=None if strategies is None else [s.strip() for s in strategies.split(",") if s.strip()],
-        explicit_only=mode is sweep_folder.Mode.RESUME,
-        max_batch=max_batch,
-    )
-    data_dir = resolve_data_dir(data_dir)
-    _check_cluster(address, workers)
-    out = out or Path("runs") / f"reproduce-{name}"
-    check_output_folder(out)
-    with (
-        sweep_folder.locked(out),
-        # transient: an error (a --resume conflict, say) stays the only line on stderr
-        progress_bar(f"[bold]reproduce[/bold] {name}", transient=True) as progress,
-    ):
-        spec = sweep_folder.settle(
-            out,
-            given,
-            mode,
-            merge=repro.merge_specs,
-            results=("runs", "reproduction.csv", "reproduction.md", "chosen.json"),
-        )
-        bar = progress.add_task(name, total=None)
-        _rows, wall = repro.reproduce(
-            spec["name"],
-            spec["seeds"],
-            out,
-            strategies=spec.get("strategies"),
+    subset = None if strategies is None else [s.strip() for s in strategies.split(",") if s.strip()]
+    title = name or (out.name if out is not None else "")
+    # transient: an error (a --resume conflict, say) stays the only line on stderr
+    with progress_bar(f"[bold]reproduce[/bold] {title}", transient=True) as progress:
+        bar = progress.add_task(title, total=None)
+        reproduction = reproduce_setup(
+            name,
+            seeds=seeds,
+            out=out,
+            mode=mode.value,
+            strategies=subset,
+            full_grid=full_grid,
+            grid_limit=grid_limit,
+            max_rounds=max_rounds,
+            max_batch=max_batch,
+            overrides=overrides,
             data_dir=data_dir,
-            full_grid=spec["full_grid"],
-            grid_limit=spec["grid_limit"],
-            max_rounds=spec["max_rounds"],
-            max_batch=spec.get("max_batch"),
-            overrides=spec["overrides"],
+            ray=backend is Backend.ray,
             address=address,
             workers=workers,
-            resume=mode in (sweep_folder.Mode.RESUME, sweep_folder.Mode.EXTEND),
-            on_finished=lambda _run: progress.advance(bar),
             on_plan=lambda total: progress.update(bar, total=total),
+            on_run=lambda _key: progress.advance(bar),
         )
-    typer.echo((out / "reproduction.md").read_text())
-    typer.echo(f"wall time {wall:.1f} s ({name})")
-    stdout.print(f"table:  {out / 'reproduction.csv'}")
+    typer.echo((reproduction.folder / "reproduction.md").read_text())
+    typer.echo(f"wall time {reproduction.wall_seconds:.1f} s ({reproduction.name})")
+    stdout.print(f"table:  {reproduction.folder / 'reproduction.csv'}")
 
 
 @app.command()

@@ -366,11 +366,13 @@ def execute(
     workers: int = 1,
     on_finished: Callable[[Run], None] | None = None,
     reuse: dict[str, dict[str, Any]] | None = None,
+    ray: bool = True,
 ) -> dict[str, dict[str, Any]]:
-    """Run every run as a Ray task of ``workers`` threads (as ``fairclip compare``); write each as
-    it finishes; return the summaries by key. Runs whose key is in ``reuse`` (finished earlier)
-    are not run again."""
-    from fairclip.sims.compare import save_run, simulate_on_ray
+    """Run every run as a Ray task of ``workers`` threads (as ``fairclip compare``), or, without
+    ``ray``, one after the other in this process (a local engine of ``workers`` threads: the same
+    numbers); write each as it finishes; return the summaries by key. Runs whose key is in
+    ``reuse`` (finished earlier) are not run again."""
+    from fairclip.sims.compare import run_simulation, save_run, simulate_on_ray
 
     summaries: dict[str, dict[str, Any]] = {}
     for run in runs:
@@ -379,7 +381,12 @@ def execute(
             if on_finished is not None:
                 on_finished(run)
     jobs = [(run, run.raw) for run in runs if run.key not in summaries]
-    for run, result in simulate_on_ray(jobs, data_dir=data_dir, address=address, workers=workers):
+    if ray:
+        finished = simulate_on_ray(jobs, data_dir=data_dir, address=address, workers=workers)
+    else:
+        folder = str(data_dir) if data_dir else None
+        finished = ((run, run_simulation(raw, folder, workers)) for run, raw in jobs)
+    for run, result in finished:
         save_run(out / "runs" / run.key, result)
         summaries[run.key] = result["summary"]
         if on_finished is not None:
@@ -674,10 +681,12 @@ def reproduce(
     resume: bool = False,
     on_finished: Callable[[Run], None] | None = None,
     on_plan: Callable[[int], None] | None = None,
+    ray: bool = True,
 ) -> tuple[list[dict[str, Any]], float]:
     """Plan, run and tabulate one setup (only its ``strategies``, where given); returns the
     rows and the wall time in seconds. With ``resume``, runs already finished in ``out`` with
-    the same configuration are reused."""
+    the same configuration are reused. Runs are Ray tasks, or (not ``ray``) run one after the
+    other in this process (:func:`execute`)."""
     started = time.perf_counter()
     full_setup = load_setup(name)
     setup = select_strategies(full_setup, strategies)
@@ -702,6 +711,7 @@ def reproduce(
             workers=workers,
             on_finished=on_finished,
             reuse=reuse,
+            ray=ray,
         )
         chosen = choose(grid, summaries, setup.select_by)
         extra.append(
@@ -714,7 +724,14 @@ def reproduce(
     reuse = finished(final, out) if resume else {}
     reused += len(reuse)
     summaries = execute(
-        final, out, data_dir=data_dir, address=address, workers=workers, on_finished=on_finished, reuse=reuse
+        final,
+        out,
+        data_dir=data_dir,
+        address=address,
+        workers=workers,
+        on_finished=on_finished,
+        reuse=reuse,
+        ray=ray,
     )
     rows = table_rows(setup, final, summaries)
     wall = time.perf_counter() - started

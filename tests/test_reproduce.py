@@ -189,6 +189,41 @@ def test_resume_reuses_finished_runs_and_refuses_other_settings(ray_session, cli
     assert err.strip().count("\n") == 0 and "max_rounds differ" in err
 
 
+def test_the_api_runs_here_or_on_ray_with_the_same_numbers(ray_session, cli, tmp_path, monkeypatch):
+    """``fairclip.reproduce`` (what the command runs) without Ray runs the runs one after the
+    other in this process; the table is the Ray backend's (the CLI's default), number for
+    number. It resumes a folder from its stored specification, and ``--backend local``
+    refuses a cluster address in one line."""
+    import fairclip
+    from fairclip.sims import compare
+
+    setup = repro.load_setup("esipova-dutch")
+    skip_without_data(setup)
+    smoke = {"seeds": 1, "max_rounds": 2, "max_batch": 64, "data_dir": DATA_DIR}
+    with monkeypatch.context() as patched:
+        patched.setattr(compare, "simulate_on_ray", lambda *a, **k: pytest.fail("a Ray task ran"))
+        here = fairclip.reproduce("esipova-dutch", out=tmp_path / "here", **smoke)
+    assert isinstance(here, fairclip.Reproduction) and here.name == "esipova-dutch"
+    assert list(here.table.columns) == repro.COLUMNS
+    assert len(here.table) == len(setup.strategies) * len(setup.metrics) and here.wall_seconds > 0
+    on_file = pd.read_csv(here.folder / "reproduction.csv", keep_default_na=False)
+    assert list(on_file["fairclip_mean"].astype(float)) == list(here.table["fairclip_mean"].astype(float))
+
+    args = ["reproduce", "esipova-dutch", "--seeds", "1", "--max-rounds", "2", "--max-batch", "64"]
+    status, _stdout, err = cli(*args, "--out", str(tmp_path / "ray"), "--data-dir", str(DATA_DIR))
+    assert status == 0, err
+    on_ray = pd.read_csv(tmp_path / "ray" / "reproduction.csv", keep_default_na=False)
+    pd.testing.assert_frame_equal(on_ray, on_file)
+
+    seen: list[str] = []
+    again = fairclip.reproduce(out=here.folder, mode="resume", data_dir=DATA_DIR, on_run=seen.append)
+    assert sorted(seen) == sorted(p.parent.name for p in (here.folder / "runs").glob("*/summary.json"))
+    pd.testing.assert_frame_equal(again.table, here.table)
+
+    status, _stdout, err = cli(*args, "--backend", "local", "--address", "127.0.0.1:1")
+    assert status == 2 and err.strip().count("\n") == 0 and "--backend ray" in err
+
+
 def test_kept_progress_continues_from_a_fresh_folder(ray_session, cli, tmp_path):
     """``results.keep`` stores what --resume needs of an unfinished reproduction (its sweep.json
     and the finished runs' summaries, nothing of the run in flight); a copy of that alone, as a
