@@ -696,15 +696,13 @@ def reproduce(
     extra = []
     reused = 0
     chosen: dict[tuple[str, float | None], dict[str, Any]] = {}
-    if setup.has_grid:
-        grid = planner.grid_runs(full_grid, grid_limit)
-        final_count = len(setup.strategies) * len(setup.epsilons) * seeds
-        if on_plan is not None:
-            on_plan(len(grid) + final_count)
-        reuse = finished(grid, out) if resume else {}
+
+    def run(runs: list[Run]) -> dict[str, dict[str, Any]]:
+        nonlocal reused
+        reuse = finished(runs, out) if resume else {}
         reused += len(reuse)
-        summaries = execute(
-            grid,
+        return execute(
+            runs,
             out,
             data_dir=data_dir,
             address=address,
@@ -713,6 +711,13 @@ def reproduce(
             reuse=reuse,
             ray=ray,
         )
+
+    if setup.has_grid:
+        grid = planner.grid_runs(full_grid, grid_limit)
+        final_count = len(setup.strategies) * len(setup.epsilons) * seeds
+        if on_plan is not None:
+            on_plan(len(grid) + final_count)
+        summaries = run(grid)
         chosen = choose(grid, summaries, setup.select_by)
         extra.append(
             f"Grid search: {'the paper grid' if full_grid else 'the reduced default grid'}, "
@@ -721,18 +726,7 @@ def reproduce(
     final = planner.final_runs(seeds, chosen)
     if on_plan is not None and not setup.has_grid:
         on_plan(len(final))
-    reuse = finished(final, out) if resume else {}
-    reused += len(reuse)
-    summaries = execute(
-        final,
-        out,
-        data_dir=data_dir,
-        address=address,
-        workers=workers,
-        on_finished=on_finished,
-        reuse=reuse,
-        ray=ray,
-    )
+    summaries = run(final)
     rows = table_rows(setup, final, summaries)
     wall = time.perf_counter() - started
     if reused:
