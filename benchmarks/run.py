@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from fairclip.sims.errors import ConfigError
+from fairclip.sims.outputs import atomic_write_text
 
 from .common import BUSY_FRACTION, REPO_ROOT, RESULT_MARKER, OtherLoad, machine_info, usable_cores
 from .w2 import MODELS as W2_MODELS
@@ -197,7 +198,8 @@ def run_bench(workloads: list[str], quick: bool, json_path: Path | None) -> dict
     The report holds ``machine``, ``throughput`` (``"w1.fairclip"`` and so on: the measured
     throughput of every contender, None where it did not run), ``workloads`` (per workload its
     contenders' figures -- throughput, wall times, peak memory -- and its targets) and ``targets``
-    (all targets, flat).
+    (all targets, flat). ``json_path`` is rewritten (atomically) as each contender finishes, with
+    ``complete`` false until the end: a stopped run keeps every figure measured before it.
     """
     chosen = [w.lower() for w in workloads] or list(WORKLOADS)
     unknown = [w for w in chosen if w not in WORKLOADS]
@@ -213,6 +215,7 @@ def run_bench(workloads: list[str], quick: bool, json_path: Path | None) -> dict
         "throughput": {},
         "workloads": {},
         "targets": [],
+        "complete": False,
     }
     for workload in chosen:
         started = time.perf_counter()
@@ -225,6 +228,8 @@ def run_bench(workloads: list[str], quick: bool, json_path: Path | None) -> dict
             _progress(f"{workload} {contender} ...")
             results.update(run_contender(workload, contender, quick))
             others.per_process()  # what a background job that ends later has used so far
+            report["workloads"][workload] = {"contenders": results}  # its targets come at its end
+            _save(report, json_path)
         rows = targets(workload, results, cores)
         report["workloads"][workload] = {
             "description": (QUICK_DESCRIPTIONS if quick else DESCRIPTIONS)[workload],
@@ -241,12 +246,18 @@ def run_bench(workloads: list[str], quick: bool, json_path: Path | None) -> dict
     pfl = report["workloads"].get("w1", {}).get("contenders", {}).get("pfl", {})
     if pfl.get("pfl_version"):  # pfl lives in a venv of its own (benchmarks/setup_pfl.sh)
         report["machine"]["libraries"]["pfl"] = pfl["pfl_version"]
+    report["complete"] = True
     print_table(report)
+    _save(report, json_path)
+    return report
+
+
+def _save(report: dict[str, Any], json_path: Path | None) -> None:
+    """Write the report as it stands (atomically: a reader sees the old or the new one)."""
     if json_path is not None:
         json_path = Path(json_path)
         json_path.parent.mkdir(parents=True, exist_ok=True)
-        json_path.write_text(json.dumps(report, indent=2, default=str) + "\n")
-    return report
+        atomic_write_text(json_path, json.dumps(report, indent=2, default=str) + "\n")
 
 
 def _progress(text: str) -> None:

@@ -219,3 +219,33 @@ def test_the_table_warns_when_the_machine_was_not_idle(capsys):
         print_table({**report, "other_load": others})
         out = capsys.readouterr().out
         assert ("not an idle machine's" in out and "ray::run_simulation" in out) == warned
+
+
+def test_a_stopped_benchmark_keeps_what_it_measured(monkeypatch, tmp_path):
+    """The JSON report is rewritten after every contender: a run stopped in its third contender
+    (here by a KeyboardInterrupt, as SIGINT or the SIGTERM handler raise) leaves the first two
+    contenders' figures, marked incomplete; a finished run is marked complete."""
+    from fairclip.benchmarks import run
+
+    calls: list[str] = []
+
+    def fake(workload: str, contender: str, quick: bool) -> dict:
+        calls.append(contender)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return {contender: {"status": "ok", "throughput": 10.0 * len(calls), "unit": "clients/s"}}
+
+    monkeypatch.setattr(run, "run_contender", fake)
+    path = tmp_path / "bench.json"
+    with pytest.raises(KeyboardInterrupt):
+        run_bench(["w3"], True, path)
+    kept = json.loads(path.read_text())
+    assert kept["complete"] is False
+    first, second = CONTENDERS["w3"][:2]
+    assert kept["workloads"]["w3"]["contenders"] == {
+        first: {"status": "ok", "throughput": 10.0, "unit": "clients/s"},
+        second: {"status": "ok", "throughput": 20.0, "unit": "clients/s"},
+    }
+    monkeypatch.setattr(run, "run_contender", lambda w, c, q: {c: {"status": "ok", "throughput": 1.0}})
+    done = run_bench(["w4"], True, path)
+    assert json.loads(path.read_text())["complete"] is True and done["complete"] is True
