@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,26 @@ def test_the_readme_shows_what_the_committed_results_hold():
     assert results.readme_block() == results.results_markdown(), (
         "README out of date: run python -m fairclip.sims.results readme"
     )
+
+
+def test_kept_runs_are_committed_beside_their_progress():
+    """Every ``results/in-progress/<setup>/progress.json`` counts finished runs whose summaries
+    git tracks, so ``--resume`` from a fresh clone finds them (an ignore pattern ``runs/`` once
+    hid every kept run from git while progress.json said they were kept)."""
+    root = Path(__file__).resolve().parents[1]
+    if not (root / ".git").exists() or shutil.which("git") is None:
+        pytest.skip("not a git checkout (an installed copy): nothing committed to check")
+
+    def git(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=60)
+
+    kept_run = "results/in-progress/some-setup/runs/some-run/summary.json"
+    assert git("check-ignore", "--no-index", "-q", kept_run).returncode == 1, f"git ignores {kept_run}"
+    progress_files = sorted((root / "results" / "in-progress").glob("*/progress.json"))
+    for progress in progress_files:
+        folder = progress.parent.relative_to(root)
+        tracked = git("ls-files", "--", f"{folder}/runs/*/summary.json").stdout.split()
+        assert len(tracked) == json.loads(progress.read_text())["finished_runs"], folder
 
 
 def _finished(out: Path) -> None:
