@@ -105,24 +105,19 @@ def contribute_scaled_blocks(
     contributions = exchange is not Exchange.COUNTS
     direction_reports = scaled.report_scales is not None and exchange is not Exchange.UPDATES
     report_size = policy.report_size(gradients.dim)
-    tracked = directions and contributions
-    totalled = unclipped_total and contributions
-    blocks = _block_rows(sizes, cohorts.shape[0])
-    block_weights = []
-    for rows, _size in blocks:
+    sums = []
+    for rows, size in _block_rows(sizes, cohorts.shape[0]):
         weights = [scaled.contribution_scales[rows]] if contributions else []
         if direction_reports:
             weights.append(scaled.report_scales[rows])
+        tracked = directions and contributions
         if tracked:
             members = _cohort_members(cohorts[rows], _contributing(scaled, rows), num_cohorts)
             weights += [*members, *(members * scaled.contribution_scales[rows][None, :])]
+        totalled = unclipped_total and contributions
         if totalled:
             weights.append(_contributing(scaled, rows))
-        block_weights.append((rows, np.stack(weights) if weights else np.zeros((0, rows.stop - rows.start))))
-    all_weighted = gradients.block_sums(block_weights)  # every block's sums, in one pass per layer
-    sums = []
-    for (rows, size), weighted_rows in zip(blocks, all_weighted, strict=True):
-        weighted = list(weighted_rows)
+        weighted = list(gradients.weighted_sums(rows, np.stack(weights))) if weights else []
         total = weighted.pop() if totalled else None
         cohort_sums = None
         if tracked:

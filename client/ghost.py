@@ -32,7 +32,7 @@ skips, one whose output the loss ignores, or one frozen from the input on) is no
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -55,24 +55,16 @@ class _OuterProduct:
         squares = self.inputs.square().sum(1) * b2
         return squares + b2 if self.bias else squares
 
-    def block_sums(self, dense: torch.Tensor, blocks: list[tuple[slice, torch.Tensor]]) -> torch.Tensor:
-        """Each block's weighted sums Σ w_i b_i a_iᵀ (and Σ w_i b_i), one matrix product per
-        weight vector over the block's rows only, written in place into the rows of the result."""
-        del dense
-        outputs, inputs = self.output_grads.shape[1], self.inputs.shape[1]
-        weight_size = outputs * inputs
-        count = sum(weights.shape[0] for _, weights in blocks)
-        result = self.inputs.new_empty((count, weight_size + (outputs if self.bias else 0)))
-        row = 0
-        for rows, weights in blocks:
-            a, b = self.inputs[rows], self.output_grads[rows]
-            for w in weights:
-                weighted = b * w[:, None]
-                torch.mm(weighted.T, a, out=result[row, :weight_size].view(outputs, inputs))
-                if self.bias:
-                    torch.sum(weighted, 0, out=result[row, weight_size:])
-                row += 1
-        return result
+    def weighted_sums(self, rows: slice, weights: torch.Tensor) -> list[torch.Tensor]:
+        a, b = self.inputs[rows], self.output_grads[rows]
+        sums = []
+        for w in weights:
+            weighted = b * w[:, None]
+            parts = [(weighted.T @ a).reshape(-1)]
+            if self.bias:
+                parts.append(weighted.sum(0))
+            sums.append(torch.cat(parts))
+        return sums
 
 
 @dataclass
@@ -81,28 +73,16 @@ class _PerExample:
 
     weight_grads: torch.Tensor
     bias_grads: torch.Tensor | None
-    _rows: torch.Tensor | None = field(default=None, repr=False)
 
     def squared_norms(self) -> torch.Tensor:
         squares = self.weight_grads.square().sum(1)
         return squares if self.bias_grads is None else squares + self.bias_grads.square().sum(1)
 
-    def block_sums(self, dense: torch.Tensor, blocks: list[tuple[slice, torch.Tensor]]) -> torch.Tensor:
-        """The weighted sums of every block in one matrix product: ``dense`` holds each block's
-        weights in its own rows and columns, 0 elsewhere. The zeros make it a few times the
-        arithmetic of one product per block, which costs less than the calls: a convolution's
-        gradient rows are short (the skewed-MNIST CNN's longest has 4,624 entries)."""
-        del blocks
-        return dense @ self.rows()
-
-    def rows(self) -> torch.Tensor:
-        """The per-example gradients of the layer's weight and bias, one row each (formed once)."""
-        if self._rows is None:
-            grads = self.weight_grads
-            if self.bias_grads is not None:
-                grads = torch.cat([grads, self.bias_grads], dim=1)
-            self._rows = grads
-        return self._rows
+    def weighted_sums(self, rows: slice, weights: torch.Tensor) -> list[torch.Tensor]:
+        grads = self.weight_grads[rows]
+        if self.bias_grads is not None:
+            grads = torch.cat([grads, self.bias_grads[rows]], dim=1)
+        return list(weights @ grads)
 
 
 @dataclass
@@ -118,30 +98,19 @@ class OneStepGradients:
     def weighted_sums(self, rows: slice, weights: np.ndarray) -> np.ndarray:
         """Σ_{i in rows} w_ji Δ_i for each row j of ``weights`` (m, len(rows)): (m, d) float64.
         A row whose gradient is not finite must have weight 0 in every sum (it adds nothing)."""
-        return self.block_sums([(rows, weights)])[0]
-
-    def block_sums(self, blocks: list[tuple[slice, np.ndarray]]) -> list[np.ndarray]:
-        """:meth:`weighted_sums` of several blocks of rows at once, each (rows, weights): the
-        calls of a layer's sums are made once for all blocks, not once per block."""
-        weights = [np.atleast_2d(np.asarray(w, dtype=np.float64)) * -self.lr for _, w in blocks]
-        counts = [w.shape[0] for w in weights]
-        out = np.empty((sum(counts), self.dim))
-        if out.shape[0]:
-            device = self._device()
-            dense = np.zeros((out.shape[0], self.norms.shape[0]))
-            block_weights = []
-            at = 0
-            for (rows, _), w in zip(blocks, weights, strict=True):
-                dense[at : at + w.shape[0], rows] = w
-                block_weights.append((rows, torch.from_numpy(w).to(device)))
-                at += w.shape[0]
-            dense_weights = torch.from_numpy(dense).to(device)
-            start = 0
-            for layer in self.layers:
-                part = layer.block_sums(dense_weights, block_weights).cpu().numpy()
-                out[:, start : start + part.shape[1]] = part
-                start += part.shape[1]
-        return np.split(out, np.cumsum(counts)[:-1])
+        weights = np.atleast_2d(np.asarray(weights, dtype=np.float64))
+        out = np.empty((weights.shape[0], self.dim))
+        if weights.shape[0] == 0:
+            return out
+        torch_weights = torch.from_numpy(weights * -self.lr).to(self._device())
+        start = 0
+        for layer in self.layers:
+            parts = layer.weighted_sums(rows, torch_weights)
+            size = parts[0].shape[0]
+            for j, part in enumerate(parts):
+                out[j, start : start + size] = part.cpu().numpy()
+            start += size
+        return out
 
     def _device(self) -> torch.device:
         layer = self.layers[0]
