@@ -403,12 +403,11 @@ def tune(
         search_index=int(search_index),
     )
     folder_data = Path(data_dir) if data_dir is not None else None
-    folder = str(folder_data) if folder_data is not None else None
 
     def run(jobs: list[tuple[Any, dict[str, Any]]]) -> Any:
-        if ray or address is not None:
-            return sweep.simulate_on_ray(jobs, data_dir=folder_data, address=address, workers=workers)
-        return ((item, sweep.run_simulation(raw, folder, workers)) for item, raw in jobs)
+        return sweep.simulate_jobs(
+            jobs, data_dir=folder_data, ray=ray or address is not None, address=address, workers=workers
+        )
 
     return search.run_search(
         spec,

@@ -211,6 +211,23 @@ def simulate_on_ray(
         yield futures[done[0]], ray.get(done[0])
 
 
+def simulate_jobs(
+    jobs: list[tuple[T, dict[str, Any]]],
+    *,
+    data_dir: Path | None,
+    ray: bool,
+    address: str | None = None,
+    workers: int = 1,
+) -> Iterator[tuple[T, dict[str, Any]]]:
+    """Simulate each (item, raw configuration) -- as Ray tasks (:func:`simulate_on_ray`) with
+    ``ray``, else one after the other in this process -- and yield (item, result) as each
+    finishes; the same numbers either way."""
+    if ray:
+        return simulate_on_ray(jobs, data_dir=data_dir, address=address, workers=workers)
+    folder = str(data_dir) if data_dir else None
+    return ((item, run_simulation(raw, folder, workers)) for item, raw in jobs)
+
+
 def save_run(folder: Path, result: dict[str, Any]) -> None:
     """Write a finished run: ``rounds.csv``, then ``summary.json`` (which marks it finished)."""
     write_csv(folder / "rounds.csv", result["rows"])
@@ -232,11 +249,7 @@ def execute(
     -- writing each into ``out/runs/<key>/`` as it finishes (when ``out`` is given) before
     ``on_result(run, {"rows": ..., "summary": ...})``; returns the results by run key."""
     jobs = [(run, run.config(raw).as_dict()) for run in pending]
-    if ray:
-        finished = simulate_on_ray(jobs, data_dir=data_dir, address=address, workers=workers)
-    else:
-        folder = str(data_dir) if data_dir else None
-        finished = ((run, run_simulation(config, folder, workers)) for run, config in jobs)
+    finished = simulate_jobs(jobs, data_dir=data_dir, ray=ray, address=address, workers=workers)
     results = {}
     for run, result in finished:
         if out is not None:

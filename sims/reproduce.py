@@ -372,7 +372,7 @@ def execute(
     ``ray``, one after the other in this process (a local engine of ``workers`` threads: the same
     numbers); write each as it finishes; return the summaries by key. Runs whose key is in
     ``reuse`` (finished earlier) are not run again."""
-    from fairclip.sims.compare import run_simulation, save_run, simulate_on_ray
+    from fairclip.sims.compare import save_run, simulate_jobs
 
     summaries: dict[str, dict[str, Any]] = {}
     for run in runs:
@@ -381,11 +381,7 @@ def execute(
             if on_finished is not None:
                 on_finished(run)
     jobs = [(run, run.raw) for run in runs if run.key not in summaries]
-    if ray:
-        finished = simulate_on_ray(jobs, data_dir=data_dir, address=address, workers=workers)
-    else:
-        folder = str(data_dir) if data_dir else None
-        finished = ((run, run_simulation(raw, folder, workers)) for run, raw in jobs)
+    finished = simulate_jobs(jobs, data_dir=data_dir, ray=ray, address=address, workers=workers)
     for run, result in finished:
         save_run(out / "runs" / run.key, result)
         summaries[run.key] = result["summary"]
