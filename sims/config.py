@@ -117,10 +117,11 @@ class ClassificationSpec(_ScenarioBase):
     """Keep exactly this many training examples of ``skew_class`` (a seeded subset) instead of
     each with probability ``skew_keep``."""
     balance: bool = True
-    protected: Literal["sex", "age"] = "sex"
-    """Adult's protected attribute, which ``attribute`` cohorts name: ``sex`` (``male``,
-    ``female``) or ``age`` binarised at the median of the complete rows (``younger``,
-    ``older``; seed 001's second grouping)."""
+    protected: Literal["sex", "age", "marital-status"] = "sex"
+    """The protected attribute, which ``attribute`` cohorts name: ``sex`` (``male``,
+    ``female``); for Adult ``age`` binarised at the median of the complete rows (``younger``,
+    ``older``; seed 001's second grouping); for Dutch ``marital-status``, code 4 against the
+    others (``marital-4``, ``marital-other``: the grouping seed 000's code evaluates)."""
     feature_scaling: Literal["standardize", "minmax"] = "standardize"
     """How Adult's numeric columns are scaled, with the training rows' statistics: ``standardize``
     (mean 0, standard deviation 1) or ``minmax`` (into [0, 1], as seed 004 does)."""
@@ -160,8 +161,10 @@ class ClassificationSpec(_ScenarioBase):
             raise ValueError("evaluate_on: validation needs a real dataset")
         if self.partition == "per-example" and self.dataset == "synthetic":
             raise ValueError("partition: per-example needs a real dataset")
-        if self.protected != "sex" and self.dataset != "adult":
-            raise ValueError("protected applies to the adult dataset only (its age column)")
+        if self.protected == "age" and self.dataset != "adult":
+            raise ValueError("protected = age applies to the adult dataset only (its age column)")
+        if self.protected == "marital-status" and self.dataset != "dutch":
+            raise ValueError("protected = marital-status applies to the dutch dataset only")
         if self.feature_scaling != "standardize" and self.dataset != "adult":
             raise ValueError("feature_scaling applies to the adult dataset only (its numeric columns)")
         return self

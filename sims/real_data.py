@@ -27,6 +27,7 @@ from fairclip.sims.data import (
     iid,
     load_adult,
     load_dataset,
+    load_dutch,
     per_example,
     resolve_data_dir,
     skew_class,
@@ -47,6 +48,8 @@ def load(spec: ClassificationSpec, data_dir: Path | None, seed: int) -> Dataset:
             scaling=spec.feature_scaling,
             protected=spec.protected,
         )
+    elif spec.dataset == "dutch":
+        dataset = load_dutch(directory, seed=seed, protected=spec.protected)
     else:
         dataset = load_dataset(spec.dataset, directory, seed=seed)
     if spec.skew_class is not None:

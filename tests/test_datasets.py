@@ -434,6 +434,23 @@ def test_dutch_features_are_binary_and_one_hot(dutch) -> None:
     assert min(int(name.split("=")[1]) for name in ages) >= 4  # no under-age rows
 
 
+def test_dutch_can_be_grouped_as_seed_000s_code_groups_it(dutch) -> None:
+    """Seed 000's code takes a row's group from its last input column, for Dutch the one-hot
+    column of Marital_status code 4: the rows, split, inputs (sex among them) and labels stay
+    those of the sex grouping; only the groups change."""
+    by_marital = load_dutch(need("dutch/dutch_census_2001.arff"), seed=0, protected="marital-status")
+    assert by_marital.group_names == ("marital-other", "marital-4")
+    np.testing.assert_array_equal(by_marital.x_train, dutch.x_train)
+    np.testing.assert_array_equal(by_marital.y_test, dutch.y_test)
+    code_4 = by_marital.feature_names.index("Marital_status=4")
+    np.testing.assert_array_equal(by_marital.g_train, by_marital.x_train[:, code_4].astype(np.int64))
+    np.testing.assert_array_equal(by_marital.g_test, by_marital.x_test[:, code_4].astype(np.int64))
+    assert not np.array_equal(by_marital.g_train, dutch.g_train)
+    assert 0.04 < by_marital.g_train.mean() < 0.08
+    with pytest.raises(ValueError, match="protected must be one of sex, marital-status"):
+        load_dutch(need("dutch/dutch_census_2001.arff"), seed=0, protected="age")
+
+
 def test_dataset_validates_its_arrays() -> None:
     x = np.zeros((3, 2), dtype=np.float32)
     y = np.zeros(3, dtype=np.int64)

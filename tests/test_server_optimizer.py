@@ -44,6 +44,7 @@ def test_a_run_with_weight_decay_shrinks_the_model():
         ("training.weight_decay=-0.1", "weight_decay"),
         ("scenario.feature_scaling=minmax", "adult dataset only"),
         ("scenario.protected=age", "adult dataset only"),
+        ("scenario.protected=marital-status", "dutch dataset only"),
         ("training.server_optimizer=rmsprop", "server_optimizer"),
         ("training.server_beta2=1.0", "server_beta2"),
         ("training.server_optimizer=adam", "server_momentum is SGD's"),

@@ -107,6 +107,11 @@ SEX_GROUPS = ("male", "female")
 AGE_GROUPS = ("younger", "older")
 """Adult's age groups with ``protected="age"``: below the median age, and at or above it."""
 PROTECTED_ATTRIBUTES = ("sex", "age")
+"""Adult's groupings (``load_adult``'s ``protected``)."""
+MARITAL_GROUPS = ("marital-other", "marital-4")
+"""Dutch groups with ``protected="marital-status"``: ``Marital_status`` codes 1-3, and code 4."""
+DUTCH_PROTECTED = ("sex", "marital-status")
+"""Dutch's groupings (``load_dutch``'s ``protected``)."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -556,19 +561,29 @@ def load_dutch(
     test_fraction: float = 0.2,
     *,
     include_protected: bool = True,
+    protected: str = "sex",
 ) -> Dataset:
-    """Dutch census 2001, high-level occupation, protected attribute sex (0 male, 1 female)."""
+    """Dutch census 2001, high-level occupation, protected attribute sex (0 male, 1 female).
+
+    ``protected="marital-status"`` groups the rows by ``Marital_status`` code 4 (``g = 1``,
+    ``marital-4``) against codes 1-3 (``g = 0``, ``marital-other``) instead: the grouping seed
+    000's code evaluates (its group accuracies take the last input column, ``X[:, -1]``, which
+    for Dutch is the last one-hot column of ``Marital_status``, not sex). The inputs, the rows
+    and the split are the same as with ``sex``; the ``sex`` input column stays sex."""
     _check_split_args(seed, test_fraction)
+    if protected not in DUTCH_PROTECTED:
+        known = ", ".join(DUTCH_PROTECTED)
+        raise ValueError(f"protected must be one of {known} for dutch, not {protected!r}")
     root = resolve_data_dir(data_dir)
     path = verified_path(root, "dutch/dutch_census_2001.arff")
     frame = _dutch_rows(_file_key(path))
 
     y = frame["occupation"].map(_DUTCH_OCCUPATION).to_numpy(dtype=np.int64)
-    g = frame["sex"].map(_DUTCH_SEX).to_numpy(dtype=np.int64)
+    sex = frame["sex"].map(_DUTCH_SEX).to_numpy(dtype=np.int64)
     columns: list[np.ndarray] = []
     names: list[str] = []
     if include_protected:
-        columns.append(g.astype(np.float32)[:, None])
+        columns.append(sex.astype(np.float32)[:, None])
         names.append("sex=female")
     columns.append((frame["prev_residence_place"] == "2").to_numpy(dtype=np.float32)[:, None])
     names.append("prev_residence_place=2")
@@ -579,7 +594,10 @@ def load_dutch(
     x = np.concatenate(columns, axis=1)
 
     train, test = _split_rows(np.arange(len(frame)), test_fraction, np.random.default_rng(seed))
-    return _tabular(x, y, g, train, test, "dutch", names)
+    if protected == "marital-status":
+        g = (frame["Marital_status"] == "4").to_numpy(dtype=np.int64)
+        return _tabular(x, y, g, train, test, "dutch", names, MARITAL_GROUPS)
+    return _tabular(x, y, sex, train, test, "dutch", names)
 
 
 # ----------------------------------------------------------------------------------------------
