@@ -230,10 +230,9 @@ def test_a_non_finite_gradient_adds_nothing_and_is_counted():
     ("stride", "padding", "dilation"), [(1, 0, 1), (2, 1, 1), (1, 2, 2), ((2, 1), (1, 0), (1, 2))]
 )
 def test_convolutions_of_any_stride_padding_and_dilation(channels, stride, padding, dilation):
-    """Both ways of forming a convolution's per-example gradients (unfolded input below
-    ``SHIFTED_MIN_CHANNELS`` input channels, one kernel offset at a time from it), for strides,
-    paddings and dilations, and sequences through a Linear layer: the norms and weighted sums
-    of the materialised updates."""
+    """A convolution's per-example gradients (one grouped convolution's weight gradient), for
+    few and many input channels, strides, paddings and dilations, and sequences through a Linear
+    layer: the norms and weighted sums of the materialised updates."""
     torch.manual_seed(3)
     model = nn.Sequential(
         nn.Conv2d(channels, 4, 3, stride=stride, padding=padding, dilation=dilation),
