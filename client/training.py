@@ -74,11 +74,6 @@ ONE_STEP_MICRO_BATCH = 128
 """Examples per vectorised per-sample-gradient call of :func:`one_step_updates`; memory grows with
 it (one gradient per example of the micro-batch), not with the number of sampled clients."""
 
-ONE_STEP_ROWS_PER_CALL = 32
-"""The batch the engines give :func:`one_step_updates` (a task's ``rows_per_call``). Larger calls
-are not faster (tanh CNN, one thread, 256 examples: 0.15-0.19 s in calls of 32 or 64, 0.20-0.23 s
-in calls of 128 or 256), and small groups let the Ray engine balance its actors."""
-
 
 def prepare_training() -> None:
     """Import what ``torch.optim`` and ``torch.func.grad`` import on first use (``torch._dynamo``:

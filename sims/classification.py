@@ -21,7 +21,6 @@ from torch import nn
 from fairclip.client.ghost import OneStepGradients, one_step_gradients
 from fairclip.client.models import MODELS, build_model, model_to_vector, resolve_device
 from fairclip.client.training import (
-    ONE_STEP_ROWS_PER_CALL,
     LocalTraining,
     local_update,
     one_step_updates,
@@ -193,10 +192,12 @@ class ClassificationTask:
         """Every client holds one example and takes one step: updates are per-sample gradients."""
         self.per_example = training.per_example
         """``training.per_example``: whether one-step clients may be clipped from their norms."""
+        self.one_step_rows = training.one_step_rows
+        """``training.one_step_rows``: examples per one-step call."""
 
     @property
     def rows_per_call(self) -> int:
-        return ONE_STEP_ROWS_PER_CALL if self.one_step else 1
+        return self.one_step_rows if self.one_step else 1
 
     def initial_model(self) -> np.ndarray:
         return self._initial.copy()

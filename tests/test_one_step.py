@@ -12,6 +12,7 @@ from fairclip.client.models import build_model, load_vector, model_to_vector
 from fairclip.client.training import LocalTraining, local_update, one_step_updates
 from fairclip.sims.config import load_config
 from fairclip.sims.engine import simulate
+from fairclip.sims.errors import ConfigError
 from fairclip.sims.tasks import build_task
 
 
@@ -101,6 +102,37 @@ def test_one_step_path_gives_the_generic_result_with_noise():
         )
     assert fast.rows[-1]["noise_std"] > 0
     np.testing.assert_allclose(fast.model, slow.model, rtol=1e-6, atol=1e-8)
+
+
+def test_one_step_rows_sets_the_call_size_and_changes_a_run_by_rounding_only():
+    """``training.one_step_rows`` is the engines' group size; 3 and the default 32 give the same
+    run to float rounding (the same samples, bounds and noise), and 0 is refused in one line."""
+    overrides = [
+        "scenario.examples_per_client=1",
+        "federation.num_clients=400",
+        "federation.sample_rate=0.2",
+        "training.rounds=4",
+        "training.local_epochs=1",
+        "strategy.name=bounded",
+        "privacy.noise_multiplier=0.7",
+    ]
+    runs = {}
+    for rows in (3, 32):
+        config = load_config("demo", None, [*overrides, f"training.one_step_rows={rows}"])
+        task = build_task(config)
+        assert task.rows_per_call == rows
+        runs[rows] = simulate(config, task)
+    assert [r["sampled_clients"] for r in runs[3].rows] == [r["sampled_clients"] for r in runs[32].rows]
+    for key in ("clip_bound", "noise_std", "accuracy", "clipped_fraction"):
+        np.testing.assert_allclose(
+            [r[key] for r in runs[3].rows], [r[key] for r in runs[32].rows], rtol=1e-6, atol=1e-9, err_msg=key
+        )
+    np.testing.assert_allclose(runs[3].model, runs[32].model, rtol=1e-6, atol=1e-8)
+    several = load_config("demo", None, ["training.one_step_rows=3"])
+    assert build_task(several).rows_per_call == 1  # clients with several examples train one by one
+    with pytest.raises(ConfigError, match="one_step_rows") as caught:
+        load_config("demo", None, ["training.one_step_rows=0"])
+    assert "\n" not in str(caught.value)
 
 
 def test_clients_with_several_examples_do_not_take_the_fast_path():
