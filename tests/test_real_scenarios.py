@@ -21,7 +21,9 @@ import pytest
 
 from fairclip.sims.config import load_config
 from fairclip.sims.data import DATASET_FILES, SHA256
+from fairclip.sims.engine import simulate
 from fairclip.sims.real_data import cohort_test_weights, load, partition
+from fairclip.sims.tasks import build_task
 
 DATA_DIR = Path(os.environ.get("FAIRCLIP_DATA") or Path(__file__).resolve().parents[2] / "shared" / "data")
 
@@ -184,3 +186,32 @@ def test_every_scenario_file_is_checksummed():
     for scenario, dataset in DATASET_OF.items():
         assert scenario_spec(scenario).dataset == dataset.removeprefix("skewed-")
         assert all(relative in SHA256 for relative in DATASET_FILES[dataset])
+
+
+def test_dutch_grouped_by_marital_status_trains_the_same_model_as_by_sex():
+    """zhao-dutch evaluates seed 000's code's groups (Marital_status code 4 or not): with one
+    client per training row and a policy that ignores cohorts, the grouping changes only the
+    groups a run reports, never the model it trains."""
+    data_dir = data_dir_for("dutch")
+    base = [
+        "scenario.model=binary-logistic",
+        "scenario.partition=per-example",
+        "federation.num_clients=48336",
+        "federation.sample_rate=0.005",
+        "training.rounds=3",
+        "training.client_lr=1.0",
+        "strategy.name=bounded",
+        "privacy.noise_multiplier=1.0",
+    ]
+    marital = [
+        "scenario.protected=marital-status",
+        'scenario.cohorts={marital-other = {share = 0.94, attribute = "marital-other"}, '
+        'marital-4 = {share = 0.06, attribute = "marital-4"}}',
+    ]
+    results = {}
+    for grouping, extra in (("sex", []), ("marital-status", marital)):
+        config = load_config("dutch", None, [*base, *extra])
+        results[grouping] = simulate(config, build_task(config, data_dir))
+    np.testing.assert_array_equal(results["sex"].model, results["marital-status"].model)
+    assert set(results["marital-status"].summary["cohorts"]) == {"marital-other", "marital-4"}
+    assert set(results["sex"].summary["cohorts"]) == {"female", "male"}
