@@ -78,17 +78,20 @@ def test_channels_last_training_equals_the_default_layout(name):
     assert np.abs(per_sample).sum() > 0
 
 
+ONE_STEP_DEMO = [
+    "scenario.examples_per_client=1",
+    "federation.num_clients=400",
+    "federation.sample_rate=0.2",
+    "training.rounds=4",
+    "training.local_epochs=1",
+    "strategy.name=bounded",
+    "privacy.noise_multiplier=0.7",
+]
+"""The demo with one example per client and one local step, with noise: the one-step path."""
+
+
 def test_one_step_path_gives_the_generic_result_with_noise():
-    overrides = [
-        "scenario.examples_per_client=1",
-        "federation.num_clients=400",
-        "federation.sample_rate=0.2",
-        "training.rounds=4",
-        "training.local_epochs=1",
-        "strategy.name=bounded",
-        "privacy.noise_multiplier=0.7",
-    ]
-    config = load_config("demo", None, overrides)
+    config = load_config("demo", None, ONE_STEP_DEMO)
     fast_task = build_task(config)
     assert fast_task.one_step
     fast = simulate(config, fast_task)
@@ -107,18 +110,9 @@ def test_one_step_path_gives_the_generic_result_with_noise():
 def test_one_step_rows_sets_the_call_size_and_changes_a_run_by_rounding_only():
     """``training.one_step_rows`` is the engines' group size; 3 and the default 32 give the same
     run to float rounding (the same samples, bounds and noise), and 0 is refused in one line."""
-    overrides = [
-        "scenario.examples_per_client=1",
-        "federation.num_clients=400",
-        "federation.sample_rate=0.2",
-        "training.rounds=4",
-        "training.local_epochs=1",
-        "strategy.name=bounded",
-        "privacy.noise_multiplier=0.7",
-    ]
     runs = {}
     for rows in (3, 32):
-        config = load_config("demo", None, [*overrides, f"training.one_step_rows={rows}"])
+        config = load_config("demo", None, [*ONE_STEP_DEMO, f"training.one_step_rows={rows}"])
         task = build_task(config)
         assert task.rows_per_call == rows
         runs[rows] = simulate(config, task)
