@@ -20,14 +20,6 @@ from typing import Annotated
 import click
 import typer
 from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TextColumn,
-    TimeElapsedColumn,
-    TimeRemainingColumn,
-)
 from rich.table import Table
 
 from fairclip.sims.config import builtin_scenarios, load_config, read_toml
@@ -35,6 +27,8 @@ from fairclip.sims.data import DataError
 from fairclip.sims.errors import ConfigError
 from fairclip.sims.memory import check_memory
 from fairclip.sims.outputs import check_output_folder
+from fairclip.sims.progress import WatchedProgress
+from fairclip.sims.progress import progress_bar as watched_progress_bar
 from fairclip.strategies import NoiseMultipliers, PolicyConfigError
 
 app = typer.Typer(
@@ -46,24 +40,17 @@ app = typer.Typer(
 )
 console = Console(stderr=True)
 stdout = Console(soft_wrap=True)
-
-
-def progress_bar(title: str, *, transient: bool) -> Progress:
-    """The progress bar of a long command on stderr: done of total, time so far and an ETA
-    (from the pace of the finished steps)."""
-    return Progress(
-        TextColumn(title),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        TextColumn("eta"),
-        TimeRemainingColumn(),
-        console=console,
-        transient=transient,
-    )
-
-
 """Standard output never wraps lines: piped into a file, a markdown table must stay a table."""
+ROUND_LINE_SECONDS = 30.0
+"""Where stderr is not a terminal, ``run`` writes a progress line at most this often (a run has
+thousands of rounds; ``compare``, ``reproduce`` and ``tune`` write one line per finished run)."""
+
+
+def progress_bar(title: str, *, transient: bool, unit: str = "runs", every: float = 0.0) -> WatchedProgress:
+    """The progress display of a long command on stderr (:func:`fairclip.sims.progress.progress_bar`):
+    rich's bar on a terminal, a plain line per finished step (at most one every ``every``
+    seconds) in a log file or a pipe."""
+    return watched_progress_bar(title, console=console, transient=transient, unit=unit, every=every)
 
 
 def _print_version(value: bool) -> None:
@@ -180,7 +167,10 @@ def run(
     local_actors = (actors or _cpu_count()) if backend is Backend.ray and not address else 0
     check_memory(run_config, copies=1 + local_actors)  # the driver's task and each local actor's
     progress = progress_bar(
-        f"[bold]{run_config.strategy.name}[/bold] on {run_config.scenario.name}", transient=True
+        f"[bold]{run_config.strategy.name}[/bold] on {run_config.scenario.name}",
+        transient=True,
+        unit="rounds",
+        every=ROUND_LINE_SECONDS,
     )
     loggers = round_loggers(tensorboard, mlflow, out.name, run_config.as_dict())
     with progress:
@@ -280,7 +270,7 @@ def compare(
 
     def finished_run(key: str, result: dict) -> None:
         log_finished_run(tensorboard, mlflow, key, result)
-        progress.advance(progress.task_ids[0])
+        progress.advance(progress.task_ids[0], note=key)
 
     try:
         comparison = compare_strategies(
@@ -394,7 +384,7 @@ def reproduce(
             address=address,
             workers=workers,
             on_plan=lambda total: progress.update(bar, total=total),
-            on_run=lambda _key: progress.advance(bar),
+            on_run=lambda key: progress.advance(bar, note=key),
         )
     typer.echo((reproduction.folder / "reproduction.md").read_text())
     typer.echo(f"wall time {reproduction.wall_seconds:.1f} s ({reproduction.name})")
@@ -501,7 +491,7 @@ def tune(
         address=address,
         workers=workers,
         on_start=started_runs,
-        on_run=lambda _key, _result: progress.advance(progress.task_ids[-1]),
+        on_run=lambda key, _result: progress.advance(progress.task_ids[-1], note=key),
     )
     try:
         if strategies is None:

@@ -509,3 +509,40 @@ def test_piped_output_is_not_wrapped_and_numbers_are_rounded(tmp_path):
     assert len(claim[0]) > 80, "one unwrapped line"
     epsilon = json.loads((tmp_path / "summary.json").read_text())["epsilon"]
     assert claim[0].startswith(f"epsilon = {epsilon:.4g} at delta"), claim[0]
+
+
+def test_progress_writes_plain_lines_where_stderr_is_no_terminal(monkeypatch):
+    """Issue 20, point 3 ("long runs you can watch"): under nohup or in a pipe rich's bar draws
+    nothing, so the progress display writes plain lines: one per finished run for run-counting
+    bars, at most one every ``every`` seconds for a run's rounds, and always the last one."""
+    from io import StringIO
+
+    from rich.console import Console
+
+    from fairclip.sims import progress as progress_module
+
+    clock = [100.0]
+    monkeypatch.setattr(progress_module.time, "monotonic", lambda: clock[0])
+    written = StringIO()
+    console = Console(file=written, force_terminal=False)
+    bar = progress_module.progress_bar(
+        "[bold]adaptive[/bold] on demo", console=console, transient=True, unit="rounds", every=30
+    )
+    with bar:
+        rounds = bar.add_task("rounds", total=10)
+        for round_number in range(10):
+            clock[0] += 4.0  # a round every 4 s: a line at round 1, 9 (32 s later) and 10 (the last)
+            bar.advance(rounds, note=f"round {round_number + 1}")
+    lines = [line for line in written.getvalue().splitlines() if line.strip()]
+    assert [line.split(":")[0] for line in lines] == ["adaptive on demo"] * 3, lines
+    assert [line.split(" rounds done")[0].split(": ")[1] for line in lines] == ["1/10", "9/10", "10/10"]
+    assert lines[-1].endswith("eta 0:00:00") and "(round 10)" in lines[-1]
+
+    shown = StringIO()
+    terminal = progress_module.progress_bar(
+        "x", console=Console(file=shown, force_terminal=True), transient=True, every=0
+    )
+    with terminal:
+        task = terminal.add_task("x", total=2)
+        terminal.advance(task, note="first")
+    assert "runs done" not in shown.getvalue()  # a terminal gets rich's bar, not the lines

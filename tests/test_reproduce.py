@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -347,6 +348,10 @@ def test_strategies_run_a_subset_and_extend_adds_the_rest(ray_session, cli, tmp_
     assert sorted(set(table["strategy"])) == ["global", "none"]
     assert len(table) == 2 * len(setup.metrics)
     assert "Strategies: none, global of the setup's" in stdout
+    # stderr is no terminal here: one plain progress line per finished run, the last with eta 0
+    lines = re.findall(r"^reproduce esipova-dutch: (\d)/2 runs done \((\w+)__.*\), .* eta (.*)$", err, re.M)
+    assert [done for done, _key, _eta in lines] == ["1", "2"], err
+    assert sorted(key for _done, key, _eta in lines) == ["global", "none"] and lines[-1][2] == "0:00:00"
     stamps = {path.parent.name: path.stat().st_mtime_ns for path in out.glob("runs/*/summary.json")}
     assert len(stamps) == 2
 

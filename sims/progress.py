@@ -1,0 +1,92 @@
+"""The progress display of the long commands (``run``, ``compare``, ``reproduce``, ``tune``).
+
+On a terminal it is rich's live bar: done of total, time so far and an ETA. Where standard error
+is not a terminal (a log file, a pipe, a run under ``nohup``) rich draws nothing until the end, so
+a run of hours would be silent: there the display writes plain lines instead, one as work
+finishes (at most one every ``every`` seconds, and always the last), each with what finished,
+done of total, the time so far and the ETA.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from datetime import timedelta
+from typing import Any
+
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TaskID,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+from rich.text import Text
+
+
+def _clock(seconds: float | None) -> str:
+    if seconds is None or not math.isfinite(seconds):
+        return "-:--:--"
+    return str(timedelta(seconds=int(max(0.0, seconds))))
+
+
+class WatchedProgress(Progress):
+    """rich's :class:`~rich.progress.Progress` that also reports in plain lines where its
+    console is not a terminal (see the module's docstring)."""
+
+    def __init__(self, *columns: Any, title: str, unit: str, every: float, **options: Any):
+        super().__init__(*columns, **options)
+        self.title = title
+        """The bar's title, rich markup and ``{task.description}`` allowed."""
+        self.unit = unit
+        """What one step of the bar is ("runs", "rounds")."""
+        self.every = every
+        """The least time in seconds between two plain lines (the last one is always written)."""
+        self._last_line = -math.inf
+
+    def advance(self, task_id: TaskID, advance: float = 1, note: str | None = None) -> None:
+        """Advance ``task_id`` by ``advance`` steps; ``note`` names what finished (a run's key)."""
+        super().advance(task_id, advance)
+        if self.console.is_terminal:
+            return
+        with self._lock:
+            task = self._tasks[task_id]
+        now = time.monotonic()
+        if not task.finished and now - self._last_line < self.every:
+            return
+        self._last_line = now
+        name = Text.from_markup(self.title.format(task=task)).plain
+        done = f"{task.completed:g}/{task.total:g}" if task.total is not None else f"{task.completed:g}"
+        finished = f" ({note})" if note else ""
+        remaining = 0.0 if task.finished else task.time_remaining
+        times = f"{_clock(task.elapsed)} elapsed, eta {_clock(remaining)}"
+        self.console.print(
+            f"{name}: {done} {self.unit} done{finished}, {times}",
+            markup=False,
+            highlight=False,
+            soft_wrap=True,
+        )
+
+
+def progress_bar(
+    title: str, *, console: Console, transient: bool, unit: str = "runs", every: float = 0.0
+) -> WatchedProgress:
+    """The progress display of a long command on ``console`` (standard error): rich's bar with
+    done of total, time so far and an ETA (from the pace of the finished steps) on a terminal,
+    plain lines elsewhere (:class:`WatchedProgress`)."""
+    return WatchedProgress(
+        TextColumn(title),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("eta"),
+        TimeRemainingColumn(),
+        console=console,
+        transient=transient,
+        title=title,
+        unit=unit,
+        every=every,
+    )
