@@ -42,8 +42,9 @@ console = Console(stderr=True)
 stdout = Console(soft_wrap=True)
 """Standard output never wraps lines: piped into a file, a markdown table must stay a table."""
 ROUND_LINE_SECONDS = 30.0
-"""Where stderr is not a terminal, ``run`` writes a progress line at most this often (a run has
-thousands of rounds; ``compare``, ``reproduce`` and ``tune`` write one line per finished run)."""
+"""Where stderr is not a terminal, ``run`` writes its first progress line after this many seconds
+and the next ones at most this often (a run has thousands of rounds; ``compare``, ``reproduce``
+and ``tune`` write one line per finished run)."""
 
 
 def progress_bar(title: str, *, transient: bool, unit: str = "runs", every: float = 0.0) -> WatchedProgress:

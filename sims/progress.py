@@ -3,8 +3,9 @@
 On a terminal it is rich's live bar: done of total, time so far and an ETA. Where standard error
 is not a terminal (a log file, a pipe, a run under ``nohup``) rich draws nothing until the end, so
 a run of hours would be silent: there the display writes plain lines instead, one as work
-finishes (at most one every ``every`` seconds, and always the last), each with what finished,
-done of total, the time so far and the ETA.
+finishes (for a run's rounds: none in its first ``every`` seconds, then at most one every
+``every`` seconds, and the last), each with what finished, done of total, the time so far and
+the ETA.
 """
 
 from __future__ import annotations
@@ -44,8 +45,11 @@ class WatchedProgress(Progress):
         self.unit = unit
         """What one step of the bar is ("runs", "rounds")."""
         self.every = every
-        """The least time in seconds between two plain lines (the last one is always written)."""
-        self._last_line = -math.inf
+        """With ``every`` > 0 (a run's rounds), the first plain line comes ``every`` seconds after
+        the start and the next ones at least ``every`` seconds apart, the last one only where an
+        earlier one was written: a short run stays silent. With 0, one line per step."""
+        self._last_line = time.monotonic() if every > 0 else -math.inf
+        self._lines = 0
 
     def advance(self, task_id: TaskID, advance: float = 1, note: str | None = None) -> None:
         """Advance ``task_id`` by ``advance`` steps; ``note`` names what finished (a run's key)."""
@@ -55,9 +59,11 @@ class WatchedProgress(Progress):
         with self._lock:
             task = self._tasks[task_id]
         now = time.monotonic()
-        if not task.finished and now - self._last_line < self.every:
+        due = now - self._last_line >= self.every
+        if not (due or (task.finished and (self._lines or not self.every))):
             return
         self._last_line = now
+        self._lines += 1
         name = Text.from_markup(self.title.format(task=task)).plain
         done = f"{task.completed:g}/{task.total:g}" if task.total is not None else f"{task.completed:g}"
         finished = f" ({note})" if note else ""

@@ -531,12 +531,23 @@ def test_progress_writes_plain_lines_where_stderr_is_no_terminal(monkeypatch):
     with bar:
         rounds = bar.add_task("rounds", total=10)
         for round_number in range(10):
-            clock[0] += 4.0  # a round every 4 s: a line at round 1, 9 (32 s later) and 10 (the last)
+            clock[0] += 4.0  # a round every 4 s: a line at round 8 (32 s in) and 10 (the last)
             bar.advance(rounds, note=f"round {round_number + 1}")
     lines = [line for line in written.getvalue().splitlines() if line.strip()]
-    assert [line.split(":")[0] for line in lines] == ["adaptive on demo"] * 3, lines
-    assert [line.split(" rounds done")[0].split(": ")[1] for line in lines] == ["1/10", "9/10", "10/10"]
+    assert [line.split(":")[0] for line in lines] == ["adaptive on demo"] * 2, lines
+    assert [line.split(" rounds done")[0].split(": ")[1] for line in lines] == ["8/10", "10/10"]
     assert lines[-1].endswith("eta 0:00:00") and "(round 10)" in lines[-1]
+
+    quiet = StringIO()  # a run shorter than ``every``: no line at all (an error stays one line)
+    short = progress_module.progress_bar(
+        "x", console=Console(file=quiet, force_terminal=False), transient=True, every=30
+    )
+    with short:
+        task = short.add_task("x", total=3)
+        for _ in range(3):
+            clock[0] += 1.0
+            short.advance(task)
+    assert "done" not in quiet.getvalue()
 
     shown = StringIO()
     terminal = progress_module.progress_bar(
