@@ -11,7 +11,7 @@ the ETA.
 from __future__ import annotations
 
 import math
-import time
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -27,11 +27,23 @@ from rich.progress import (
 )
 from rich.text import Text
 
+SPEED_WINDOW_SECONDS = 7 * 24 * 3600.0
+"""rich estimates the bar's ETA from the steps of this window (its default, 30 s, holds at most
+one step of a reproduction whose runs take minutes, and then shows no ETA at all)."""
+
 
 def _clock(seconds: float | None) -> str:
     if seconds is None or not math.isfinite(seconds):
         return "-:--:--"
     return str(timedelta(seconds=int(max(0.0, seconds))))
+
+
+def pace_eta(elapsed: float | None, completed: float, total: float | None) -> float | None:
+    """Seconds left at the pace so far, elapsed / completed per step (None before the first
+    step or without a total). rich's own estimate needs two steps within its window."""
+    if not elapsed or not completed or total is None:
+        return None
+    return elapsed / completed * max(0.0, total - completed)
 
 
 class WatchedProgress(Progress):
@@ -48,7 +60,7 @@ class WatchedProgress(Progress):
         """With ``every`` > 0 (a run's rounds), the first plain line comes ``every`` seconds after
         the start and the next ones at least ``every`` seconds apart, the last one only where an
         earlier one was written: a short run stays silent. With 0, one line per step."""
-        self._last_line = time.monotonic() if every > 0 else -math.inf
+        self._last_line = self.get_time() if every > 0 else -math.inf
         self._lines = 0
 
     def advance(self, task_id: TaskID, advance: float = 1, note: str | None = None) -> None:
@@ -58,7 +70,7 @@ class WatchedProgress(Progress):
             return
         with self._lock:
             task = self._tasks[task_id]
-        now = time.monotonic()
+        now = self.get_time()
         due = now - self._last_line >= self.every
         if not (due or (task.finished and (self._lines or not self.every))):
             return
@@ -67,7 +79,7 @@ class WatchedProgress(Progress):
         name = Text.from_markup(self.title.format(task=task)).plain
         done = f"{task.completed:g}/{task.total:g}" if task.total is not None else f"{task.completed:g}"
         finished = f" ({note})" if note else ""
-        remaining = 0.0 if task.finished else task.time_remaining
+        remaining = 0.0 if task.finished else pace_eta(task.elapsed, task.completed, task.total)
         times = f"{_clock(task.elapsed)} elapsed, eta {_clock(remaining)}"
         self.console.print(
             f"{name}: {done} {self.unit} done{finished}, {times}",
@@ -78,11 +90,18 @@ class WatchedProgress(Progress):
 
 
 def progress_bar(
-    title: str, *, console: Console, transient: bool, unit: str = "runs", every: float = 0.0
+    title: str,
+    *,
+    console: Console,
+    transient: bool,
+    unit: str = "runs",
+    every: float = 0.0,
+    clock: Callable[[], float] | None = None,
 ) -> WatchedProgress:
     """The progress display of a long command on ``console`` (standard error): rich's bar with
     done of total, time so far and an ETA (from the pace of the finished steps) on a terminal,
-    plain lines elsewhere (:class:`WatchedProgress`)."""
+    plain lines elsewhere (:class:`WatchedProgress`). ``clock``: seconds, monotonic (default
+    :func:`time.monotonic`)."""
     return WatchedProgress(
         TextColumn(title),
         BarColumn(),
@@ -92,6 +111,8 @@ def progress_bar(
         TimeRemainingColumn(),
         console=console,
         transient=transient,
+        speed_estimate_period=SPEED_WINDOW_SECONDS,
+        get_time=clock,
         title=title,
         unit=unit,
         every=every,

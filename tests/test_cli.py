@@ -511,7 +511,7 @@ def test_piped_output_is_not_wrapped_and_numbers_are_rounded(tmp_path):
     assert claim[0].startswith(f"epsilon = {epsilon:.4g} at delta"), claim[0]
 
 
-def test_progress_writes_plain_lines_where_stderr_is_no_terminal(monkeypatch):
+def test_progress_writes_plain_lines_where_stderr_is_no_terminal():
     """Issue 20, point 3 ("long runs you can watch"): under nohup or in a pipe rich's bar draws
     nothing, so the progress display writes plain lines: one per finished run for run-counting
     bars, at most one every ``every`` seconds for a run's rounds, and always the last one."""
@@ -522,11 +522,15 @@ def test_progress_writes_plain_lines_where_stderr_is_no_terminal(monkeypatch):
     from fairclip.sims import progress as progress_module
 
     clock = [100.0]
-    monkeypatch.setattr(progress_module.time, "monotonic", lambda: clock[0])
     written = StringIO()
     console = Console(file=written, force_terminal=False)
     bar = progress_module.progress_bar(
-        "[bold]adaptive[/bold] on demo", console=console, transient=True, unit="rounds", every=30
+        "[bold]adaptive[/bold] on demo",
+        console=console,
+        transient=True,
+        unit="rounds",
+        every=30,
+        clock=lambda: clock[0],
     )
     with bar:
         rounds = bar.add_task("rounds", total=10)
@@ -536,6 +540,7 @@ def test_progress_writes_plain_lines_where_stderr_is_no_terminal(monkeypatch):
     lines = [line for line in written.getvalue().splitlines() if line.strip()]
     assert [line.split(":")[0] for line in lines] == ["adaptive on demo"] * 2, lines
     assert [line.split(" rounds done")[0].split(": ")[1] for line in lines] == ["8/10", "10/10"]
+    assert lines[0].endswith("(round 8), 0:00:32 elapsed, eta 0:00:08"), lines  # 4 s a round, 2 left
     assert lines[-1].endswith("eta 0:00:00") and "(round 10)" in lines[-1]
 
     quiet = StringIO()  # a run shorter than ``every``: no line at all (an error stays one line)
