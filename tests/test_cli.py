@@ -514,7 +514,8 @@ def test_piped_output_is_not_wrapped_and_numbers_are_rounded(tmp_path):
 def test_progress_writes_plain_lines_where_stderr_is_no_terminal():
     """Issue 20, point 3 ("long runs you can watch"): under nohup or in a pipe rich's bar draws
     nothing, so the progress display writes plain lines: one per finished run for run-counting
-    bars, at most one every ``every`` seconds for a run's rounds, and always the last one."""
+    bars; for a run's rounds none in the first ``every`` seconds, then at most one every
+    ``every`` seconds, and the last one where an earlier one was written."""
     from io import StringIO
 
     from rich.console import Console
