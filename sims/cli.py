@@ -27,8 +27,7 @@ from fairclip.sims.data import DataError
 from fairclip.sims.errors import ConfigError
 from fairclip.sims.memory import check_memory
 from fairclip.sims.outputs import check_output_folder
-from fairclip.sims.progress import WatchedProgress
-from fairclip.sims.progress import progress_bar as watched_progress_bar
+from fairclip.sims.progress import progress_bar
 from fairclip.strategies import NoiseMultipliers, PolicyConfigError
 
 app = typer.Typer(
@@ -45,13 +44,6 @@ ROUND_LINE_SECONDS = 30.0
 """Where stderr is not a terminal, ``run`` writes its first progress line after this many seconds
 and the next ones at most this often (a run has thousands of rounds; ``compare``, ``reproduce``
 and ``tune`` write one line per finished run)."""
-
-
-def progress_bar(title: str, *, transient: bool, unit: str = "runs", every: float = 0.0) -> WatchedProgress:
-    """The progress display of a long command on stderr (:func:`fairclip.sims.progress.progress_bar`):
-    rich's bar on a terminal, a plain line per finished step (at most one every ``every``
-    seconds) in a log file or a pipe."""
-    return watched_progress_bar(title, console=console, transient=transient, unit=unit, every=every)
 
 
 def _print_version(value: bool) -> None:
@@ -169,6 +161,7 @@ def run(
     check_memory(run_config, copies=1 + local_actors)  # the driver's task and each local actor's
     progress = progress_bar(
         f"[bold]{run_config.strategy.name}[/bold] on {run_config.scenario.name}",
+        console=console,
         transient=True,
         unit="rounds",
         every=ROUND_LINE_SECONDS,
@@ -262,7 +255,7 @@ def compare(
             raise ConfigError("--resume without --scenario or --config needs --out")
         out = Path("runs") / f"compare-{_scenario_name(scenario_source(scenario, config), typed)}"
     check_output_folder(out)
-    progress = progress_bar("[bold]compare[/bold] {task.description}", transient=False)
+    progress = progress_bar("[bold]compare[/bold] {task.description}", console=console, transient=False)
 
     def started_runs(total: int, to_run: int) -> None:
         console.print(f"{total} runs, {total - to_run} already finished; results in {out}")
@@ -367,7 +360,7 @@ def reproduce(
     subset = None if strategies is None else [s.strip() for s in strategies.split(",") if s.strip()]
     title = name or (out.name if out is not None else "")
     # transient: an error (a --resume conflict, say) stays the only line on stderr
-    with progress_bar(f"[bold]reproduce[/bold] {title}", transient=True) as progress:
+    with progress_bar(f"[bold]reproduce[/bold] {title}", console=console, transient=True) as progress:
         bar = progress.add_task(title, total=None)
         reproduction = reproduce_setup(
             name,
@@ -466,7 +459,7 @@ def tune(
     if out is None:
         out = Path("runs") / f"tune-{_scenario_name(scenario_source(scenario, config), typed)}"
     check_output_folder(out)
-    progress = progress_bar("[bold]tune[/bold] {task.description}", transient=False)
+    progress = progress_bar("[bold]tune[/bold] {task.description}", console=console, transient=False)
 
     searches: list[str] = []
 

@@ -61,7 +61,7 @@ class WatchedProgress(Progress):
         the start and the next ones at least ``every`` seconds apart, the last one only where an
         earlier one was written: a short run stays silent. With 0, one line per step."""
         self._last_line = self.get_time() if every > 0 else -math.inf
-        self._lines = 0
+        self._wrote = False
 
     def advance(self, task_id: TaskID, advance: float = 1, note: str | None = None) -> None:
         """Advance ``task_id`` by ``advance`` steps; ``note`` names what finished (a run's key)."""
@@ -72,10 +72,10 @@ class WatchedProgress(Progress):
             task = self._tasks[task_id]
         now = self.get_time()
         due = now - self._last_line >= self.every
-        if not (due or (task.finished and (self._lines or not self.every))):
+        if not (due or (task.finished and (self._wrote or not self.every))):
             return
         self._last_line = now
-        self._lines += 1
+        self._wrote = True
         name = Text.from_markup(self.title.format(task=task)).plain
         done = f"{task.completed:g}/{task.total:g}" if task.total is not None else f"{task.completed:g}"
         finished = f" ({note})" if note else ""
