@@ -141,6 +141,37 @@ def emit(measurement: Measurement) -> None:
     print(RESULT_MARKER + json.dumps(measurement.as_dict()), flush=True)
 
 
+BARRIER_ENV = "FAIRCLIP_BENCH_BARRIER"
+"""``FOLDER:COUNT``: :func:`wait_for_peers` holds a child until COUNT children are ready."""
+BARRIER_TIMEOUT_S = 300.0
+
+
+def wait_for_peers() -> None:
+    """Where :data:`BARRIER_ENV` is set, mark this process ready in its folder and wait until
+    the given number of processes are, so that processes started together begin their measured
+    phases together (their set-up takes different times); otherwise return at once."""
+    spec = os.environ.get(BARRIER_ENV)
+    if not spec:
+        return
+    folder, _, count = spec.rpartition(":")
+    (Path(folder) / f"ready-{os.getpid()}").touch()
+    deadline = time.monotonic() + BARRIER_TIMEOUT_S
+    while len(list(Path(folder).glob("ready-*"))) < int(count):
+        if time.monotonic() > deadline:
+            raise RuntimeError(
+                f"{BARRIER_ENV}: the other processes were not ready within {BARRIER_TIMEOUT_S:.0f} s"
+            )
+        time.sleep(0.005)
+
+
+def fastest(runs: list[tuple[float, float, dict[str, Any]]]) -> tuple[float, float, dict[str, Any]]:
+    """The fastest of a contender's repeats (seconds, work, details), the one least disturbed by
+    other load on a shared machine (as ``timeit`` reports); every repeat's wall time is kept."""
+    seconds, work, details = min(runs, key=lambda run: run[0] / run[1])
+    details.update(repeats=len(runs), all_wall_s=[run[0] for run in runs])
+    return seconds, work, details
+
+
 def measured(
     unit: str, body: Callable[[], tuple[float, float, dict[str, Any]]], sample_tree: bool = True
 ) -> Measurement:

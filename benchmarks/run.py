@@ -66,8 +66,11 @@ W4_OVERHEAD_LIMIT = 0.05
 # ----- running ----------------------------------------------------------------------------------
 
 
-def run_contender(workload: str, contender: str, quick: bool) -> dict[str, dict[str, Any]]:
-    """{contender name: result} of one child process (W4's child reports two contenders)."""
+def run_contender(
+    workload: str, contender: str, quick: bool, env: dict[str, str] | None = None
+) -> dict[str, dict[str, Any]]:
+    """{contender name: result} of one child process (W4's child reports two contenders), with
+    ``env`` added to this process's environment."""
     command = [sys.executable, "-m", f"{PACKAGE}.child", workload, contender, *(["--quick"] if quick else [])]
     started = time.perf_counter()
     # A session of its own, so that a child that times out goes with everything it started
@@ -75,7 +78,7 @@ def run_contender(workload: str, contender: str, quick: bool) -> dict[str, dict[
     process = subprocess.Popen(
         command,
         cwd=REPO_ROOT,
-        env=os.environ.copy(),
+        env={**os.environ, **(env or {})},
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

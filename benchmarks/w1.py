@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .common import REPO_ROOT, Measurement, env_importing_fairclip, measured, usable_cores
+from .common import REPO_ROOT, Measurement, env_importing_fairclip, measured, usable_cores, wait_for_peers
 
 UNIT = "client updates/s"
 
@@ -111,6 +111,8 @@ def run_floor(quick: bool) -> Measurement:
         per_client = size["per_client"]
         generator = torch.Generator().manual_seed(0)
         updates = 0
+        wait_for_peers()
+        started_epoch = time.time()
         started = time.perf_counter()
         for round_number in range(1, size["rounds"] + 1):
             clients = poisson_sample(0, round_number, size["num_clients"], size["sample_rate"])
@@ -131,7 +133,17 @@ def run_floor(quick: bool) -> Measurement:
                 updates += 1
             global_vector = global_vector + total / max(len(clients), 1)
         seconds = time.perf_counter() - started
-        return seconds, updates, {"rounds": size["rounds"], "client_updates": updates, "threads": 1}
+        return (
+            seconds,
+            updates,
+            {
+                "rounds": size["rounds"],
+                "client_updates": updates,
+                "threads": 1,
+                # the measured phase on the wall clock, so that W5 can line up two floors run at once
+                "phase_epoch_s": [started_epoch, started_epoch + seconds],
+            },
+        )
 
     return measured(UNIT, body)
 

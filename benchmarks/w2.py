@@ -33,7 +33,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from .common import Measurement, measured, usable_cores
+from .common import Measurement, fastest, measured, usable_cores
 
 UNIT = "examples/s"
 BATCH = 256
@@ -53,14 +53,6 @@ def sizes(quick: bool, model: str = "tanh-cnn") -> dict[str, Any]:
 
 def contender_name(model: str, contender: str) -> str:
     return contender if model == "tanh-cnn" else f"{model}/{contender}"
-
-
-def fastest(runs: list[tuple[float, float, dict[str, Any]]]) -> tuple[float, float, dict[str, Any]]:
-    """The fastest of a contender's repeats (seconds, work, details), the one least disturbed by
-    other load on a shared machine (as ``timeit`` reports); every repeat's wall time is kept."""
-    seconds, work, details = min(runs, key=lambda run: run[0] / run[1])
-    details.update(repeats=len(runs), all_wall_s=[run[0] for run in runs])
-    return seconds, work, details
 
 
 def config(quick: bool, model: str = "tanh-cnn"):
