@@ -15,7 +15,11 @@ Every contender reports the fastest of :data:`REPEATS` repeats (1 in ``--quick``
 W1 run lasts 3-6 s, so a pause of the shared machine of a fraction of a second moved a single
 run's ratio by more than the target's margin (1.47 to 1.81 for 2 actors between runs of one
 commit). The Ray contenders repeat W1 on the same actors (each repeat a new server from round 1;
-the actors start once, untimed, as before); the floors start their processes again.
+the actors start once, untimed, as before); the floors start their processes again. A
+contender's repeats run back to back, so they do not remove the machine's drift between
+contenders: one floor process alone ran at 71 to 111 client updates/s within minutes on the
+2-core machine of the README, more than the target's margin. Interleaved, paired repeats (as
+W4's) are what would (README, Performance, W5).
 """
 
 from __future__ import annotations
@@ -105,10 +109,10 @@ def run_two_floors(quick: bool) -> Measurement:
 
     def pair() -> list[dict]:
         with tempfile.TemporaryDirectory(prefix="fc-w5-") as ready, ThreadPoolExecutor(2) as pool:
-            together = {BARRIER_ENV: f"{ready}:2"}  # both measured phases start at once
+            barrier = {BARRIER_ENV: f"{ready}:2"}  # both measured phases start at once
             results = [
                 found["floor"]
-                for found in pool.map(lambda _: run_contender("w1", "floor", quick, together), range(2))
+                for found in pool.map(lambda _: run_contender("w1", "floor", quick, barrier), range(2))
             ]
         failed = [result["status"] for result in results if result["status"] != "ok"]
         if failed:
