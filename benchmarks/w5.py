@@ -15,7 +15,8 @@ Every contender reports the fastest of :data:`REPEATS` repeats (1 in ``--quick``
 W1 run lasts 3-6 s, so a pause of the shared machine of a fraction of a second moved a single
 run's ratio by more than the target's margin (1.47 to 1.81 for 2 actors between runs of one
 commit). The Ray contenders repeat W1 on the same actors (each repeat a new server from round 1;
-the actors start once, untimed, as before); the floors start their processes again. A
+the actors start once, untimed, as before); ``floor-1`` repeats in its one process, and
+``floors-2`` starts its two processes again for each repeat. A
 contender's repeats run back to back, so they do not remove the machine's drift between
 contenders: one floor process alone ran at 71 to 111 client updates/s within minutes on the
 2-core machine of the README, more than the target's margin. Interleaved, paired repeats (as
