@@ -115,15 +115,17 @@ def local_cluster(nodes: int = 2, cpus_per_node: int = 1, timeout: float = 120.0
             time.sleep(0.5)
         if started[0].poll() is not None or time.monotonic() > deadline:
             raise ClusterError(f"ray start --head did not start: {(logs / 'head.log').read_text()[-600:]}")
+        # One node at a time: two raylets starting at once on one address can pick the same free
+        # port (seen with 3 nodes: "bind: Address already in use", and the node's start aborts).
         for index in range(1, nodes):
             options = [f"--address={address}", "--node-ip-address=127.0.0.1"]
             started.append(_start_node(options, cpus_per_node, logs / f"node-{index}.log"))
-        while alive_nodes(address) < nodes:
-            failed = [p for p in started if p.poll() is not None]
-            if failed or time.monotonic() > deadline:
-                tails = " | ".join(path.read_text()[-300:] for path in sorted(logs.glob("node-*.log")))
-                raise ClusterError(f"{nodes} nodes did not join within {timeout:g} s: {tails}")
-            time.sleep(2)
+            while alive_nodes(address) < index + 1:
+                failed = [p for p in started if p.poll() is not None]
+                if failed or time.monotonic() > deadline:
+                    tails = " | ".join(path.read_text()[-300:] for path in sorted(logs.glob("node-*.log")))
+                    raise ClusterError(f"{nodes} nodes did not join within {timeout:g} s: {tails}")
+                time.sleep(1)
         yield address
     finally:
         for process in reversed(started):

@@ -141,6 +141,29 @@ def test_targets_from_figures():
         2,
     )
     assert paired[0]["met"] is True and paired[0]["value"] == pytest.approx(0.03)
+    # W5: the median of the paired speed-ups, not the fastest runs' ratio (3.0 here)
+    w5 = {
+        "actors-1": {"status": "ok", "throughput": 50.0},
+        "actors-2": {"status": "ok", "throughput": 150.0, "speedup": 1.6},
+        "node-1": {"status": "ok", "throughput": 50.0},
+        "nodes-2": {"status": "ok", "throughput": 90.0},  # no pairs: the ratio, 1.8
+    }
+    rows = {row["name"]: row for row in targets("w5", w5, 2)}
+    assert rows["actors-2/actors-1 (median of pairs)"]["value"] == 1.6
+    assert rows["actors-2/actors-1 (median of pairs)"]["met"] is False
+    assert rows["nodes-2/node-1 (median of pairs)"]["value"] == pytest.approx(1.8)
+    assert rows["nodes-2/node-1 (median of pairs)"]["met"] is True
+    assert rows["floors-2/floor-1 (the machine's own scale-out)"]["value"] is None
+
+
+def test_w5_pairs_alternate_and_compare_within_a_pair():
+    from fairclip.benchmarks.w5 import alternate, paired_speedups
+
+    names = ("actors-1", "actors-2")
+    assert [alternate(names, repeat) for repeat in range(3)] == [names, names[::-1], names]
+    # a drifting machine: each pair's ratio is 2 although the slow pair's 2-worker run is
+    # slower than the fast pair's 1-worker run
+    assert paired_speedups([100.0, 50.0], [200.0, 100.0]) == [2.0, 2.0]
 
 
 def test_unknown_workload_is_an_error(capsys):
@@ -153,25 +176,41 @@ def test_unknown_workload_is_an_error(capsys):
 
 @pytest.mark.slow
 def test_quick_w5_scale_out(tmp_path):
-    """W5 at W1's quick size: 1 actor, 2 actors, and 2 actors on a 2-node cluster started with
-    ``ray start``; every contender runs and the speed-up rows are computed (no timing claims)."""
+    """W5 at W1's quick size: 1 and 2 actors paired on one local Ray, 1 and 2 actors paired on a
+    ``ray start`` cluster of 2 single-CPU nodes (the 2 actors on both), and the compute floor
+    in 1 and 2 processes; every contender runs and the speed-up rows are computed (no timing
+    claims)."""
     report = run_bench(["w5"], True, tmp_path / "w5.json")
     contenders = report["workloads"]["w5"]["contenders"]
-    for name, (actors, nodes) in {"actors-1": (1, 1), "actors-2": (2, 1), "nodes-2": (2, 2)}.items():
+    placements = {"actors-1": (1, 1), "actors-2": (2, 1), "node-1": (1, 1), "nodes-2": (2, 2)}
+    for name, (actors, nodes) in placements.items():
         assert contenders[name]["status"] == "ok", contenders[name]
         assert (contenders[name]["actors"], contenders[name]["nodes"]) == (actors, nodes)
         assert _positive(report["throughput"][f"w5.{name}"])
-    # The same seed gives the same run on 1 actor, 2 actors and 2 nodes.
-    ray_runs = [contenders[name] for name in ("actors-1", "actors-2", "nodes-2")]
-    finals = {(c["final_accuracy"], c["epsilon"], c["client_updates"]) for c in ray_runs}
+        assert contenders[name]["same_run"] is True  # every repeat of both executors in its child
+        assert contenders[name]["pairs"] == len(contenders[name]["all_throughputs"]) == 1
+        assert contenders[name]["actors_peak_rss_mib"] > 0
+        assert len(contenders[name]["warm_up_wall_s"]) == 1  # one pair: one unmeasured run each
+    # the cluster's 2 actors run one on each node, one of them beside the driver
+    assert contenders["nodes-2"]["beside_driver"] == 1
+    assert contenders["node-1"]["executors"] == "started for each run"
+    assert contenders["actors-1"]["executors"] == "side by side"
+    # The same seed gives the same run on 1 actor, 2 actors, and 1 and 2 nodes of a cluster.
+    runs = [contenders[name] for name in placements]
+    finals = {(c["final_accuracy"], c["epsilon"], c["client_updates"]) for c in runs}
     assert len(finals) == 1
     ratios = {row["name"]: row for row in report["targets"]}
-    for name in ("actors-2/actors-1", "nodes-2/actors-1"):
-        assert math.isfinite(ratios[name]["value"]) and ratios[name]["met"] in (True, False)
+    for two, one in (("actors-2", "actors-1"), ("nodes-2", "node-1")):
+        # one pair: the median of the pairs is that pair's ratio of the two throughputs
+        speedup = contenders[two]["speedup"]
+        assert speedup == pytest.approx(contenders[two]["throughput"] / contenders[one]["throughput"])
+        row = ratios[f"{two}/{one} (median of pairs)"]
+        assert row["value"] == speedup and row["met"] is (speedup >= 1.7)
     # the physical anchor: the compute floor alone and twice at once, the same clients each
     floors = contenders["floors-2"]
     assert contenders["floor-1"]["status"] == floors["status"] == "ok"
-    assert floors["processes"] == 2 and floors["work"] == 2 * contenders["floor-1"]["work"]
+    assert contenders["floor-1"]["processes"] == 1 and floors["processes"] == 2
+    assert floors["work"] == 2 * contenders["floor-1"]["work"]
     # over the span from the first measured phase's start to the last one's end, and the two
     # phases ran at once (they wait for each other): the span is shorter than both back to back
     assert floors["throughput"] == pytest.approx(floors["work"] / floors["wall_s"])
