@@ -108,6 +108,37 @@ class RoundSums:
             self.diagnostics + other.diagnostics,
         )
 
+    def __reduce__(self) -> tuple[Callable[..., RoundSums], tuple]:
+        """Pickle (as Ray sends a worker's block sums to the driver) with every all-zero vector
+        as its shape alone: a block without sampled clients, and the half of a counts-first
+        round's exchange that it does not carry (:func:`sent_in`), are whole vectors of zeros.
+        They unpickle as the same zeros, bit for bit."""
+        return _unpickle_round_sums, (
+            _packed(self.contribution_sum),
+            _packed(self.report_sum),
+            self.num_reports,
+            self.diagnostics,
+        )
+
+
+def _packed(array: np.ndarray) -> np.ndarray | tuple[tuple[int, ...], str]:
+    """``array``, or ``(shape, dtype)`` where every entry is +0.0 (a -0.0 keeps the array)."""
+    array = np.asarray(array)
+    if array.size and not array.any() and not np.signbit(array).any():
+        return array.shape, array.dtype.str
+    return array
+
+
+def _unpacked(packed: np.ndarray | tuple[tuple[int, ...], str]) -> np.ndarray:
+    if isinstance(packed, tuple):
+        shape, dtype = packed
+        return np.zeros(shape, dtype=np.dtype(dtype))
+    return packed
+
+
+def _unpickle_round_sums(contribution_sum, report_sum, num_reports: int, diagnostics) -> RoundSums:
+    return RoundSums(_unpacked(contribution_sum), _unpacked(report_sum), num_reports, diagnostics)
+
 
 class Exchange(StrEnum):
     """Which part of a round one exchange with the clients carries."""

@@ -149,3 +149,34 @@ def test_blocks_contributed_together_equal_blocks_contributed_one_by_one(name, s
             )
         for mine, theirs in zip(block.diagnostics.norms, alone.diagnostics.norms, strict=True):
             np.testing.assert_array_equal(mine, theirs)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    size=st.integers(1, 300),
+    zero_contribution=st.booleans(),
+    specials=st.lists(st.sampled_from([0.0, -0.0, float("nan"), float("inf"), 1e-300]), max_size=4),
+    zero_report=st.booleans(),
+)
+def test_block_sums_travel_with_their_zero_vectors_as_shapes(size, zero_contribution, specials, zero_report):
+    """A worker's block sums pickle (as Ray sends them) with an all-(+0.0) vector as its shape
+    alone and unpickle bit for bit: a -0.0, NaN or any other entry keeps the whole array."""
+    import pickle
+
+    from fairclip.strategies.aggregation import CohortDiagnostics, RoundSums
+
+    rng = np.random.default_rng(size)
+    contribution = np.zeros(size) if zero_contribution else rng.normal(size=size)
+    contribution[: len(specials)] = specials[:size]
+    report = np.zeros(3, dtype=np.float32) if zero_report else rng.normal(size=3).astype(np.float32)
+    sums = RoundSums(contribution, report, 4, CohortDiagnostics.zeros(2))
+    back = pickle.loads(pickle.dumps(sums))
+    for sent, received in ((contribution, back.contribution_sum), (report, back.report_sum)):
+        assert received.dtype == sent.dtype and received.shape == sent.shape
+        assert received.tobytes() == sent.tobytes()  # bit for bit, the sign of a zero included
+    assert back.num_reports == 4 and np.array_equal(back.diagnostics.sampled, sums.diagnostics.sampled)
+    # an empty block's 0.84 MB vector (W1's model) travels as a few bytes
+    empty = RoundSums(np.zeros(105_000), np.zeros(3), 0, CohortDiagnostics.zeros(2))
+    assert len(pickle.dumps(empty)) < 2_000
+    empty.contribution_sum[7] = -0.0
+    assert len(pickle.dumps(empty)) > 105_000 * 8
