@@ -122,9 +122,10 @@ class RoundSums:
 
 
 def _packed(array: np.ndarray) -> np.ndarray | tuple[tuple[int, ...], str]:
-    """``array``, or ``(shape, dtype)`` where every entry is +0.0 (a -0.0 keeps the array)."""
+    """``array``, or ``(shape, dtype)`` where it is floating point and every entry is +0.0 (a
+    -0.0 keeps the array)."""
     array = np.asarray(array)
-    if array.size and not array.any() and not np.signbit(array).any():
+    if array.dtype.kind == "f" and array.size and not array.any() and not np.signbit(array).any():
         return array.shape, array.dtype.str
     return array
 
