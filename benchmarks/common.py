@@ -164,6 +164,12 @@ def wait_for_peers() -> None:
         time.sleep(0.005)
 
 
+def alternate(names: tuple[str, ...], repeat: int) -> tuple[str, ...]:
+    """The order of one paired repeat's runs: as given in even repeats, reversed in odd ones, so
+    that neither contender always runs first (W4's strategies, W5's 1 and 2 workers)."""
+    return names if repeat % 2 == 0 else names[::-1]
+
+
 def fastest(runs: list[tuple[float, float, dict[str, Any]]]) -> tuple[float, float, dict[str, Any]]:
     """The fastest of a contender's repeats (seconds, work, details), the one least disturbed by
     other load on a shared machine (as ``timeit`` reports); every repeat's wall time is kept."""

@@ -30,7 +30,7 @@ def run_pair(quick: bool) -> dict[str, Measurement]:
 
     from fairclip.strategies.accounting import clear_caches
 
-    from .common import Measurement, TreeMemorySampler, self_peak_rss_bytes
+    from .common import Measurement, TreeMemorySampler, alternate, self_peak_rss_bytes
     from .engine import start_ray, timed_rounds
     from .imagetask import build_task, image_config, ray_executor
 
@@ -48,7 +48,7 @@ def run_pair(quick: bool) -> dict[str, Measurement]:
         clear_caches()
         warm_up_s[strategy] = timed_rounds(configs[strategy], task, executor)[0]
     for repeat in range(repeats):
-        for strategy in STRATEGIES if repeat % 2 == 0 else STRATEGIES[::-1]:
+        for strategy in alternate(STRATEGIES, repeat):
             executor.set_policy(configs[strategy])
             clear_caches()
             runs[strategy].append(timed_rounds(configs[strategy], task, executor))

@@ -42,7 +42,7 @@ import tempfile
 import time
 from typing import Any
 
-from .common import BARRIER_ENV, Measurement, TreeMemorySampler, self_peak_rss_bytes
+from .common import BARRIER_ENV, Measurement, TreeMemorySampler, alternate, self_peak_rss_bytes
 
 UNIT = "client updates/s"
 PAIRS = 7
@@ -51,11 +51,6 @@ PAIRS = 7
 
 def pairs(quick: bool) -> int:
     return 1 if quick else PAIRS
-
-
-def alternate(names: tuple[str, str], repeat: int) -> tuple[str, str]:
-    """The order of a pair's two runs: as given in even repeats, reversed in odd ones."""
-    return names if repeat % 2 == 0 else (names[1], names[0])
 
 
 def paired_speedups(one: list[float], two: list[float]) -> list[float]:

@@ -157,7 +157,8 @@ def test_targets_from_figures():
 
 
 def test_w5_pairs_alternate_and_compare_within_a_pair():
-    from fairclip.benchmarks.w5 import alternate, paired_speedups
+    from fairclip.benchmarks.common import alternate
+    from fairclip.benchmarks.w5 import paired_speedups
 
     names = ("actors-1", "actors-2")
     assert [alternate(names, repeat) for repeat in range(3)] == [names, names[::-1], names]
