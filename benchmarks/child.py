@@ -1,4 +1,5 @@
-"""One contender in a fresh process: ``python -m benchmarks.child WORKLOAD CONTENDER [--quick]``.
+"""One contender in a fresh process:
+``python -m benchmarks.child WORKLOAD CONTENDER [--quick] [--device cuda]`` (W2 alone takes a device).
 
 Prints one ``BENCH-RESULT {json}`` line (see :mod:`benchmarks.common`), or
 ``BENCH-UNAVAILABLE reason`` for a contender that cannot run on this machine.
@@ -42,9 +43,12 @@ def main(argv: list[str]) -> int:
     from .w1 import UnavailableError
 
     quick = "--quick" in argv
-    workload, contender = [a for a in argv if not a.startswith("--")][:2]
+    device = argv[argv.index("--device") + 1] if "--device" in argv else "cpu"
+    positional = [a for i, a in enumerate(argv) if not a.startswith("--") and argv[i - 1] != "--device"]
+    workload, contender = positional[:2]
+    run = contenders(workload)[contender]
     try:
-        measurement = contenders(workload)[contender](quick)
+        measurement = run(quick) if device == "cpu" else run(quick, device=device)
     except UnavailableError as reason:
         print(UNAVAILABLE_MARKER + str(reason).replace("\n", " "), flush=True)
         return 0

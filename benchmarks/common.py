@@ -298,7 +298,15 @@ def machine_info() -> dict[str, Any]:
         "libraries": {
             name: _version(name) for name in ("fairclip", "torch", "flwr", "ray", "opacus", "numpy", "pfl")
         },
+        "gpu": _gpu_name(),
     }
+
+
+def _gpu_name() -> str | None:
+    """The first CUDA device's name, None where torch sees none."""
+    import torch
+
+    return torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
 
 
 def usable_cores() -> int:

@@ -1,7 +1,7 @@
 """The runner: every contender of the chosen workloads in a subprocess of its own, one table,
 one JSON report.
 
-``fairclip bench [w1 ... w5] [--quick] [--json FILE]`` (:mod:`fairclip.sims.cli`).
+``fairclip bench [w1 ... w5] [--quick] [--json FILE] [--device cpu|cuda]`` (:mod:`fairclip.sims.cli`).
 """
 
 from __future__ import annotations
@@ -55,6 +55,12 @@ QUICK_SKIPS = {
     ("w1", "flower"): "skipped in --quick (Flower's runtime start alone takes ~30 s)",
     ("w2", "fairclip-local"): "skipped in --quick (same one-step path as w2.fairclip)",
 }
+GPU_SKIPS = {
+    ("w2", "fairclip-local"): "skipped with --device cuda (w2.fairclip runs one worker on the GPU already)",
+}
+DEVICES = ("cpu", "cuda")
+GPU_WORKLOADS = ("w2",)
+"""The workloads that run on a GPU with ``--device cuda``; the others measure CPU engines."""
 TIMEOUT_S = {"w1": 1800, "w2": 1200, "w3": 1200, "w4": 1800, "w5": 1800}
 W5_SPEEDUP = 1.7
 W3_MEMORY_LIMIT = 4 * 2**30
@@ -67,11 +73,13 @@ W4_OVERHEAD_LIMIT = 0.05
 
 
 def run_contender(
-    workload: str, contender: str, quick: bool, env: dict[str, str] | None = None
+    workload: str, contender: str, quick: bool, env: dict[str, str] | None = None, device: str = "cpu"
 ) -> dict[str, dict[str, Any]]:
     """{contender name: result} of one child process (W4's child reports two contenders), with
     ``env`` added to this process's environment."""
     command = [sys.executable, "-m", f"{PACKAGE}.child", workload, contender, *(["--quick"] if quick else [])]
+    if device != "cpu":
+        command += ["--device", device]
     started = time.perf_counter()
     # A session of its own, so that a child that times out goes with everything it started
     # (Ray's processes, Flower's SuperLink, torchrun's workers).
@@ -205,8 +213,33 @@ def targets(workload: str, results: dict[str, dict[str, Any]], cores: int) -> li
     return rows
 
 
-def run_bench(workloads: list[str], quick: bool, json_path: Path | None) -> dict[str, Any]:
+def check_device(device: str, workloads: list[str]) -> None:
+    """A :class:`ConfigError` unless ``device`` is known, every workload runs on it, and torch sees a
+    GPU where it is ``cuda``: checked before any contender starts."""
+    if device not in DEVICES:
+        raise ConfigError(f"--device: {device!r} is not one of {', '.join(DEVICES)}")
+    if device == "cpu":
+        return
+    cpu_only = [w for w in workloads if w not in GPU_WORKLOADS]
+    if cpu_only:
+        raise ConfigError(
+            f"--device {device}: {', '.join(cpu_only)} measure(s) CPU engines; only "
+            f"{', '.join(GPU_WORKLOADS)} runs on a GPU"
+        )
+    import torch
+
+    if not torch.cuda.is_available():
+        raise ConfigError(f"--device {device}, but torch sees no CUDA device")
+
+
+def run_bench(
+    workloads: list[str], quick: bool, json_path: Path | None, device: str = "cpu"
+) -> dict[str, Any]:
     """Run ``workloads`` (empty: all of them), print the table, write ``json_path``; return the report.
+
+    ``device`` ``cuda`` runs W2's contenders on the GPU (:mod:`benchmarks.w2`; the only workload that
+    takes one); the report then names the GPU (``machine.gpu``) and its targets are figures of
+    record, set for this project's 2-core CPU machine.
 
     The report holds ``machine``, ``throughput`` (``"w1.fairclip"`` and so on: the measured
     throughput of every contender, None where it did not run), ``workloads`` (per workload its
@@ -218,12 +251,21 @@ def run_bench(workloads: list[str], quick: bool, json_path: Path | None) -> dict
     unknown = [w for w in chosen if w not in WORKLOADS]
     if unknown:
         raise ConfigError(f"unknown workload(s) {', '.join(unknown)} (known: {', '.join(WORKLOADS)})")
+    check_device(device, chosen)
     cores = usable_cores()
     others = OtherLoad()
     report: dict[str, Any] = {
-        "command": "fairclip bench " + " ".join([*chosen, *(["--quick"] if quick else [])]),
+        "command": " ".join(
+            [
+                "fairclip bench",
+                *chosen,
+                *(["--quick"] if quick else []),
+                *(["--device", device] if device != "cpu" else []),
+            ]
+        ),
         "started": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "quick": quick,
+        "device": device,
         "machine": machine_info(),
         "throughput": {},
         "workloads": {},
@@ -235,11 +277,12 @@ def run_bench(workloads: list[str], quick: bool, json_path: Path | None) -> dict
         results: dict[str, dict[str, Any]] = {}
         for contender in CONTENDERS[workload]:
             skip = QUICK_SKIPS.get((workload, contender)) if quick else None
+            skip = skip or (GPU_SKIPS.get((workload, contender)) if device != "cpu" else None)
             if skip:
                 results[contender] = {"status": skip}
                 continue
             _progress(f"{workload} {contender} ...")
-            results.update(run_contender(workload, contender, quick))
+            results.update(run_contender(workload, contender, quick, device=device))
             others.per_process()  # what a background job that ends later has used so far
             report["workloads"][workload] = {"contenders": results}  # its targets come at its end
             _save(report, json_path)
@@ -296,6 +339,7 @@ def print_table(report: dict[str, Any]) -> None:
     title = (
         f"fairclip bench{' --quick' if report['quick'] else ''} — {machine['cpu_model']}, "
         f"{machine['usable_cores']} cores, load {machine['load_average']}"
+        + (f", {report['device']}: {machine.get('gpu')}" if report.get("device", "cpu") != "cpu" else "")
     )
     table = Table(title=title, show_lines=False)
     for column in ("workload", "contender", "throughput", "unit", "wall s", "peak MiB", "status"):

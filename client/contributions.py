@@ -105,19 +105,24 @@ def contribute_scaled_blocks(
     contributions = exchange is not Exchange.COUNTS
     direction_reports = scaled.report_scales is not None and exchange is not Exchange.UPDATES
     report_size = policy.report_size(gradients.dim)
-    sums = []
-    for rows, size in _block_rows(sizes, cohorts.shape[0]):
+    tracked = directions and contributions
+    totalled = unclipped_total and contributions
+    blocks = _block_rows(sizes, cohorts.shape[0])
+    block_weights = []
+    for rows, _ in blocks:
         weights = [scaled.contribution_scales[rows]] if contributions else []
         if direction_reports:
             weights.append(scaled.report_scales[rows])
-        tracked = directions and contributions
         if tracked:
             members = _cohort_members(cohorts[rows], _contributing(scaled, rows), num_cohorts)
             weights += [*members, *(members * scaled.contribution_scales[rows][None, :])]
-        totalled = unclipped_total and contributions
         if totalled:
             weights.append(_contributing(scaled, rows))
-        weighted = list(gradients.weighted_sums(rows, np.stack(weights))) if weights else []
+        block_weights.append(np.stack(weights) if weights else np.empty((0, rows.stop - rows.start)))
+    block_sums = gradients.block_weighted_sums([rows for rows, _ in blocks], block_weights)
+    sums = []
+    for (rows, size), weighted_rows in zip(blocks, block_sums, strict=True):
+        weighted = list(weighted_rows)
         total = weighted.pop() if totalled else None
         cohort_sums = None
         if tracked:

@@ -67,6 +67,17 @@ class _OuterProduct:
             sums.append(torch.cat(parts))
         return sums
 
+    def padded_sums(self, index: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        """Every block's weighted sums at once: ``index`` (B, s) holds each block's rows, padded
+        with ``n`` (a zero row), ``weights`` (B, m, s) their weights; (B, m, size) float64."""
+        a = _padded(self.inputs, index)
+        weighted = weights[..., None] * _padded(self.output_grads, index)[:, None]  # (B, m, s, O)
+        sums = torch.matmul(weighted.transpose(-1, -2), a[:, None])  # (B, m, O, I)
+        parts = [sums.reshape(*sums.shape[:2], -1)]
+        if self.bias:
+            parts.append(weighted.sum(2))
+        return torch.cat(parts, dim=2)
+
 
 @dataclass
 class _PerExample:
@@ -84,6 +95,27 @@ class _PerExample:
         if self.bias_grads is not None:
             grads = torch.cat([grads, self.bias_grads[rows]], dim=1)
         return list(weights @ grads)
+
+    def padded_sums(self, index: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        """:meth:`_OuterProduct.padded_sums` for formed per-example gradients."""
+        grads = self.weight_grads
+        if self.bias_grads is not None:
+            grads = torch.cat([grads, self.bias_grads], dim=1)
+        return torch.matmul(weights, _padded(grads, index))
+
+
+def _padded(rows: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """``rows`` (n, k) gathered by ``index`` (B, s), where ``n`` stands for a row of zeros."""
+    return torch.cat([rows, rows.new_zeros(1, rows.shape[1])])[index]
+
+
+BATCHED_SUMS_LIMIT = 2**21
+"""Most float64 numbers (blocks × weight rows × parameters) a group's sums may hold for a GPU to
+form them in one batched product (:meth:`OneStepGradients.block_weighted_sums`). Measured on an
+H100 (2026-11-26; W2's data, one worker, 20 rounds, examples/s; README, "W2 on a GPU"):
+``tanh-cnn`` (8,954 parameters, 64 blocks of 4 in one group of 256 rows, 0.57 M numbers) 6,200
+block by block against 27,100 batched; ``zhao-cnn`` (805,578 parameters, about 8 blocks a group,
+6.4 M numbers) 770 against 530, so large groups stay block by block."""
 
 
 @dataclass
@@ -112,6 +144,40 @@ class OneStepGradients:
                 out[j, start : start + size] = part.cpu().numpy()
             start += size
         return out
+
+    def block_weighted_sums(
+        self, blocks: list[slice], weights: list[np.ndarray], batched: bool | None = None
+    ) -> list[np.ndarray]:
+        """``[weighted_sums(rows, w) for rows, w in zip(blocks, weights)]``, where every ``w`` has
+        the same number of rows m. Both ways give the same sums to float64 rounding; ``batched``
+        forces one (None: :data:`BATCHED_SUMS_LIMIT` decides on a GPU, the CPU goes block by
+        block, so its results never change).
+
+        Batched, all blocks' sums come from one padded product per layer and one copy to the
+        host; block by block, each small product and each copy waits on the device."""
+        if batched is None:
+            batched = (
+                self._device().type != "cpu"
+                and len(blocks) * max((w.shape[0] for w in weights), default=0) * self.dim
+                <= BATCHED_SUMS_LIMIT
+            )
+        if not batched or len({w.shape[0] for w in weights}) > 1:
+            return [self.weighted_sums(rows, w) for rows, w in zip(blocks, weights, strict=True)]
+        if not blocks or weights[0].shape[0] == 0:
+            return [np.empty((0, self.dim)) for _ in blocks]
+        count = self.norms.shape[0]
+        longest = max(rows.stop - rows.start for rows in blocks)
+        index = np.full((len(blocks), longest), count, dtype=np.int64)
+        padded_weights = np.zeros((len(blocks), weights[0].shape[0], longest))
+        for j, (rows, w) in enumerate(zip(blocks, weights, strict=True)):
+            size = rows.stop - rows.start
+            index[j, :size] = np.arange(rows.start, rows.stop)
+            padded_weights[j, :, :size] = np.asarray(w, dtype=np.float64) * -self.lr
+        device = self._device()
+        torch_index = torch.from_numpy(index).to(device)
+        torch_weights = torch.from_numpy(padded_weights).to(device)
+        sums = torch.cat([layer.padded_sums(torch_index, torch_weights) for layer in self.layers], dim=2)
+        return list(sums.cpu().numpy())
 
     def _device(self) -> torch.device:
         layer = self.layers[0]

@@ -518,11 +518,14 @@ def bench(
         bool, typer.Option("--quick", help="Tiny sizes: a smoke test, no timing claims.")
     ] = False,
     json_path: Annotated[Path | None, typer.Option("--json", help="Write the JSON report here.")] = None,
+    device: Annotated[
+        str, typer.Option("--device", help="cpu, or cuda: W2's contenders on the GPU (w2 only).")
+    ] = "cpu",
 ) -> None:
     """Benchmark fairclip against Flower, Opacus, pfl-research and the compute floor (W1-W5)."""
     from fairclip.benchmarks import failed_contenders, run_bench
 
-    report = run_bench(workloads or [], quick, json_path)
+    report = run_bench(workloads or [], quick, json_path, device)
     if json_path is not None:
         stdout.print(f"report: {json_path}")
     failed = failed_contenders(report)

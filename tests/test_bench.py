@@ -175,6 +175,41 @@ def test_unknown_workload_is_an_error(capsys):
     assert WORKLOADS == ("w1", "w2", "w3", "w4", "w5")
 
 
+HAS_CUDA = __import__("torch").cuda.is_available()
+
+
+@pytest.mark.parametrize(
+    ("arguments", "problem"),
+    [
+        (["w1", "--device", "cuda"], "--device cuda: w1 measure(s) CPU engines; only w2 runs on a GPU"),
+        (["w2", "--device", "tpu"], "--device: 'tpu' is not one of cpu, cuda"),
+        *([] if HAS_CUDA else [(["w2", "--device", "cuda"], "--device cuda, but torch sees no CUDA device")]),
+    ],
+)
+def test_a_device_w2_cannot_use_is_one_line_before_any_contender(cli, tmp_path, arguments, problem):
+    report = tmp_path / "bench.json"
+    status, out, err = cli("bench", *arguments, "--quick", "--json", str(report))
+    assert status == 2, err
+    assert len(err.strip().splitlines()) == 1 and problem in err, err
+    assert not report.exists() and "..." not in out + err  # no contender started
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device: W2 on the GPU runs where torch sees one")
+def test_quick_w2_on_the_gpu(tmp_path):
+    """Every W2 contender runs on the GPU (Ray's, where Ray is installed) and says so."""
+    report = run_bench(["w2"], True, tmp_path / "bench.json", device="cuda")
+    assert report["device"] == "cuda" and report["machine"]["gpu"]
+    contenders = report["workloads"]["w2"]["contenders"]
+    for name, result in contenders.items():
+        if name == "fairclip-local" or result["status"] == "unavailable: ray is not installed here":
+            continue
+        assert result["status"] == "ok", (name, result)
+        assert result["device"] == "cuda" and _positive(result["throughput"]), (name, result)
+    assert contenders["fairclip"]["workers"] == 1  # one GPU: one in-process worker
+    assert json.loads((tmp_path / "bench.json").read_text())["complete"] is True
+
+
 @pytest.mark.slow
 def test_quick_w5_scale_out(tmp_path):
     """W5 at W1's quick size: 1 and 2 actors paired on one local Ray, 1 and 2 actors paired on a

@@ -7,6 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
 from torch import nn
 
 from fairclip.benchmarks.imagetask import image_config, image_run
@@ -266,3 +268,35 @@ def _flat_positions(channels, stride, padding, dilation) -> int:
         nn.Conv2d(channels, 4, 3, stride=stride, padding=padding, dilation=dilation), nn.Conv2d(4, 5, 2)
     )
     return int(np.prod(probe(torch.zeros(1, channels, 9, 9)).shape[2:]))
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    sizes=st.lists(st.integers(0, 6), min_size=1, max_size=6),
+    weight_rows=st.integers(0, 3),
+    model_name=st.sampled_from(["mlp-tanh", "esipova-cnn"]),
+    seed=st.integers(0, 2**16),
+)
+def test_all_blocks_at_once_equal_the_blocks_one_by_one(sizes, weight_rows, model_name, seed):
+    """The GPU's batched sums (every block padded to the longest, one product per layer) equal
+    the CPU's block-by-block sums, for any block sizes (empty blocks too) and weight rows, on an
+    outer-product model and a convolutional one."""
+    count = sum(sizes)
+    assume(count > 0)
+    shape = SHAPES.get(model_name, (1, 28, 28))
+    generator = torch.Generator().manual_seed(seed)
+    torch.manual_seed(seed)
+    model = build_model(model_name, shape, 10)
+    features = torch.randn(count, *shape, generator=generator)
+    labels = torch.arange(count) % 10
+    gradients = one_step_gradients(model, model_to_vector(model), features, labels, lr=0.3)
+    ends = np.cumsum([0, *sizes])
+    blocks = [slice(int(ends[j]), int(ends[j + 1])) for j in range(len(sizes))]
+    rng = np.random.default_rng(seed)
+    weights = [rng.uniform(-1, 1, (weight_rows, size)) for size in sizes]
+    one_by_one = gradients.block_weighted_sums(blocks, weights, batched=False)
+    at_once = gradients.block_weighted_sums(blocks, weights, batched=True)
+    assert len(at_once) == len(one_by_one) == len(sizes)
+    for have, want in zip(at_once, one_by_one, strict=True):
+        assert have.shape == want.shape == (weight_rows, gradients.dim)
+        np.testing.assert_allclose(have, want, rtol=1e-12, atol=1e-12 * (1 + np.abs(want).max(initial=0)))
