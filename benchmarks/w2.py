@@ -5,7 +5,8 @@ noise σ = 0.8, on three CNNs (:mod:`fairclip.client.models`):
 * ``esipova-cnn``: seed 003's MNIST CNN as its authors ran it (no pooling, 97,114 parameters);
 * ``zhao-cnn``: seed 000's appendix-A.5 CNN (64/64 filters, pooling 3 stride 2, dense 500-500).
 
-Contenders (names of the tanh CNN's; the others' carry the model, ``esipova-cnn/fairclip``):
+Contenders (names of the tanh CNN's; the others' carry the model, ``esipova-cnn/fairclip``). A
+model's first four run in one process, in paired repeats (:func:`run_model`):
 
 * ``fairclip``: fairclip's one-step-client path (one client per example, one local step:
   updates are per-sample gradients, clipped from their norms without being formed,
@@ -25,7 +26,8 @@ data tensors live there, fairclip's in-process engine runs one worker (one GPU),
 stops after ``torch.cuda.synchronize()``. The targets stay this CPU machine's; on a GPU they are
 figures for the record.
 
-Examples per second of each contender's fastest of 3 repeats (1 in ``--quick``); the clock
+Examples per second of each contender's fastest repeat (of :data:`PAIRED_REPEATS`; the Ray and
+one-thread references: of 3; 1 in ``--quick``); the targets are medians of paired ratios. The clock
 covers the steps and, for the private contenders, one ε at the end (and fairclip's evaluation of
 its small test set). The data is 28×28 synthetic (:mod:`benchmarks.imagetask`; no MNIST
 download), as many examples as MNIST's training set (60,000) in the full run; the larger models
@@ -54,6 +56,13 @@ a CPU's caches; on an H100 the tanh CNN ran 4,400 examples/s at 32 and 6,200 at 
 block, 27,100 at 256 with the batched sums of :mod:`fairclip.client.ghost`)."""
 
 
+PAIRED_REPEATS = 5
+"""Repeats of a model's four contenders in the full run (1 in ``--quick``)."""
+WARM_UP_STEPS = 2
+"""Steps of each contender's unmeasured first run (its one-time costs: lazy imports, first
+kernels, the allocator's growth)."""
+
+
 def sizes(quick: bool, model: str = "tanh-cnn") -> dict[str, Any]:
     if quick:
         return {"examples": 2048, "steps": 3 if model == "tanh-cnn" else 2, "repeats": 1}
@@ -64,22 +73,24 @@ def contender_name(model: str, contender: str) -> str:
     return contender if model == "tanh-cnn" else f"{model}/{contender}"
 
 
-def config(quick: bool, model: str = "tanh-cnn", device: str = "cpu"):
+def config(quick: bool, model: str = "tanh-cnn", device: str = "cpu", steps: int | None = None):
+    """fairclip's run of ``model``: the full or quick size, ``steps`` rounds where given."""
     from .imagetask import image_config, image_run
 
     size = sizes(quick, model)
+    steps = steps or size["steps"]
     return image_config(
         image_run(
             num_clients=size["examples"],
             sample_rate=BATCH / size["examples"],
-            rounds=size["steps"],
+            rounds=steps,
             per_client=1,
             model=model,
             strategy="constant",
             client_lr=1.0,
             test_per_cohort=100,
             # Like Opacus' loop below: no evaluation or ε between steps, one at the end.
-            eval_every=size["steps"],
+            eval_every=steps,
             strategy_params={"initial_bound": CLIP},
             training={
                 "server_lr": LR,
@@ -91,42 +102,48 @@ def config(quick: bool, model: str = "tanh-cnn", device: str = "cpu"):
     )
 
 
-def _run_fairclip(quick: bool, engine: str, model: str = "tanh-cnn", device: str = "cpu") -> Measurement:
+Run = tuple[float, float, dict[str, Any]]
+"""One timed run: (seconds, examples, details)."""
+Runner = Callable[[int], Run]
+"""Runs a contender once for the given number of steps."""
+
+
+def _fairclip_runner(quick: bool, model: str, device: str, engine: str = "threads") -> Runner:
+    """fairclip's one-step path with its task and executor built once (``engine``: ``threads``,
+    one worker thread per core, or one on a GPU; ``local``, one thread; ``ray``, one actor per
+    core)."""
     from .engine import start_ray, timed_rounds
     from .imagetask import build_task, ray_executor
 
     if engine == "ray":
         _ray_is_installed()
+    run_config = config(quick, model, device)
+    task = build_task(run_config)
+    assert task.one_step, "the W2 task must take the one-step path"
+    workers = 1
+    if engine == "ray":
+        executor = ray_executor(run_config, start_ray())
+    else:
+        from fairclip.sims.local_engine import LocalExecutor
+        from fairclip.strategies import build_policy
 
-    def body():
-        run_config = config(quick, model, device)
-        task = build_task(run_config)
-        assert task.one_step, "the W2 task must take the one-step path"
-        workers = 1
-        if engine == "ray":
-            executor = ray_executor(run_config, start_ray())
-        else:
-            from fairclip.sims.local_engine import LocalExecutor
-            from fairclip.strategies import build_policy
+        policy = build_policy(run_config.strategy.name, run_config.strategy.params, num_cohorts=2)
+        workers = usable_cores() if engine == "threads" and device == "cpu" else 1
+        executor = LocalExecutor(task, policy, workers=workers)
 
-            policy = build_policy(run_config.strategy.name, run_config.strategy.params, num_cohorts=2)
-            workers = usable_cores() if engine == "threads" and device == "cpu" else 1
-            executor = LocalExecutor(task, policy, workers=workers)
-        runs = []
-        for _ in range(sizes(quick, model)["repeats"]):
-            seconds, details = timed_rounds(run_config, task, executor)
-            details.update(
-                engine=engine,
-                workers=workers,
-                examples=details["client_updates"],
-                one_step=True,
-                model=model,
-                device=device,
-            )
-            runs.append((seconds, details["client_updates"], details))
-        return fastest(runs)
+    def run(steps: int) -> Run:
+        seconds, details = timed_rounds(config(quick, model, device, steps), task, executor)
+        details.update(
+            engine=engine,
+            workers=workers,
+            examples=details["client_updates"],
+            one_step=True,
+            model=model,
+            device=device,
+        )
+        return seconds, details["client_updates"], details
 
-    return measured(UNIT, body)
+    return run
 
 
 def _ray_is_installed() -> None:
@@ -159,8 +176,9 @@ def _synchronize(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def _run_opacus(quick: bool, model: str, mode: str, device: str = "cpu") -> Measurement:
-    """Opacus' ``PrivacyEngine`` loop (``mode``: ``hooks``, its default, or ``ghost``)."""
+def _opacus_runner(quick: bool, model: str, mode: str, device: str) -> Runner:
+    """Opacus' ``PrivacyEngine`` loop (``mode``: ``hooks``, its default, or ``ghost``), a fresh
+    model, optimizer and engine each run."""
     import warnings
 
     import torch
@@ -168,11 +186,14 @@ def _run_opacus(quick: bool, model: str, mode: str, device: str = "cpu") -> Meas
     from torch import nn
     from torch.utils.data import DataLoader
 
+    from fairclip.client.training import prepare_training
+
     from .imagetask import build_bench_model
 
-    size = sizes(quick, model)
+    prepare_training()  # the one-time import fairclip's tasks also do before their rounds
+    dataset = _dataset(quick, model, device)
 
-    def one_run(dataset) -> tuple[float, float, dict[str, Any]]:
+    def run(steps_wanted: int) -> Run:
         torch.manual_seed(0)
         network = build_bench_model(model).to(device)
         optimizer = torch.optim.SGD(network.parameters(), lr=LR)
@@ -197,7 +218,7 @@ def _run_opacus(quick: bool, model: str, mode: str, device: str = "cpu") -> Meas
             network, optimizer, loader = private
         examples = steps = 0
         started = time.perf_counter()
-        while steps < size["steps"]:
+        while steps < steps_wanted:
             for x, y in loader:
                 optimizer.zero_grad(set_to_none=True)
                 if len(y):
@@ -205,7 +226,7 @@ def _run_opacus(quick: bool, model: str, mode: str, device: str = "cpu") -> Meas
                 optimizer.step()
                 examples += len(y)
                 steps += 1
-                if steps == size["steps"]:
+                if steps == steps_wanted:
                     break
         epsilon = engine.get_epsilon(1e-5)  # once, inside the clock, as fairclip's ε after its last round
         _synchronize(device)
@@ -221,17 +242,10 @@ def _run_opacus(quick: bool, model: str, mode: str, device: str = "cpu") -> Meas
         }
         return seconds, examples, details
 
-    def body():
-        from fairclip.client.training import prepare_training
-
-        prepare_training()  # the one-time import fairclip's tasks also do before their rounds
-        dataset = _dataset(quick, model, device)
-        return fastest([one_run(dataset) for _ in range(size["repeats"])])
-
-    return measured(UNIT, body)
+    return run
 
 
-def _run_sgd(quick: bool, model: str, device: str = "cpu") -> Measurement:
+def _sgd_runner(quick: bool, model: str, device: str) -> Runner:
     """Plain mini-batch SGD (no clipping, no noise) on batches of :data:`BATCH` drawn by indexing
     the data tensors with a seeded permutation (no ``DataLoader``, whose per-example fetching
     and collation cost more than the tanh CNN's step): the fastest honest non-private step."""
@@ -240,9 +254,9 @@ def _run_sgd(quick: bool, model: str, device: str = "cpu") -> Measurement:
 
     from .imagetask import build_bench_model
 
-    size = sizes(quick, model)
+    features, labels = _dataset(quick, model, device).tensors
 
-    def one_run(features: torch.Tensor, labels: torch.Tensor) -> tuple[float, float, dict[str, Any]]:
+    def run(steps_wanted: int) -> Run:
         torch.manual_seed(0)
         network = build_bench_model(model).to(device)
         optimizer = torch.optim.SGD(network.parameters(), lr=LR)
@@ -250,7 +264,7 @@ def _run_sgd(quick: bool, model: str, device: str = "cpu") -> Measurement:
         generator = torch.Generator().manual_seed(0)
         examples = steps = 0
         started = time.perf_counter()
-        while steps < size["steps"]:
+        while steps < steps_wanted:
             order = torch.randperm(len(labels), generator=generator).to(device)
             for start in range(0, len(order) - BATCH + 1, BATCH):
                 batch = order[start : start + BATCH]
@@ -259,7 +273,7 @@ def _run_sgd(quick: bool, model: str, device: str = "cpu") -> Measurement:
                 optimizer.step()
                 examples += BATCH
                 steps += 1
-                if steps == size["steps"]:
+                if steps == steps_wanted:
                     break
         _synchronize(device)
         seconds = time.perf_counter() - started
@@ -267,50 +281,105 @@ def _run_sgd(quick: bool, model: str, device: str = "cpu") -> Measurement:
         details = {"steps": steps, "examples": examples, "threads": threads, "model": model, "device": device}
         return seconds, examples, details
 
-    def body():
-        dataset = _dataset(quick, model, device)
-        features, labels = dataset.tensors
-        return fastest([one_run(features, labels) for _ in range(size["repeats"])])
+    return run
+
+
+PAIRED = ("fairclip", "opacus", "opacus-ghost", "sgd")
+"""A model's contenders, timed in paired repeats in one process (:func:`run_model`)."""
+
+
+def run_model(quick: bool, model: str, device: str = "cpu") -> dict[str, Measurement]:
+    """A model's four contenders in one process: each once unmeasured (:data:`WARM_UP_STEPS`),
+    then :data:`PAIRED_REPEATS` repeats of all four back to back, in alternating order
+    (:func:`benchmarks.common.alternate`). The targets are medians over the repeats of ratios
+    within a repeat (fairclip's ``paired`` details), as W4's and W5's are: a contender timed
+    minutes after another in a process of its own saw another machine (the tanh CNN's plain SGD
+    repeats of 2026-11-26 14:43 took 5.94, 5.87 and 4.32 s). The table shows each contender's
+    fastest repeat; its peak memory is the process's resident peak while that contender ran
+    (the process holds all four). fairclip runs with one torch thread per worker (its task sets
+    that), Opacus and SGD with torch's default threads, as in processes of their own."""
+    import statistics
+
+    import torch
+
+    from .common import TreeMemorySampler, alternate, self_peak_rss_bytes
+
+    started = time.perf_counter()
+    default_threads = torch.get_num_threads()
+    runners = {
+        "fairclip": _fairclip_runner(quick, model, device),
+        "opacus": _opacus_runner(quick, model, "hooks", device),
+        "opacus-ghost": _opacus_runner(quick, model, "ghost", device),
+        "sgd": _sgd_runner(quick, model, device),
+    }
+    steps = sizes(quick, model)["steps"]
+    repeats = 1 if quick else PAIRED_REPEATS
+    runs: dict[str, list[Run]] = {name: [] for name in PAIRED}
+    peaks = dict.fromkeys(PAIRED, 0)
+    warm_up_s = {}
+
+    def timed(name: str, steps_wanted: int) -> Run:
+        torch.set_num_threads(1 if name == "fairclip" else default_threads)
+        with TreeMemorySampler() as sampler:
+            run = runners[name](steps_wanted)
+        peaks[name] = max(peaks[name], sampler.peak)
+        return run
+
+    for name in PAIRED:
+        warm_up_s[name] = timed(name, WARM_UP_STEPS)[0]
+    for repeat in range(repeats):
+        for name in alternate(PAIRED, repeat):
+            runs[name].append(timed(name, steps))
+    total = time.perf_counter() - started
+    speeds = {name: [work / seconds for seconds, work, _ in runs[name]] for name in PAIRED}
+    paired = {
+        "fairclip/opacus": [f / o for f, o in zip(speeds["fairclip"], speeds["opacus"], strict=True)],
+        "fairclip/opacus-ghost": [
+            f / g for f, g in zip(speeds["fairclip"], speeds["opacus-ghost"], strict=True)
+        ],
+        "sgd/fairclip": [s / f for s, f in zip(speeds["sgd"], speeds["fairclip"], strict=True)],
+    }
+    results = {}
+    for name in PAIRED:
+        seconds, work, details = fastest(runs[name])
+        details.update(warm_up_wall_s=warm_up_s[name], paired_repeats=repeats)
+        details["total_s_note"] = "total_s: the whole process (the model's four contenders, all repeats)"
+        if name == "fairclip":
+            details["paired"] = paired
+            details["paired_medians"] = {key: statistics.median(values) for key, values in paired.items()}
+        peak = peaks[name] or self_peak_rss_bytes()
+        results[contender_name(model, name)] = Measurement(
+            work / seconds, UNIT, seconds, total, work, peak, details
+        )
+    return results
+
+
+def _reference(quick: bool, engine: str, device: str) -> Measurement:
+    """fairclip alone in its own process, fastest of 3 (the Ray and one-thread references)."""
+    size = sizes(quick)
+
+    def body() -> Run:
+        run = _fairclip_runner(quick, "tanh-cnn", device, engine)
+        return fastest([run(size["steps"]) for _ in range(size["repeats"])])
 
     return measured(UNIT, body)
 
 
-def run_fairclip(quick: bool, device: str = "cpu") -> Measurement:
-    return _run_fairclip(quick, "threads", device=device)
-
-
 def run_fairclip_ray(quick: bool, device: str = "cpu") -> Measurement:
-    return _run_fairclip(quick, "ray", device=device)
+    return _reference(quick, "ray", device)
 
 
 def run_fairclip_local(quick: bool, device: str = "cpu") -> Measurement:
-    return _run_fairclip(quick, "local", device=device)
+    return _reference(quick, "local", device)
 
 
-def _per_model() -> dict[str, Callable[..., Measurement]]:
-    """Every model's four contenders; each takes ``(quick, device="cpu")``."""
-    contenders: dict[str, Callable[..., Measurement]] = {}
-    for model in MODELS:
-        contenders[contender_name(model, "fairclip")] = lambda quick, device="cpu", m=model: _run_fairclip(
-            quick, "threads", m, device
-        )
-        contenders[contender_name(model, "opacus")] = lambda quick, device="cpu", m=model: _run_opacus(
-            quick, m, "hooks", device
-        )
-        contenders[contender_name(model, "opacus-ghost")] = lambda quick, device="cpu", m=model: _run_opacus(
-            quick, m, "ghost", device
-        )
-        contenders[contender_name(model, "sgd")] = lambda quick, device="cpu", m=model: _run_sgd(
-            quick, m, device
-        )
-    return contenders
-
-
-CONTENDERS = {
-    **_per_model(),
+CONTENDERS: dict[str, Callable[..., Measurement | dict[str, Measurement]]] = {
+    **{model: (lambda quick, device="cpu", m=model: run_model(quick, m, device)) for model in MODELS},
     "fairclip-ray": run_fairclip_ray,
     "fairclip-local": run_fairclip_local,
 }
+"""The child processes: one per model (its four contenders, paired), and the two references.
+Each takes ``(quick, device="cpu")``."""
 
 
-__all__ = ["CONTENDERS", "MODELS", "contender_name", "usable_cores"]
+__all__ = ["CONTENDERS", "MODELS", "PAIRED", "contender_name", "run_model", "usable_cores"]

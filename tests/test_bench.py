@@ -45,7 +45,11 @@ def test_quick_suite_writes_the_report(tmp_path):
     others = report["other_load"]  # what processes already running took meanwhile
     assert others["core_seconds"] >= 0 and others["fraction"] >= 0 and len(others["busiest"]) <= 3
     assert others["idle_enough"] == (others["fraction"] <= 0.05)
-    expected = {f"w2.{name}" for name in CONTENDERS["w2"]}
+    from fairclip.benchmarks.w2 import MODELS, PAIRED, contender_name
+
+    assert CONTENDERS["w2"] == (*MODELS, "fairclip-ray", "fairclip-local")  # a child per model
+    expected = {f"w2.{contender_name(model, name)}" for model in MODELS for name in PAIRED}
+    expected |= {"w2.fairclip-ray", "w2.fairclip-local"}
     assert {"w2.opacus-ghost", "w2.sgd", "w2.esipova-cnn/opacus-ghost", "w2.zhao-cnn/sgd"} <= expected
     expected |= {"w3.bimodal-mean", "w3.logistic", "w3.logistic-1e9", "w3.logistic-1e6"}
     expected |= {"w4.bounded", "w4.none"}
@@ -74,6 +78,15 @@ def test_quick_suite_writes_the_report(tmp_path):
             continue
         assert row["met"] in (True, False), row
         assert math.isfinite(row["value"])
+    w2 = report["workloads"]["w2"]["contenders"]
+    for model in MODELS:  # one pair in --quick: each paired ratio is the fastest runs' ratio
+        fairclip = w2[contender_name(model, "fairclip")]
+        assert fairclip["paired_repeats"] == 1 and set(fairclip["paired"]) == set(fairclip["paired_medians"])
+        opacus = w2[contender_name(model, "opacus")]
+        assert fairclip["paired_medians"]["fairclip/opacus"] == pytest.approx(
+            fairclip["throughput"] / opacus["throughput"]
+        )
+        assert opacus["threads"] >= 1 and opacus["warm_up_wall_s"] > 0
     w4 = report["workloads"]["w4"]["contenders"]
     assert w4["bounded"]["client_updates"] == w4["none"]["client_updates"] > 0
     assert len(w4["bounded"]["paired_overheads"]) == w4["bounded"]["repeats"] == 1
@@ -141,6 +154,30 @@ def test_targets_from_figures():
         2,
     )
     assert paired[0]["met"] is True and paired[0]["value"] == pytest.approx(0.03)
+    # W2: the medians of the paired ratios where the model's child measured them
+    w2 = {
+        "fairclip": {
+            "status": "ok",
+            "throughput": 300.0,
+            "paired_medians": {"fairclip/opacus": 2.1, "fairclip/opacus-ghost": 0.9, "sgd/fairclip": 1.2},
+        },
+        "opacus": {"status": "ok", "throughput": 100.0},
+        "opacus-ghost": {"status": "ok", "throughput": 100.0},
+        "sgd": {"status": "ok", "throughput": 600.0},
+        "zhao-cnn/fairclip": {"status": "ok", "throughput": 100.0},  # no pairs: the ratios
+        "zhao-cnn/opacus": {"status": "ok", "throughput": 40.0},
+        "zhao-cnn/sgd": {"status": "ok", "throughput": 200.0},
+    }
+    rows = {row["name"]: row for row in targets("w2", w2, 2)}
+    assert rows["fairclip/opacus"]["value"] == 2.1 and rows["fairclip/opacus"]["met"] is True
+    assert rows["fairclip/opacus-ghost"]["value"] == 0.9 and rows["fairclip/opacus-ghost"]["met"] is False
+    assert rows["sgd/fairclip (time per example)"]["value"] == 1.2
+    assert rows["sgd/fairclip (time per example)"]["met"] is True
+    assert rows["zhao-cnn: fairclip/opacus"]["value"] == 2.5 and rows["zhao-cnn: fairclip/opacus"]["met"]
+    assert rows["zhao-cnn: sgd/fairclip (time per example)"]["value"] == 2.0
+    assert rows["zhao-cnn: sgd/fairclip (time per example)"]["met"] is False
+    assert rows["zhao-cnn: fairclip/opacus-ghost"]["value"] is None
+    assert rows["esipova-cnn: fairclip/opacus"]["met"] is None
     # W5: the median of the paired speed-ups, not the fastest runs' ratio (3.0 here)
     w5 = {
         "actors-1": {"status": "ok", "throughput": 50.0},
