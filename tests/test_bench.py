@@ -345,7 +345,7 @@ def test_a_stopped_benchmark_keeps_what_it_measured(monkeypatch, tmp_path):
 
     calls: list[str] = []
 
-    def fake(workload: str, contender: str, quick: bool) -> dict:
+    def fake(workload: str, contender: str, quick: bool, device: str = "cpu") -> dict:
         calls.append(contender)
         if len(calls) == 3:
             raise KeyboardInterrupt
@@ -362,6 +362,8 @@ def test_a_stopped_benchmark_keeps_what_it_measured(monkeypatch, tmp_path):
         first: {"status": "ok", "throughput": 10.0, "unit": "clients/s"},
         second: {"status": "ok", "throughput": 20.0, "unit": "clients/s"},
     }
-    monkeypatch.setattr(run, "run_contender", lambda w, c, q: {c: {"status": "ok", "throughput": 1.0}})
+    monkeypatch.setattr(
+        run, "run_contender", lambda w, c, q, device: {c: {"status": "ok", "throughput": 1.0}}
+    )
     done = run_bench(["w4"], True, path)
     assert json.loads(path.read_text())["complete"] is True and done["complete"] is True
