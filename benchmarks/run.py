@@ -129,21 +129,26 @@ def targets(workload: str, results: dict[str, dict[str, Any]], cores: int) -> li
     """The workload's targets with their measured values (``met`` is None when unmeasured)."""
     rows: list[dict[str, Any]] = []
 
-    def ratio(name: str, top: str, bottom: str, at_least: float, text: str) -> None:
+    def quotient(top: str, bottom: str) -> float | None:
         a, b = _value(results, top), _value(results, bottom)
-        value = a / b if a is not None and b else None
+        return a / b if a is not None and b else None
+
+    # ``paired``: the median of paired repeats' ratios where the workload measured it (W2, W5),
+    # which then stands for the fastest runs' ratio of ``top`` over ``bottom``.
+    def ratio(
+        name: str, top: str, bottom: str, at_least: float, text: str, paired: float | None = None
+    ) -> None:
+        value = paired if paired is not None else quotient(top, bottom)
         met = None if value is None else value >= at_least
         rows.append({"name": name, "value": value, "target": text, "threshold": at_least, "met": met})
 
-    def reference(name: str, top: str, bottom: str) -> None:
+    def reference(name: str, top: str, bottom: str, paired: float | None = None) -> None:
         """A ratio reported for reading the targets, with no target of its own."""
-        a, b = _value(results, top), _value(results, bottom)
-        value = a / b if a is not None and b else None
+        value = paired if paired is not None else quotient(top, bottom)
         rows.append({"name": name, "value": value, "target": "(reference)", "threshold": None, "met": None})
 
-    def at_most(name: str, top: str, bottom: str, limit: float) -> None:
-        a, b = _value(results, top), _value(results, bottom)
-        value = a / b if a is not None and b else None
+    def at_most(name: str, top: str, bottom: str, limit: float, paired: float | None = None) -> None:
+        value = paired if paired is not None else quotient(top, bottom)
         met = None if value is None else value <= limit
         rows.append({"name": name, "value": value, "target": f"≤ {limit:g}", "threshold": limit, "met": met})
 
@@ -153,25 +158,25 @@ def targets(workload: str, results: dict[str, dict[str, Any]], cores: int) -> li
         ratio("fairclip/pfl", "fairclip", "pfl", 1.0, "≥ 1")
     elif workload == "w2":
         # Medians of the paired repeats' ratios (benchmarks/w2.py); else the fastest runs' ratio.
-        def paired(name: str, key: str, top: str, bottom: str, limit: float, at_least: bool) -> None:
-            """The median of fairclip's paired ``key`` ratios (``top`` over ``bottom``)."""
-            fairclip_result = results.get(w2_name(model, "fairclip"), {})
-            medians = fairclip_result.get("paired_medians") or {}
-            value = medians.get(key) if fairclip_result.get("status") == "ok" else None
-            if value is None:
-                a, b = _value(results, top), _value(results, bottom)
-                value = a / b if a is not None and b else None
-            met = None if value is None else (value >= limit if at_least else value <= limit)
-            text = f"{'≥' if at_least else '≤'} {limit:g}"
-            rows.append({"name": name, "value": value, "target": text, "threshold": limit, "met": met})
-
         for model in W2_MODELS:
             prefix = "" if model == "tanh-cnn" else f"{model}: "
             fairclip = w2_name(model, "fairclip")
             opacus, ghost, sgd = (w2_name(model, c) for c in ("opacus", "opacus-ghost", "sgd"))
-            paired(f"{prefix}fairclip/opacus", "fairclip/opacus", fairclip, opacus, 2.0, True)
-            paired(f"{prefix}fairclip/opacus-ghost", "fairclip/opacus-ghost", fairclip, ghost, 1.0, True)
-            paired(f"{prefix}sgd/fairclip (time per example)", "sgd/fairclip", sgd, fairclip, 1.5, False)
+            fairclip_result = results.get(fairclip, {})
+            ok = fairclip_result.get("status") == "ok"
+            medians = (fairclip_result.get("paired_medians") or {}) if ok else {}
+            ratio(f"{prefix}fairclip/opacus", fairclip, opacus, 2.0, "≥ 2", medians.get("fairclip/opacus"))
+            ratio(
+                f"{prefix}fairclip/opacus-ghost",
+                fairclip,
+                ghost,
+                1.0,
+                "≥ 1",
+                medians.get("fairclip/opacus-ghost"),
+            )
+            at_most(
+                f"{prefix}sgd/fairclip (time per example)", sgd, fairclip, 1.5, medians.get("sgd/fairclip")
+            )
         ratio("fairclip-ray/opacus", "fairclip-ray", "opacus", 1.0, "≥ 1 (reference)")
         ratio("fairclip-local/opacus", "fairclip-local", "opacus", 1.0, "≥ 1 (reference)")
     elif workload == "w3":
@@ -206,18 +211,17 @@ def targets(workload: str, results: dict[str, dict[str, Any]], cores: int) -> li
         )
     elif workload == "w5":
         # The median of paired repeats' speed-ups (benchmarks/w5.py); else the fastest runs' ratio.
-        def paired(name: str, two: str, one: str, at_least: float | None) -> None:
-            value = _value(results, two, "speedup")
-            if value is None:
-                a, b = _value(results, two), _value(results, one)
-                value = a / b if a is not None and b else None
-            met = None if value is None or at_least is None else value >= at_least
-            text = "(reference)" if at_least is None else f"≥ {at_least}"
-            rows.append({"name": name, "value": value, "target": text, "threshold": at_least, "met": met})
-
-        paired("actors-2/actors-1 (median of pairs)", "actors-2", "actors-1", W5_SPEEDUP)
-        paired("nodes-2/node-1 (median of pairs)", "nodes-2", "node-1", W5_SPEEDUP)
-        paired("floors-2/floor-1 (the machine's own scale-out)", "floors-2", "floor-1", None)
+        for name, two, one in (
+            ("actors-2/actors-1 (median of pairs)", "actors-2", "actors-1"),
+            ("nodes-2/node-1 (median of pairs)", "nodes-2", "node-1"),
+        ):
+            ratio(name, two, one, W5_SPEEDUP, f"≥ {W5_SPEEDUP}", _value(results, two, "speedup"))
+        reference(
+            "floors-2/floor-1 (the machine's own scale-out)",
+            "floors-2",
+            "floor-1",
+            _value(results, "floors-2", "speedup"),
+        )
         reference("actors-1/floor-1", "actors-1", "floor-1")
         reference("actors-2/floors-2", "actors-2", "floors-2")
     return rows
