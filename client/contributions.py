@@ -10,6 +10,7 @@ its raw norm).
 from __future__ import annotations
 
 import numpy as np
+import torch
 
 from fairclip.client.ghost import OneStepGradients
 from fairclip.strategies import Policy
@@ -88,6 +89,7 @@ def contribute_scaled_blocks(
     exchange: Exchange = Exchange.ROUND,
     directions: bool = False,
     unclipped_total: bool = False,
+    on_device: bool = False,
 ) -> list[RoundSums]:
     """:func:`contribute_blocks` for a row-scaling policy (:attr:`Policy.row_scaling`) from the
     norms and weighted sums of updates that are never materialised (:mod:`fairclip.client.ghost`):
@@ -99,7 +101,10 @@ def contribute_scaled_blocks(
     sum; the other part is zero. ``directions`` (simulation diagnostics, in the exchange that
     carries the contributions): each cohort's sums of its unscaled and scaled rows, 2K more
     weighted sums per block; ``unclipped_total`` (there too): the sum of the unscaled rows that
-    contribute, one more."""
+    contribute, one more. ``on_device``: each block's ``contribution_sum`` stays where the
+    gradients are (a GPU, or the CPU), as a float64 tensor with the same numbers, for the caller
+    to add up there (:func:`fairclip.sims.local_engine.add_in_order_on_device`); everything else
+    comes to the host as always."""
     cohorts = np.asarray(cohorts, dtype=np.int64)
     scaled = policy.scaled_client_side(gradients.norms, cohorts, params)
     contributions = exchange is not Exchange.COUNTS
@@ -119,10 +124,16 @@ def contribute_scaled_blocks(
         if totalled:
             weights.append(_contributing(scaled, rows))
         block_weights.append(np.stack(weights) if weights else np.empty((0, rows.stop - rows.start)))
-    block_sums = gradients.block_weighted_sums([rows for rows, _ in blocks], block_weights)
+    block_rows = [rows for rows, _ in blocks]
+    block_sums = gradients.block_weighted_sums(block_rows, block_weights, on_device=on_device)
     sums = []
     for (rows, size), weighted_rows in zip(blocks, block_sums, strict=True):
-        weighted = list(weighted_rows)
+        if isinstance(weighted_rows, torch.Tensor):  # on the device: only the contribution stays
+            rest = weighted_rows[1:] if contributions else weighted_rows
+            weighted = [weighted_rows[0]] if contributions else []
+            weighted += list(rest.cpu().numpy())
+        else:
+            weighted = list(weighted_rows)
         total = weighted.pop() if totalled else None
         cohort_sums = None
         if tracked:

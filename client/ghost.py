@@ -109,13 +109,20 @@ def _padded(rows: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     return torch.cat([rows, rows.new_zeros(1, rows.shape[1])])[index]
 
 
-BATCHED_SUMS_LIMIT = 2**21
+BATCHED_SUMS_LIMIT = 2**25
 """Most float64 numbers (blocks × weight rows × parameters) a group's sums may hold for a GPU to
-form them in one batched product (:meth:`OneStepGradients.block_weighted_sums`). Measured on an
-H100 (2026-11-26; W2's data, one worker, 20 rounds, examples/s; README, "W2 on a GPU"):
-``tanh-cnn`` (8,954 parameters, 64 blocks of 4 in one group of 256 rows, 0.57 M numbers) 6,200
-block by block against 27,100 batched; ``zhao-cnn`` (805,578 parameters, about 8 blocks a group,
-6.4 M numbers) 770 against 530, so large groups stay block by block."""
+form them in one batched product (:meth:`OneStepGradients.block_weighted_sums`): 256 MiB, what
+a group's materialised updates may hold (:data:`fairclip.strategies.aggregation.GROUP_BYTES`),
+so a group with one weight row and no empty block always batches. The choice depends only on
+the device, the blocks, the weights and the model, never on the executor: batched and block by
+block sums differ in rounding, so a GPU run must make the same choice in this process and in Ray
+actors (``on_device`` or not) to stay identical.
+
+Measured (W2's data, one worker, examples/s, block by block against batched): with every
+block's sums copied to the host (H100, 2026-11-26, 20 rounds) ``tanh-cnn`` 6,200 against 27,100
+and ``zhao-cnn`` 770 against 530; with the sums added on the device (``on_device``, H200,
+2026-11-26, 10 rounds) ``esipova-cnn`` 8,450 against 19,517 and ``zhao-cnn`` 2,527 against
+3,687. The in-process engine, which adds them on the device, is what a GPU run uses."""
 
 
 @dataclass
@@ -145,25 +152,43 @@ class OneStepGradients:
             start += size
         return out
 
+    def device_weighted_sums(self, rows: slice, weights: np.ndarray) -> torch.Tensor:
+        """:meth:`weighted_sums` as a float64 tensor where the gradients are, the same numbers
+        (each layer's part is the same product; only the copy to the host is left out)."""
+        weights = np.atleast_2d(np.asarray(weights, dtype=np.float64))
+        device = self._device()
+        if weights.shape[0] == 0:
+            return torch.empty((0, self.dim), dtype=torch.float64, device=device)
+        torch_weights = torch.from_numpy(weights * -self.lr).to(device)
+        parts = [torch.stack(layer.weighted_sums(rows, torch_weights)) for layer in self.layers]
+        return torch.cat(parts, dim=1)
+
     def block_weighted_sums(
-        self, blocks: list[slice], weights: list[np.ndarray], batched: bool | None = None
-    ) -> list[np.ndarray]:
+        self,
+        blocks: list[slice],
+        weights: list[np.ndarray],
+        batched: bool | None = None,
+        on_device: bool = False,
+    ) -> list[np.ndarray] | list[torch.Tensor]:
         """``[weighted_sums(rows, w) for rows, w in zip(blocks, weights)]``, where every ``w`` has
         the same number of rows m. Both ways give the same sums to float64 rounding; ``batched``
         forces one (None: :data:`BATCHED_SUMS_LIMIT` decides on a GPU, the CPU goes block by
         block, so its results never change).
 
         Batched, all blocks' sums come from one padded product per layer and one copy to the
-        host; block by block, each small product and each copy waits on the device."""
+        host; block by block, each small product and each copy waits on the device.
+        ``on_device``: each block's sums stay where the gradients are, as a float64 tensor (the
+        same numbers; no copy to the host, which a GPU otherwise waits on for every block:
+        :func:`fairclip.sims.local_engine.add_in_order_on_device`)."""
         if batched is None:
-            batched = (
-                self._device().type != "cpu"
-                and len(blocks) * max((w.shape[0] for w in weights), default=0) * self.dim
-                <= BATCHED_SUMS_LIMIT
-            )
+            rows = max((w.shape[0] for w in weights), default=0)
+            batched = self._device().type != "cpu" and len(blocks) * rows * self.dim <= BATCHED_SUMS_LIMIT
         if not batched or len({w.shape[0] for w in weights}) > 1:
-            return [self.weighted_sums(rows, w) for rows, w in zip(blocks, weights, strict=True)]
+            one_block = self.device_weighted_sums if on_device else self.weighted_sums
+            return [one_block(rows, w) for rows, w in zip(blocks, weights, strict=True)]
         if not blocks or weights[0].shape[0] == 0:
+            if on_device:
+                return [self.device_weighted_sums(rows, w) for rows, w in zip(blocks, weights, strict=True)]
             return [np.empty((0, self.dim)) for _ in blocks]
         count = self.norms.shape[0]
         longest = max(rows.stop - rows.start for rows in blocks)
@@ -177,7 +202,7 @@ class OneStepGradients:
         torch_index = torch.from_numpy(index).to(device)
         torch_weights = torch.from_numpy(padded_weights).to(device)
         sums = torch.cat([layer.padded_sums(torch_index, torch_weights) for layer in self.layers], dim=2)
-        return list(sums.cpu().numpy())
+        return list(sums) if on_device else list(sums.cpu().numpy())
 
     def _device(self) -> torch.device:
         layer = self.layers[0]

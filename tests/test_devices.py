@@ -147,3 +147,41 @@ def test_norms_from_activations_on_the_gpu_equal_the_materialised_ones(model_nam
     one_by_one = gradients.block_weighted_sums(blocks, weights, batched=False)
     for batched, looped in zip(at_once, one_by_one, strict=True):
         np.testing.assert_allclose(batched, looped, rtol=1e-10, atol=1e-12 * (1 + np.abs(looped).max()))
+
+
+@pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device: the GPU path runs where torch sees one")
+@pytest.mark.parametrize("batched", [False, True])
+def test_block_sums_added_on_the_gpu_equal_the_host_total_bit_for_bit(batched):
+    """The in-process engine leaves each block's contribution sum on the GPU and adds them there
+    (:func:`fairclip.sims.local_engine.add_in_order_on_device`); the Ray engine copies every
+    block to the host and adds them there. Both must give the same bits."""
+    from fairclip.client.contributions import contribute_scaled_blocks
+    from fairclip.client.ghost import one_step_gradients
+    from fairclip.client.models import build_model, model_to_vector
+    from fairclip.sims.local_engine import add_in_order_on_device
+    from fairclip.strategies.aggregation import add_in_order
+    from fairclip.strategies.registry import build_policy
+
+    resolve_device("cuda")
+    torch.manual_seed(0)
+    model = build_model("zhao-cnn", (1, 28, 28), 10).to("cuda")
+    theta = model_to_vector(model)
+    count, sizes = 48, [9, 0, 17, 1, 21]
+    features = torch.randn(count, 1, 28, 28, generator=torch.Generator().manual_seed(2)).to("cuda")
+    gradients = one_step_gradients(model, theta, features, (torch.arange(count) % 10).to("cuda"), lr=0.5)
+    blocks = [slice(0, 9), slice(9, 9), slice(9, 26), slice(26, 27), slice(27, 48)]
+    weights = [np.random.default_rng(j).uniform(-1, 1, (2, b.stop - b.start)) for j, b in enumerate(blocks)]
+    host = gradients.block_weighted_sums(blocks, weights, batched=batched)
+    kept = gradients.block_weighted_sums(blocks, weights, batched=batched, on_device=True)
+    for have, want in zip(kept, host, strict=True):
+        assert have.device.type == "cuda"
+        assert have.cpu().numpy().tobytes() == want.tobytes()
+    policy = build_policy("constant", {"initial_bound": float(np.median(gradients.norms))}, num_cohorts=2)
+    params = policy.broadcast(policy.initial_state(theta.shape[0]))
+    cohorts = np.arange(count) % 2
+    want = add_in_order(contribute_scaled_blocks(policy, params, gradients, cohorts, 2, sizes))
+    parts = contribute_scaled_blocks(policy, params, gradients, cohorts, 2, sizes, on_device=True)
+    assert all(part.contribution_sum.device.type == "cuda" for part in parts)
+    total = add_in_order_on_device(parts)
+    assert np.abs(want.contribution_sum).max() > 0
+    assert total.contribution_sum.tobytes() == want.contribution_sum.tobytes()

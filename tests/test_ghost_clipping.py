@@ -300,3 +300,87 @@ def test_all_blocks_at_once_equal_the_blocks_one_by_one(sizes, weight_rows, mode
     for have, want in zip(at_once, one_by_one, strict=True):
         assert have.shape == want.shape == (weight_rows, gradients.dim)
         np.testing.assert_allclose(have, want, rtol=1e-12, atol=1e-12 * (1 + np.abs(want).max(initial=0)))
+
+
+def _bits_equal(have, want, where: str = "") -> None:
+    """The same float64 numbers, bit for bit (-0.0 and +0.0 apart, NaN where NaN)."""
+    have = have.cpu().numpy() if isinstance(have, torch.Tensor) else np.asarray(have)
+    want = np.asarray(want)
+    assert have.dtype == want.dtype == np.float64 and have.shape == want.shape, where
+    assert have.tobytes() == want.tobytes(), where
+
+
+@settings(max_examples=20, deadline=None)
+@given(
+    sizes=st.lists(st.integers(0, 6), min_size=1, max_size=6),
+    weight_rows=st.integers(0, 3),
+    model_name=st.sampled_from(["mlp-tanh", "esipova-cnn"]),
+    batched=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_block_sums_kept_on_the_device_are_the_host_sums_bit_for_bit(
+    sizes, weight_rows, model_name, batched, seed
+):
+    """``on_device`` only leaves out the copy to the host: the tensors hold the numbers the host
+    arrays hold, for either way of forming them and any block sizes and weight rows."""
+    count = sum(sizes)
+    assume(count > 0)
+    shape = SHAPES.get(model_name, (1, 28, 28))
+    torch.manual_seed(seed)
+    model = build_model(model_name, shape, 10)
+    features = torch.randn(count, *shape, generator=torch.Generator().manual_seed(seed))
+    gradients = one_step_gradients(model, model_to_vector(model), features, torch.arange(count) % 10, lr=0.3)
+    ends = np.cumsum([0, *sizes])
+    blocks = [slice(int(ends[j]), int(ends[j + 1])) for j in range(len(sizes))]
+    rng = np.random.default_rng(seed)
+    weights = [rng.uniform(-1, 1, (weight_rows, size)) for size in sizes]
+    host = gradients.block_weighted_sums(blocks, weights, batched=batched)
+    kept = gradients.block_weighted_sums(blocks, weights, batched=batched, on_device=True)
+    assert all(isinstance(part, torch.Tensor) for part in kept)
+    for block, (have, want) in enumerate(zip(kept, host, strict=True)):
+        _bits_equal(have, want, f"block {block}")
+
+
+@pytest.mark.parametrize("exchange", ["round", "counts", "updates"])
+@pytest.mark.parametrize("name", ["constant", "per-cohort", "online"])
+def test_contributions_added_on_the_device_equal_the_host_total_bit_for_bit(name, exchange):
+    """What the in-process engine does (block sums left where the gradients are, added there
+    in block order by ``add_in_order_on_device``) gives the total the Ray engine's host sums
+    give, bit for bit, in every exchange of a round and with every diagnostic sum on; blocks
+    left on the host (a zero contribution) mix in."""
+    from fairclip.sims.local_engine import add_in_order_on_device
+    from fairclip.strategies.aggregation import Exchange, add_in_order, sent_in
+
+    torch.manual_seed(3)
+    model = build_model("esipova-cnn", (1, 28, 28), 10)
+    theta = model_to_vector(model)
+    count, sizes = 40, [7, 0, 13, 1, 19]
+    features = torch.randn(count, 1, 28, 28, generator=torch.Generator().manual_seed(4))
+    gradients = one_step_gradients(model, theta, features, torch.arange(count) % 10, lr=0.5)
+    policy = _policy(name, float(np.median(gradients.norms)), num_cohorts=3)
+    params = policy.broadcast(policy.initial_state(theta.shape[0]))
+    cohorts = np.arange(count) % 3
+    step = Exchange(exchange)
+    args = (policy, params, gradients, cohorts, 3, sizes, step, True, True)
+    host = [sent_in(part, step) for part in contribute_scaled_blocks(*args)]
+    kept = [sent_in(part, step) for part in contribute_scaled_blocks(*args, on_device=True)]
+    contributes = step is not Exchange.COUNTS
+    assert all(isinstance(part.contribution_sum, torch.Tensor) == contributes for part in kept)
+    for block, (have, want) in enumerate(zip(kept, host, strict=True)):
+        _bits_equal(have.contribution_sum, want.contribution_sum, f"block {block}")
+        _bits_equal(have.report_sum, want.report_sum, f"block {block}")
+    mixed = [*kept[:2], host[2], *kept[3:]]  # one block's vector on the host
+    for parts in (kept, mixed):
+        total, want = add_in_order_on_device(parts), add_in_order(host)
+        assert isinstance(total.contribution_sum, np.ndarray)
+        _bits_equal(total.contribution_sum, want.contribution_sum)
+        _bits_equal(total.report_sum, want.report_sum)
+        assert total.num_reports == want.num_reports == count
+        for field in ("sampled", "exceeded", "norm_before", "unclipped_total", "clipped_sums"):
+            have_field, want_field = getattr(total.diagnostics, field), getattr(want.diagnostics, field)
+            if want_field is None:
+                assert have_field is None and not contributes
+            else:
+                _bits_equal(have_field, want_field, field)
+    if contributes:
+        assert np.abs(add_in_order(host).contribution_sum).max() > 0
