@@ -149,6 +149,13 @@ def groups_sums(
     return sums
 
 
+ON_DEVICE_SHARE = 4
+"""The in-process engine keeps a round's block sums on the GPU (:func:`add_in_order_on_device`)
+while all of them (one float64 vector per block) take at most 1/ON_DEVICE_SHARE of its memory:
+``zhao-cnn``'s 64 take 412 MB. A model so large that they would not fit adds them on the host, as
+before, where a round holds them all too (:data:`fairclip.strategies.aggregation.SUM_SHARDS`)."""
+
+
 @dataclass
 class LocalExecutor:
     """Every group of sampled clients in this process: one after the other, or shared out by
@@ -166,9 +173,12 @@ class LocalExecutor:
         self._held: dict[tuple[int, int], ClientWork] = {}
         """The current counts-first round's work, between its two exchanges."""
         device = getattr(self.task, "device", None)
-        self._on_device = device is not None and torch.device(device).type != "cpu"
-        """Whether block sums stay on the task's GPU until the round's total (on the CPU, numpy's
-        copies and additions measured a few per cent faster than torch's)."""
+        device = None if device is None else torch.device(device)
+        self._device_bytes = 0
+        """How many bytes of block sums may stay on the task's GPU until the round's total (0: on
+        the CPU, where numpy's copies and additions measured a few per cent faster than torch's)."""
+        if device is not None and device.type == "cuda":
+            self._device_bytes = torch.cuda.get_device_properties(device).total_memory // ON_DEVICE_SHARE
 
     @property
     def execution(self) -> dict[str, Any]:
@@ -181,9 +191,11 @@ class LocalExecutor:
         if exchange is not Exchange.UPDATES:
             self._held.clear()  # a new round: nothing of an earlier one is used again
 
+        on_device = len(blocks) * model.shape[0] * 8 <= self._device_bytes
+
         def run(task: Task, share: list[dict[int, np.ndarray]]) -> dict[int, RoundSums]:
             return groups_sums(
-                task, self.policy, model, share, round_number, params, exchange, self._held, self._on_device
+                task, self.policy, model, share, round_number, params, exchange, self._held, on_device
             )
 
         if self.workers == 1 or len(groups) < 2:
@@ -206,12 +218,13 @@ def add_in_order_on_device(sums: list[RoundSums]) -> RoundSums:
     of 4.0 s per 10 rounds). Each addition is one IEEE float64 addition per entry on either
     device, in the same order, so the total has the same bits as :func:`add_in_order`'s
     (``tests/test_ghost_clipping.py`` checks it with CPU tensors, ``tests/test_devices.py`` on a
-    GPU). :class:`LocalExecutor` asks for it where its task runs on a GPU."""
+    GPU). :class:`LocalExecutor` asks for it where its task runs on a GPU with room for them
+    (:data:`ON_DEVICE_SHARE`)."""
     vectors = [part.contribution_sum for part in sums]
-    on_gpu = [vector for vector in vectors if isinstance(vector, torch.Tensor)]
-    if not on_gpu:
+    kept = [vector for vector in vectors if isinstance(vector, torch.Tensor)]
+    if not kept:
         return add_in_order(sums)
-    device = on_gpu[0].device
+    device = kept[0].device
     total = torch.as_tensor(vectors[0], device=device)
     for vector in vectors[1:]:
         total = total + torch.as_tensor(vector, device=device)

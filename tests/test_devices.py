@@ -185,3 +185,56 @@ def test_block_sums_added_on_the_gpu_equal_the_host_total_bit_for_bit(batched):
     total = add_in_order_on_device(parts)
     assert np.abs(want.contribution_sum).max() > 0
     assert total.contribution_sum.tobytes() == want.contribution_sum.tobytes()
+
+
+@pytest.mark.parametrize(
+    "device",
+    [
+        "cpu",
+        pytest.param(
+            "cuda",
+            marks=pytest.mark.skipif(
+                not HAS_CUDA, reason="no CUDA device: the GPU path runs where torch sees one"
+            ),
+        ),
+    ],
+)
+def test_a_run_with_its_block_sums_on_the_device_is_the_run_with_them_on_the_host(device):
+    """Whole noisy one-step runs (the demo's CNN, one example per client): the in-process engine's
+    block sums kept and added where the gradients are (on a GPU by default; forced here on the
+    CPU too) give the run that copying every block to the host and adding there gives (what Ray
+    actors do, and the engine where the sums would not fit the GPU's share), bit for bit."""
+    import pandas as pd
+
+    from fairclip.sims.config import load_config
+    from fairclip.sims.engine import simulate
+    from fairclip.sims.local_engine import LocalExecutor
+    from fairclip.sims.tasks import build_task
+
+    settings = [
+        "scenario.examples_per_client=1",
+        "federation.num_clients=400",
+        "federation.sample_rate=0.3",
+        "training.rounds=3",
+        "strategy.name=bounded",
+        "privacy.noise_multiplier=0.6",
+        f"training.device={device}",
+        "seed=4",
+    ]
+    config = load_config("demo", None, settings)
+    runs = {}
+    for where in ("device", "host"):
+        task = build_task(config)
+        assert task.one_step
+
+        def executor(task, policy, where=where):
+            engine = LocalExecutor(task, policy)
+            assert (engine._device_bytes > 0) == (device == "cuda")  # the default: a GPU only
+            engine._device_bytes = 2**62 if where == "device" else 0
+            return engine
+
+        runs[where] = simulate(config, task, executor)
+    pd.testing.assert_frame_equal(
+        pd.DataFrame(runs["device"].rows), pd.DataFrame(runs["host"].rows), check_exact=True
+    )
+    np.testing.assert_array_equal(runs["device"].model, runs["host"].model)
