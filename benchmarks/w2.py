@@ -50,11 +50,6 @@ LR = 0.1
 MODELS = ("tanh-cnn", "esipova-cnn", "zhao-cnn")
 STEPS = {"tanh-cnn": 100, "esipova-cnn": 50, "zhao-cnn": 20}
 """Steps of the full run per model (the larger models' steps take longer)."""
-GPU_ROWS = 256
-"""``training.one_step_rows`` on a GPU: the whole expected batch in one call (the default 32 suits
-a CPU's caches; on an H100 the tanh CNN ran 4,400 examples/s at 32 and 6,200 at 256 block by
-block, 27,100 at 256 with the batched sums of :mod:`fairclip.client.ghost`)."""
-
 
 PAIRED_REPEATS = 5
 """Repeats of a model's four contenders in the full run (1 in ``--quick``)."""
@@ -94,8 +89,7 @@ def config(quick: bool, model: str = "tanh-cnn", device: str = "cpu", steps: int
             strategy_params={"initial_bound": CLIP},
             training={
                 "server_lr": LR,
-                "device": device,
-                **({"one_step_rows": GPU_ROWS} if device != "cpu" else {}),
+                "device": device,  # one_step_rows: the device's default, 256 rows a call on a GPU
             },
             privacy={"noise_multiplier": NOISE},
         )

@@ -251,14 +251,12 @@ class TrainingSpec(_Section):
     without forming them, where the policy is row-scaling and the model's parameterised layers
     are ``Linear`` or ``Conv2d`` (:mod:`fairclip.client.ghost`); ``materialize`` always forms each
     example's gradient with ``torch.func``. Both give the same run to float32 rounding."""
-    one_step_rows: Annotated[int, Field(ge=1)] = 32
+    one_step_rows: Annotated[int, Field(ge=1)] | None = None
     """Examples per call of the one-step path (one-step clients only): the engines train a
     round's sampled clients in groups of whole summation blocks of about this many examples,
     the same groups on every backend and number of workers, so a run is the same run on all of
-    them for a given value; another value changes the run by float rounding. Larger calls were
-    not faster on CPUs (tanh CNN, one thread, 256 examples: 0.15-0.19 s in calls of 32 or 64,
-    0.20-0.23 s in calls of 128 or 256), and small groups let the Ray engine balance its actors;
-    a GPU may want more (not measured yet)."""
+    them for a given value; another value changes the run by float rounding. Unset: 32 where
+    the task trains on the CPU, 256 on a GPU (:func:`fairclip.sims.classification.rows_per_one_step_call`)."""
     cohort_directions: bool = False
     """Record, per cohort and round, the direction and magnitude errors of the client side of
     the policy: cos(Σ c_i, Σ Δ_i) and ||Σ c_i|| / ||Σ Δ_i|| over the cohort's sampled clients

@@ -73,6 +73,7 @@ def test_clients_train_and_the_server_evaluates_on_the_gpu():
     settings = [f"{key}={value}" for key, value in SMALL.items()]
     task = build_task(load_config("demo", None, [*settings, "training.device=cuda"]))
     assert next(task.model.parameters()).is_cuda and task.train_x.is_cuda and task.test_x.is_cuda
+    assert task.one_step_rows == 256  # training.one_step_rows' default on a GPU
     updates = task.local_updates(task.initial_model(), np.arange(5), 1)
     assert updates.dtype == np.float64 and np.isfinite(updates).all()
 

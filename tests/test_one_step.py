@@ -129,6 +129,21 @@ def test_one_step_rows_sets_the_call_size_and_changes_a_run_by_rounding_only():
     assert "\n" not in str(caught.value)
 
 
+def test_unset_one_step_rows_is_32_on_the_cpu_and_256_on_a_gpu():
+    """The default call size follows the device the task trains on; a value set wins on both."""
+    from fairclip.sims.classification import rows_per_one_step_call
+
+    config = load_config("demo", None, [*ONE_STEP_DEMO, "training.device=cpu"])
+    assert config.training.one_step_rows is None
+    assert build_task(config).rows_per_call == 32
+    assert rows_per_one_step_call(torch.device("cpu")) == 32
+    assert (
+        rows_per_one_step_call(torch.device("cuda")) == rows_per_one_step_call(torch.device("cuda", 1)) == 256
+    )
+    chosen = load_config("demo", None, [*ONE_STEP_DEMO, "training.device=cpu", "training.one_step_rows=256"])
+    assert build_task(chosen).rows_per_call == 256
+
+
 def test_clients_with_several_examples_do_not_take_the_fast_path():
     config = load_config("demo", None, ["federation.num_clients=50", "training.local_epochs=1"])
     assert not build_task(config).one_step
