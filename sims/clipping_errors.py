@@ -53,7 +53,8 @@ def keep_one_error(sums: RoundSums, error: ClippingError) -> RoundSums:
 
 def _norm(vector: np.ndarray) -> float:
     """||vector|| to rounding at any scale: ``np.linalg.norm`` squares the entries, and squares
-    below about 1e-308 lose their digits (a sum of entries near 1e-159 came out 10 % off)."""
+    below about 1e-308 lose their digits (six entries of 3.0e-159 came out 8.9e-8 off, against
+    the 1e-9 the ablation's property test allows)."""
     peak = float(np.abs(vector).max(initial=0.0))
     return peak * float(np.linalg.norm(vector / peak)) if peak > 0 else 0.0
 
