@@ -129,9 +129,8 @@ def contribute_scaled_blocks(
     sums = []
     for (rows, size), weighted_rows in zip(blocks, block_sums, strict=True):
         if isinstance(weighted_rows, torch.Tensor):  # on the device: only the contribution stays
-            rest = weighted_rows[1:] if contributions else weighted_rows
-            weighted = [weighted_rows[0]] if contributions else []
-            weighted += list(rest.cpu().numpy())
+            stays = 1 if contributions else 0
+            weighted = [*weighted_rows[:stays], *weighted_rows[stays:].cpu().numpy()]
         else:
             weighted = list(weighted_rows)
         total = weighted.pop() if totalled else None

@@ -136,25 +136,13 @@ class OneStepGradients:
     dim: int
 
     def weighted_sums(self, rows: slice, weights: np.ndarray) -> np.ndarray:
-        """Σ_{i in rows} w_ji Δ_i for each row j of ``weights`` (m, len(rows)): (m, d) float64.
-        A row whose gradient is not finite must have weight 0 in every sum (it adds nothing)."""
-        weights = np.atleast_2d(np.asarray(weights, dtype=np.float64))
-        out = np.empty((weights.shape[0], self.dim))
-        if weights.shape[0] == 0:
-            return out
-        torch_weights = torch.from_numpy(weights * -self.lr).to(self._device())
-        start = 0
-        for layer in self.layers:
-            parts = layer.weighted_sums(rows, torch_weights)
-            size = parts[0].shape[0]
-            for j, part in enumerate(parts):
-                out[j, start : start + size] = part.cpu().numpy()
-            start += size
-        return out
+        """:meth:`device_weighted_sums` copied to the host: (m, d) float64 numpy."""
+        return self.device_weighted_sums(rows, weights).cpu().numpy()
 
     def device_weighted_sums(self, rows: slice, weights: np.ndarray) -> torch.Tensor:
-        """:meth:`weighted_sums` as a float64 tensor where the gradients are, the same numbers
-        (each layer's part is the same product; only the copy to the host is left out)."""
+        """Σ_{i in rows} w_ji Δ_i for each row j of ``weights`` (m, len(rows)): (m, d) float64,
+        a tensor where the gradients are. A row whose gradient is not finite must have weight 0
+        in every sum (it adds nothing)."""
         weights = np.atleast_2d(np.asarray(weights, dtype=np.float64))
         device = self._device()
         if weights.shape[0] == 0:
@@ -183,13 +171,9 @@ class OneStepGradients:
         if batched is None:
             rows = max((w.shape[0] for w in weights), default=0)
             batched = self._device().type != "cpu" and len(blocks) * rows * self.dim <= BATCHED_SUMS_LIMIT
-        if not batched or len({w.shape[0] for w in weights}) > 1:
+        if not batched or not blocks or len({w.shape[0] for w in weights}) > 1 or weights[0].shape[0] == 0:
             one_block = self.device_weighted_sums if on_device else self.weighted_sums
             return [one_block(rows, w) for rows, w in zip(blocks, weights, strict=True)]
-        if not blocks or weights[0].shape[0] == 0:
-            if on_device:
-                return [self.device_weighted_sums(rows, w) for rows, w in zip(blocks, weights, strict=True)]
-            return [np.empty((0, self.dim)) for _ in blocks]
         count = self.norms.shape[0]
         longest = max(rows.stop - rows.start for rows in blocks)
         index = np.full((len(blocks), longest), count, dtype=np.int64)

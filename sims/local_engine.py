@@ -172,13 +172,14 @@ class LocalExecutor:
         self._tasks = [self.task, *(self.task.worker() for _ in range(self.workers - 1))]
         self._held: dict[tuple[int, int], ClientWork] = {}
         """The current counts-first round's work, between its two exchanges."""
-        device = getattr(self.task, "device", None)
-        device = None if device is None else torch.device(device)
-        self._device_bytes = 0
+        device = torch.device(getattr(self.task, "device", None) or "cpu")
+        self._device_bytes = (
+            torch.cuda.get_device_properties(device).total_memory // ON_DEVICE_SHARE
+            if device.type == "cuda"
+            else 0
+        )
         """How many bytes of block sums may stay on the task's GPU until the round's total (0: on
         the CPU, where numpy's copies and additions measured a few per cent faster than torch's)."""
-        if device is not None and device.type == "cuda":
-            self._device_bytes = torch.cuda.get_device_properties(device).total_memory // ON_DEVICE_SHARE
 
     @property
     def execution(self) -> dict[str, Any]:
