@@ -130,7 +130,8 @@ def finished_summary(folder: Path, config: RunConfig) -> dict[str, Any] | None:
     A finished run made with another configuration (other ``--set`` values, say) is an error:
     reusing it would mix two experiments in one table. The stored configuration is resolved as
     today's code would resolve it, so a key added to fairclip since (at its default) does not
-    make an old run look different.
+    make an old run look different; nor does a default that now depends on the machine, where
+    it resolves here to the value the old run stored (:func:`as_run_here`).
     """
     path = folder / "summary.json"
     if not path.is_file():
@@ -140,16 +141,32 @@ def finished_summary(folder: Path, config: RunConfig) -> dict[str, Any] | None:
         stored = summary["config"]
     except (OSError, ValueError, KeyError, TypeError) as error:
         raise ConfigError(f"--resume: {path} is unreadable ({error!r}); delete that run folder") from None
-    wanted = json_normalised(config.as_dict())
+    wanted = as_run_here(json_normalised(config.as_dict()))
     if stored != wanted:
         with contextlib.suppress(ConfigError):  # a key fairclip no longer knows: another configuration
-            stored = json_normalised(validate(stored).as_dict())
+            stored = as_run_here(json_normalised(validate(stored).as_dict()))
     if stored != wanted:
         raise ConfigError(
             f"--resume: {folder} was computed with another configuration; "
             "use a new --out folder or run without --resume"
         )
     return summary
+
+
+def as_run_here(config: dict[str, Any]) -> dict[str, Any]:
+    """``config`` (a normalised run configuration) with its machine-dependent defaults filled in
+    as this machine would run it: an unset ``training.one_step_rows`` becomes 32 on the CPU and
+    256 on a GPU (:func:`fairclip.sims.classification.rows_per_one_step_call`). A run stored
+    with ``one_step_rows`` 32, from before that default depended on the device, is then the same
+    configuration as an unset one on a CPU -- the same value, so the same run."""
+    training = config.get("training")
+    if not isinstance(training, dict) or training.get("one_step_rows") is not None:
+        return config
+    from fairclip.client.models import resolve_device
+    from fairclip.sims.classification import rows_per_one_step_call
+
+    rows = rows_per_one_step_call(resolve_device(training.get("device", "auto")))
+    return {**config, "training": {**training, "one_step_rows": rows}}
 
 
 def pending_runs(raw: dict[str, Any], runs: list[RunSpec], out: Path, resume: bool) -> list[RunSpec]:

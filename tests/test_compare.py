@@ -233,3 +233,28 @@ def test_resume_accepts_a_run_stored_before_a_key_was_added_at_its_default(tmp_p
     other = load_config("demo", None, ["training.rounds=2", "training.weight_decay=0.1"])
     with pytest.raises(ConfigError, match="another configuration"):
         finished_summary(tmp_path, other)
+
+
+def test_resume_accepts_a_run_that_stored_the_value_a_machine_dependent_default_takes_here(tmp_path):
+    """Runs made while ``training.one_step_rows`` defaulted to 32 stored 32; unset, it is 32 on
+    the CPU, so such a run is the same configuration here, and a stored 64 is still refused."""
+    import json
+
+    from fairclip.sims.compare import finished_summary
+    from fairclip.sims.config import ConfigError, load_config
+    from fairclip.sims.outputs import json_normalised
+
+    config = load_config("demo", None, ["training.rounds=2", "training.device=cpu"])
+    assert config.training.one_step_rows is None
+    stored = json_normalised(config.as_dict())
+    for rows, reusable in ((32, True), (64, False), (None, True)):
+        stored["training"]["one_step_rows"] = rows
+        (tmp_path / "summary.json").write_text(json.dumps({"config": stored, "epsilon": 1.0}))
+        if reusable:
+            assert finished_summary(tmp_path, config)["epsilon"] == 1.0
+        else:
+            with pytest.raises(ConfigError, match="another configuration"):
+                finished_summary(tmp_path, config)
+    explicit = load_config("demo", None, ["training.rounds=2", "training.device=cpu", "training.one_step_rows=64"])
+    with pytest.raises(ConfigError, match="another configuration"):  # stored unset, i.e. 32 here
+        finished_summary(tmp_path, explicit)
