@@ -255,6 +255,8 @@ def test_resume_accepts_a_run_that_stored_the_value_a_machine_dependent_default_
         else:
             with pytest.raises(ConfigError, match="another configuration"):
                 finished_summary(tmp_path, config)
-    explicit = load_config("demo", None, ["training.rounds=2", "training.device=cpu", "training.one_step_rows=64"])
+    explicit = load_config(
+        "demo", None, ["training.rounds=2", "training.device=cpu", "training.one_step_rows=64"]
+    )
     with pytest.raises(ConfigError, match="another configuration"):  # stored unset, i.e. 32 here
         finished_summary(tmp_path, explicit)
