@@ -14,7 +14,7 @@ import torch
 
 from fairclip.client.ghost import OneStepGradients
 from fairclip.strategies import Policy
-from fairclip.strategies.aggregation import CohortDiagnostics, Exchange, RoundSums
+from fairclip.strategies.aggregation import NOT_SENT, CohortDiagnostics, Exchange, RoundSums
 from fairclip.strategies.base import Broadcast, ClientReports, ScaledReports
 
 
@@ -97,9 +97,9 @@ def contribute_scaled_blocks(
     factor-weighted sums of its rows -- what :func:`contribute_blocks` sums, to rounding.
 
     Only what ``exchange`` releases is summed (:func:`fairclip.strategies.aggregation.sent_in`):
-    the first exchange of a counts-first round forms no contribution sum, the second no report
-    sum; the other part is zero. ``directions`` (simulation diagnostics, in the exchange that
-    carries the contributions): each cohort's sums of its unscaled and scaled rows, 2K more
+    the first exchange of a counts-first round forms no contribution sum (an empty vector,
+    ``NOT_SENT``), the second no report sum (zeros). ``directions`` (simulation diagnostics, in
+    the exchange that carries the contributions): each cohort's sums of its unscaled and scaled rows, 2K more
     weighted sums per block; ``unclipped_total`` (there too): the sum of the unscaled rows that
     contribute, one more. ``on_device``: each block's ``contribution_sum`` stays where the
     gradients are (a GPU, or the CPU), as a float64 tensor with the same numbers, for the caller
@@ -139,7 +139,7 @@ def contribute_scaled_blocks(
             per_cohort = np.stack(weighted[-2 * num_cohorts :])
             weighted = weighted[: -2 * num_cohorts]
             cohort_sums = (per_cohort[:num_cohorts], per_cohort[num_cohorts:])
-        contribution_sum = weighted.pop(0) if contributions else np.zeros(gradients.dim)
+        contribution_sum = weighted.pop(0) if contributions else NOT_SENT
         if exchange is Exchange.UPDATES:
             report_sum = np.zeros(report_size)
         else:

@@ -280,6 +280,12 @@ class ClassificationTask:
             updates[row] = local_update(self.model, model, features, labels, self.training, generator)
         return updates
 
+    def forms_updates(self, policy: Policy) -> bool:
+        """Whether a call for ``policy`` forms its clients' update rows (``local_updates``), or
+        clips one-step clients of a row-scaling policy from their per-example norms without
+        forming them (:meth:`per_example_gradients`)."""
+        return not (self.one_step and self.per_example == "auto" and policy.row_scaling)
+
     def per_example_gradients(
         self, model: np.ndarray, client_ids: np.ndarray, round_number: int, policy: Policy
     ) -> OneStepGradients | None:
@@ -287,7 +293,7 @@ class ClassificationTask:
         forming the updates: one-step clients of a row-scaling policy on a model of
         ``Linear``/``Conv2d`` layers (:mod:`fairclip.client.ghost`). ``None`` where that does not
         apply (the engine then materialises the updates)."""
-        if not (self.one_step and self.per_example == "auto" and policy.row_scaling and len(client_ids)):
+        if self.forms_updates(policy) or not len(client_ids):
             return None
         return one_step_gradients(
             self.model,

@@ -22,7 +22,7 @@ import ray
 
 from fairclip.sims.config import RunConfig, validate
 from fairclip.sims.errors import ConfigError
-from fairclip.sims.local_engine import ClientWork, groups_sums
+from fairclip.sims.local_engine import ClientWork, groups_sums, update_length
 from fairclip.sims.tasks import Task, build_task
 from fairclip.strategies import Policy, build_policy
 from fairclip.strategies.aggregation import (
@@ -32,6 +32,7 @@ from fairclip.strategies.aggregation import (
     add_in_order,
     balance,
     group_blocks,
+    round_total,
     shard_bounds,
     shard_ids,
 )
@@ -143,6 +144,10 @@ class ClientBlocksActor:
     def rows_per_call(self) -> int:
         return self.task.rows_per_call
 
+    def forms_updates(self) -> bool:
+        """Whether this task forms its update rows for the current policy (:func:`update_length`)."""
+        return update_length(self.task, self.policy, 1) > 0
+
     def node_id(self) -> str:
         """The Ray node this actor runs on."""
         return ray.get_runtime_context().get_node_id()
@@ -221,6 +226,9 @@ class RayExecutor:
     rows_per_call: int
     nodes: int = 1
     """On how many Ray nodes the actors run."""
+    forms_updates: bool = True
+    """Whether the actors' task forms its clients' update rows for the current policy, which
+    bounds the groups as in the in-process engine (:func:`update_length`)."""
 
     @property
     def execution(self) -> dict[str, Any]:
@@ -250,16 +258,18 @@ class RayExecutor:
         ]
         rows_per_call = ray.get([actor.rows_per_call.remote() for actor in actors])[0]
         nodes = len(set(ray.get([actor.node_id.remote() for actor in actors])))
-        return cls(actors, config.federation.num_clients, rows_per_call, nodes)
+        forms_updates = ray.get(actors[0].forms_updates.remote())
+        return cls(actors, config.federation.num_clients, rows_per_call, nodes, forms_updates)
 
     def set_policy(self, config: RunConfig) -> None:
         """Give every actor the policy of ``config`` (same scenario and task)."""
         raw = config.as_dict()
         ray.get([actor.set_policy.remote(raw) for actor in self.actors])
+        self.forms_updates = ray.get(self.actors[0].forms_updates.remote())
 
     def __call__(self, model, client_ids, round_number, params, exchange=Exchange.ROUND) -> RoundSums:
         blocks = shard_ids(client_ids, self.num_clients)
-        groups = group_blocks(blocks, self.rows_per_call, model.shape[0])
+        groups = group_blocks(blocks, self.rows_per_call, model.shape[0] if self.forms_updates else 0)
         model_ref = ray.put(model)
         if owns_clients(self.rows_per_call):
             shares = owned_shares(groups, len(self.actors))
@@ -275,7 +285,7 @@ class RayExecutor:
         by_block: dict[int, RoundSums] = {}
         for result in ray.get(futures):
             by_block.update(result)
-        return add_in_order([by_block[b] for b in range(SUM_SHARDS)])
+        return round_total(add_in_order([by_block[b] for b in range(SUM_SHARDS)]), exchange, model.shape[0])
 
     def stop(self) -> None:
         for actor in self.actors:

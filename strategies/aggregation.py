@@ -153,13 +153,31 @@ class Exchange(StrEnum):
 
 
 def sent_in(sums: RoundSums, exchange: Exchange) -> RoundSums:
-    """What ``sums`` releases in ``exchange``: the part that exchange does not carry is zero,
-    so nothing a client computed for the other exchange reaches the server."""
+    """What ``sums`` (one block's) releases in ``exchange``, so that nothing a client computed
+    for the other exchange reaches the server: the updates exchange's report sum is zero, and
+    the counts exchange carries no contribution sum at all (an empty vector, :data:`NOT_SENT`):
+    the engines then neither form nor add 64 model-sized vectors of zeros per round (on an H200,
+    ``xu-cnn``, that was over half of a same-round ``per-cohort`` round's time).
+    :func:`round_total` gives the round's total the model's length again."""
     if exchange is Exchange.COUNTS:
-        return replace(sums, contribution_sum=np.zeros_like(sums.contribution_sum))
+        return replace(sums, contribution_sum=NOT_SENT)
     if exchange is Exchange.UPDATES:
         return replace(sums, report_sum=np.zeros_like(sums.report_sum))
     return sums
+
+
+NOT_SENT = np.zeros(0)
+NOT_SENT.flags.writeable = False
+"""The contribution sum of a block in the counts exchange, which carries none (:func:`sent_in`)."""
+
+
+def round_total(total: RoundSums, exchange: Exchange, dimension: int) -> RoundSums:
+    """The block-order total of :func:`sent_in` sums as the server takes it: in the counts
+    exchange, whose blocks carry no contribution, its contribution sum is ``dimension`` zeros
+    (what adding the blocks' zero vectors gave, bit for bit)."""
+    if exchange is Exchange.COUNTS:
+        return replace(total, contribution_sum=np.zeros(dimension))
+    return total
 
 
 SUM_SHARDS = 64
@@ -195,21 +213,24 @@ def add_in_order(sums: list[RoundSums]) -> RoundSums:
 
 
 GROUP_BYTES = 256 * 2**20
-"""Bound on the float64 updates one ``Task.local_updates`` call of :func:`group_blocks` returns."""
+"""Bound on the float64 updates one ``Task.local_updates`` call of :func:`group_blocks` returns
+(where the call forms them: a group clipped from per-example norms holds no update rows)."""
 
 
 def group_blocks(blocks: list[np.ndarray], rows_per_call: int, dimension: int) -> list[dict[int, np.ndarray]]:
     """Merge consecutive blocks of sampled clients into groups trained in one call.
 
     A group takes the next block while it stays within ``rows_per_call`` clients (the task's
-    best batch, :attr:`Task.rows_per_call`) and :data:`GROUP_BYTES` of updates; a block is never
-    split. The one-step path so computes per-sample gradients in vectorised batches of about
+    best batch, :attr:`Task.rows_per_call`) and :data:`GROUP_BYTES` of updates of ``dimension``
+    float64 entries; a block is never split. ``dimension`` 0: the call forms no update rows (the
+    one-step path clips from per-example norms), and the task's batch alone bounds the group.
+    The one-step path so computes per-sample gradients in vectorised batches of about
     ``rows_per_call`` examples even when the sampled batch falls into many small blocks.
     Kernels may round differently for other batch sizes, so the groups depend only on the
-    sampled clients and the task -- never on the backend or its number of workers -- and every
-    backend trains the same groups: the run stays identical on all of them.
+    sampled clients, the task and the policy -- never on the backend or its number of workers --
+    and every backend trains the same groups: the run stays identical on all of them.
     """
-    limit = max(1, min(rows_per_call, GROUP_BYTES // (8 * dimension)))
+    limit = max(1, min(rows_per_call, GROUP_BYTES // (8 * dimension)) if dimension else rows_per_call)
     groups: list[dict[int, np.ndarray]] = []
     rows = 0
     for index, ids in enumerate(blocks):

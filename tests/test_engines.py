@@ -127,6 +127,9 @@ def test_groups_of_blocks_depend_only_on_the_sampled_clients():
     # The memory bound wins over the task's batch: GROUP_BYTES holds 32 rows of 2**20 float64.
     by_memory = group_blocks(blocks, rows_per_call=128, dimension=2**20)
     assert [list(g) for g in by_memory] == [[0], [1], [2], [3], [4, 5, 6], [7]]
+    # A call that forms no update rows (dimension 0: clipped from per-example norms) has no
+    # memory bound: the task's batch alone decides.
+    assert group_blocks(blocks, rows_per_call=128, dimension=0) == groups
 
 
 def test_blocks_trained_together_or_apart_give_the_same_sums():

@@ -144,6 +144,25 @@ def test_unset_one_step_rows_is_32_on_the_cpu_and_256_on_a_gpu():
     assert build_task(chosen).rows_per_call == 256
 
 
+def test_groups_are_bounded_by_update_memory_only_where_the_updates_are_formed():
+    """One-step clients of a row-scaling policy are clipped from their norms: their calls form
+    no update rows, so the engines' groups are not bounded by GROUP_BYTES (update length 0);
+    a policy that needs the rows, or ``per_example = materialize``, forms them."""
+    from fairclip.sims.local_engine import update_length
+    from fairclip.strategies import build_policy
+
+    config = load_config("demo", None, [*ONE_STEP_DEMO, "training.device=cpu"])
+    task = build_task(config)
+    row_scaling = build_policy("constant", {"initial_bound": 1.0})
+    assert row_scaling.row_scaling and task.one_step
+    assert update_length(task, row_scaling, 4321) == 0
+    materialised = build_task(load_config("demo", None, [*ONE_STEP_DEMO, "training.per_example=materialize"]))
+    assert update_length(materialised, row_scaling, 4321) == 4321
+    several = build_task(load_config("demo", None, ["federation.num_clients=50", "training.local_epochs=1"]))
+    assert update_length(several, row_scaling, 4321) == 4321
+    assert update_length(object(), row_scaling, 4321) == 4321  # a task without forms_updates
+
+
 def test_clients_with_several_examples_do_not_take_the_fast_path():
     config = load_config("demo", None, ["federation.num_clients=50", "training.local_epochs=1"])
     assert not build_task(config).one_step

@@ -150,6 +150,7 @@ def test_second_exchange_clips_the_same_updates_at_the_rounds_own_bounds(setting
     first = server.broadcast()
     counts = execute(server.model, ids, 1, first, Exchange.COUNTS)
     assert not counts.contribution_sum.any(), "the counts exchange releases no contribution"
+    assert counts.contribution_sum.shape == server.model.shape
     server.release_counts(1, counts)
     params = server.broadcast()
     assert params["cohort_bounds"] != first["cohort_bounds"], "the counts must move this round's bounds"
