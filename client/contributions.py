@@ -99,9 +99,9 @@ def contribute_scaled_blocks(
     Only what ``exchange`` releases is summed (:func:`fairclip.strategies.aggregation.sent_in`):
     the first exchange of a counts-first round forms no contribution sum (an empty vector,
     ``NOT_SENT``), the second no report sum (zeros). ``directions`` (simulation diagnostics, in
-    the exchange that carries the contributions): each cohort's sums of its unscaled and scaled rows, 2K more
-    weighted sums per block; ``unclipped_total`` (there too): the sum of the unscaled rows that
-    contribute, one more. ``on_device``: each block's ``contribution_sum`` stays where the
+    the exchange that carries the contributions): each cohort's sums of its unscaled and scaled
+    rows, 2K more weighted sums per block; ``unclipped_total`` (there too): the sum of the
+    unscaled rows that contribute, one more. ``on_device``: each block's ``contribution_sum`` stays where the
     gradients are (a GPU, or the CPU), as a float64 tensor with the same numbers, for the caller
     to add up there (:func:`fairclip.sims.local_engine.add_in_order_on_device`); everything else
     comes to the host as always."""

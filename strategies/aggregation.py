@@ -157,7 +157,7 @@ def sent_in(sums: RoundSums, exchange: Exchange) -> RoundSums:
     for the other exchange reaches the server: the updates exchange's report sum is zero, and
     the counts exchange carries no contribution sum at all (an empty vector, :data:`NOT_SENT`):
     the engines then neither form nor add 64 model-sized vectors of zeros per round (on an H200,
-    ``xu-cnn``, that was over half of a same-round ``per-cohort`` round's time).
+    ``xu-cnn``, they took 18.6 s of a same-round ``per-cohort`` run's 35.5 s under cProfile).
     :func:`round_total` gives the round's total the model's length again."""
     if exchange is Exchange.COUNTS:
         return replace(sums, contribution_sum=NOT_SENT)
@@ -167,8 +167,8 @@ def sent_in(sums: RoundSums, exchange: Exchange) -> RoundSums:
 
 
 NOT_SENT = np.zeros(0)
-NOT_SENT.flags.writeable = False
 """The contribution sum of a block in the counts exchange, which carries none (:func:`sent_in`)."""
+NOT_SENT.flags.writeable = False
 
 
 def round_total(total: RoundSums, exchange: Exchange, dimension: int) -> RoundSums:
