@@ -135,6 +135,8 @@ def simulate(
     workers: int = 1,
     on_round: Callable[[dict[str, Any]], None] | None = None,
     observers: Sequence[Any] = (),
+    checkpoint: str | Path | None = None,
+    checkpoint_every: float = 300.0,
 ) -> Simulation:
     """Run one simulation in this process and return its results.
 
@@ -146,12 +148,23 @@ def simulate(
     same result for any number); ``on_round(row)`` and ``observers`` see every round
     (:func:`simulate_config`). An invalid configuration raises
     :class:`fairclip.sims.errors.ConfigError` naming the problem.
+
+    ``checkpoint``: a file where the run keeps its progress every ``checkpoint_every`` seconds,
+    when interrupted and at the end; called again with the same file, the run continues after
+    its last saved round, with the same result as a run never stopped
+    (:mod:`fairclip.sims.checkpoint`).
     """
     from fairclip.sims.config import validate
 
     config = validate(_raw_config(scenario, config_file, overrides))
     result = simulate_config(
-        config, data_dir=data_dir, workers=workers, on_round=on_round, observers=observers
+        config,
+        data_dir=data_dir,
+        workers=workers,
+        on_round=on_round,
+        observers=observers,
+        checkpoint=checkpoint,
+        checkpoint_every=checkpoint_every,
     )
     rounds = pd.DataFrame(result.rows)
     if not rounds.empty:
@@ -171,6 +184,8 @@ def simulate_config(
     address: str | None = None,
     on_round: Callable[[dict[str, Any]], None] | None = None,
     observers: Sequence[Any] = (),
+    checkpoint: str | Path | None = None,
+    checkpoint_every: float = 300.0,
 ) -> Any:
     """Run the validated configuration ``config`` (a :class:`fairclip.sims.config.RunConfig`) and
     return its :class:`fairclip.sims.engine.RunResult`; what ``fairclip run`` does.
@@ -179,9 +194,12 @@ def simulate_config(
     default one per core, on the cluster at ``address`` or a local one); the same seed gives the
     same run on both. ``observers`` (:class:`fairclip.sims.engine.RunObserver`: a file writer, a
     progress bar, a tracker) see every round and the end, also after an interruption.
+    ``checkpoint`` and ``checkpoint_every``: as :func:`simulate`'s; the observers see the
+    rounds computed in this call.
     """
     import os
 
+    from fairclip.sims.checkpoint import Checkpointing
     from fairclip.sims.engine import simulate as run_rounds
     from fairclip.sims.errors import ConfigError
     from fairclip.sims.local_engine import LocalExecutor
@@ -192,6 +210,7 @@ def simulate_config(
     if backend not in ("local", "ray"):
         raise ConfigError(f"backend must be local or ray (got {backend!r})")
     folder = Path(data_dir) if data_dir is not None else None
+    saving = Checkpointing(Path(checkpoint), checkpoint_every) if checkpoint is not None else None
     task = build_task(config, folder)
 
     def executor_factory(task: Any, policy: Any) -> Any:
@@ -204,11 +223,18 @@ def simulate_config(
         executor = RayExecutor.start(config, folder, actors or os.cpu_count() or 1)
         try:
             return run_rounds(
-                config, task, lambda _task, _policy: executor, on_round=on_round, observers=observers
+                config,
+                task,
+                lambda _task, _policy: executor,
+                on_round=on_round,
+                observers=observers,
+                checkpoint=saving,
             )
         finally:
             executor.stop()  # the actors hold the task's data: free them for what runs next
-    return run_rounds(config, task, executor_factory, on_round=on_round, observers=observers)
+    return run_rounds(
+        config, task, executor_factory, on_round=on_round, observers=observers, checkpoint=saving
+    )
 
 
 def _raw_config(

@@ -10,7 +10,6 @@ writes ``summary.csv``, ``report.md`` and the plots (:mod:`fairclip.sims.report`
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 from collections.abc import Callable, Iterable, Iterator
@@ -125,7 +124,8 @@ def merge_specs(stored: dict[str, Any], given: dict[str, Any]) -> dict[str, Any]
 
 def finished_summary(folder: Path, config: RunConfig) -> dict[str, Any] | None:
     """The summary of the run finished in ``folder`` (its ``summary.json`` is written last,
-    atomically), or None when it is not finished.
+    atomically), or None when it is not finished (where its checkpoint, if it has one, is
+    checked as this one's: :func:`fairclip.sims.checkpoint.read`).
 
     A finished run made with another configuration (other ``--set`` values, say) is an error:
     reusing it would mix two experiments in one table. The stored configuration is resolved as
@@ -135,22 +135,36 @@ def finished_summary(folder: Path, config: RunConfig) -> dict[str, Any] | None:
     """
     path = folder / "summary.json"
     if not path.is_file():
+        from fairclip.sims.checkpoint import CHECKPOINT_FILE, rounds_done
+
+        rounds_done(folder / CHECKPOINT_FILE, config)  # refuses, before any work, another run's
         return None
     try:
         summary = json.loads(path.read_text())
         stored = summary["config"]
     except (OSError, ValueError, KeyError, TypeError) as error:
         raise ConfigError(f"--resume: {path} is unreadable ({error!r}); delete that run folder") from None
-    wanted = as_run_here(json_normalised(config.as_dict()))
-    if stored != wanted:
-        with contextlib.suppress(ConfigError):  # a key fairclip no longer knows: another configuration
-            stored = as_run_here(json_normalised(validate(stored).as_dict()))
-    if stored != wanted:
+    if not same_configuration(stored, config):
         raise ConfigError(
             f"--resume: {folder} was computed with another configuration; "
             "use a new --out folder or run without --resume"
         )
     return summary
+
+
+def same_configuration(stored: dict[str, Any], config: RunConfig) -> bool:
+    """Whether the stored configuration ``stored`` (a run's, as its summary or checkpoint keeps
+    it) is ``config``: resolved as today's code resolves it, so that a key added to fairclip
+    since (at its default) does not make it another, nor does a default that now depends on the
+    machine, where it resolves here to the stored value (:func:`as_run_here`). A key fairclip no
+    longer knows makes it another."""
+    wanted = as_run_here(json_normalised(config.as_dict()))
+    if stored == wanted:
+        return True
+    try:
+        return as_run_here(json_normalised(validate(stored).as_dict())) == wanted
+    except ConfigError:
+        return False
 
 
 def as_run_here(config: dict[str, Any]) -> dict[str, Any]:
@@ -178,11 +192,18 @@ def pending_runs(raw: dict[str, Any], runs: list[RunSpec], out: Path, resume: bo
 
 
 def run_simulation(
-    raw_config: dict[str, Any], data_dir: str | None, workers: int = 1, plugins: dict[str, Any] | None = None
+    raw_config: dict[str, Any],
+    data_dir: str | None,
+    workers: int = 1,
+    plugins: dict[str, Any] | None = None,
+    checkpoint: str | None = None,
 ) -> dict[str, Any]:
     """Simulate one run in this process (the local engine with ``workers`` threads); returns its
     rows and summary. ``plugins`` is the starting process's :func:`fairclip.plugins.snapshot`
-    (its registered policies, models and datasets, and its import path)."""
+    (its registered policies, models and datasets, and its import path). With ``checkpoint`` (a
+    file path) the run continues from the checkpoint there, if any, and keeps its progress
+    there (:mod:`fairclip.sims.checkpoint`)."""
+    from fairclip.sims.checkpoint import Checkpointing
     from fairclip.sims.engine import simulate
     from fairclip.sims.local_engine import LocalExecutor
     from fairclip.sims.tasks import build_task
@@ -193,17 +214,29 @@ def run_simulation(
         restore(plugins)
     config = validate(raw_config)
     task = build_task(config, Path(data_dir) if data_dir else None)
-    result = simulate(config, task, lambda task, policy: LocalExecutor(task, policy, workers))
+    result = simulate(
+        config,
+        task,
+        lambda task, policy: LocalExecutor(task, policy, workers),
+        checkpoint=Checkpointing(Path(checkpoint)) if checkpoint else None,
+    )
     return {"rows": result.rows, "summary": result.summary}
 
 
 def simulate_on_ray(
-    jobs: list[tuple[T, dict[str, Any]]], *, data_dir: Path | None, address: str | None, workers: int = 1
+    jobs: list[tuple[T, dict[str, Any]]],
+    *,
+    data_dir: Path | None,
+    address: str | None,
+    workers: int = 1,
+    checkpoints: Callable[[T], Path] | None = None,
 ) -> Iterator[tuple[T, dict[str, Any]]]:
     """Simulate each (item, raw configuration) as one Ray task of ``workers`` CPUs, each a local
     engine with as many threads (the same result for any ``workers``); yield (item, result) as
     they finish. Many one-CPU tasks use the cores best when there are many runs; give the
-    threads to the few runs of a long reproduction."""
+    threads to the few runs of a long reproduction. ``checkpoints(item)`` is the file where an
+    item's run keeps its progress (:func:`run_simulation`): on a cluster, a folder every node
+    sees."""
     import ray
 
     from fairclip.sims.ray_engine import ensure_ray
@@ -221,7 +254,10 @@ def simulate_on_ray(
     remote = ray.remote(num_cpus=workers, num_gpus=gpu_share(device, int(cpus // workers)))(run_simulation)
     plugins = ray.put(snapshot())  # once for all tasks: registered datasets may be large
     folder = str(data_dir) if data_dir else None
-    futures = {remote.remote(raw, folder, workers, plugins): item for item, raw in jobs}
+    futures = {
+        remote.remote(raw, folder, workers, plugins, _checkpoint_of(item, checkpoints)): item
+        for item, raw in jobs
+    }
     remaining = list(futures)
     while remaining:
         done, remaining = ray.wait(remaining, num_returns=1)
@@ -235,20 +271,49 @@ def simulate_jobs(
     ray: bool,
     address: str | None = None,
     workers: int = 1,
+    checkpoints: Callable[[T], Path] | None = None,
 ) -> Iterator[tuple[T, dict[str, Any]]]:
     """Simulate each (item, raw configuration) -- as Ray tasks (:func:`simulate_on_ray`) with
     ``ray``, else one after the other in this process -- and yield (item, result) as each
-    finishes; the same numbers either way."""
+    finishes; the same numbers either way. ``checkpoints(item)``: the file where an item's run
+    keeps its progress and continues from (:mod:`fairclip.sims.checkpoint`)."""
     if ray:
-        return simulate_on_ray(jobs, data_dir=data_dir, address=address, workers=workers)
+        return simulate_on_ray(
+            jobs, data_dir=data_dir, address=address, workers=workers, checkpoints=checkpoints
+        )
     folder = str(data_dir) if data_dir else None
-    return ((item, run_simulation(raw, folder, workers)) for item, raw in jobs)
+    return (
+        (item, run_simulation(raw, folder, workers, checkpoint=_checkpoint_of(item, checkpoints)))
+        for item, raw in jobs
+    )
+
+
+def _checkpoint_of(item: T, checkpoints: Callable[[T], Path] | None) -> str | None:
+    return str(checkpoints(item)) if checkpoints is not None else None
 
 
 def save_run(folder: Path, result: dict[str, Any]) -> None:
-    """Write a finished run: ``rounds.csv``, then ``summary.json`` (which marks it finished)."""
+    """Write a finished run: ``rounds.csv``, then ``summary.json`` (which marks it finished); then
+    delete the run's checkpoint, which they supersede (:mod:`fairclip.sims.checkpoint`)."""
+    from fairclip.sims.checkpoint import CHECKPOINT_FILE
+
     write_csv(folder / "rounds.csv", result["rows"])
     write_json(folder / "summary.json", result["summary"])
+    (folder / CHECKPOINT_FILE).unlink(missing_ok=True)
+
+
+def run_checkpoint(out: Path, key: str) -> Path:
+    """Where the run ``key`` of the sweep or reproduction in ``out`` keeps its progress."""
+    from fairclip.sims.checkpoint import CHECKPOINT_FILE
+
+    return out / "runs" / key / CHECKPOINT_FILE
+
+
+def discard_checkpoints(out: Path, keys: Iterable[str]) -> None:
+    """Delete the checkpoints of the runs ``keys`` in ``out``: a sweep run again without
+    ``--resume`` computes them again from their first round (with today's code), as asked."""
+    for key in keys:
+        run_checkpoint(out, key).unlink(missing_ok=True)
 
 
 def execute(
@@ -266,7 +331,10 @@ def execute(
     -- writing each into ``out/runs/<key>/`` as it finishes (when ``out`` is given) before
     ``on_result(run, {"rows": ..., "summary": ...})``; returns the results by run key."""
     jobs = [(run, run.config(raw).as_dict()) for run in pending]
-    finished = simulate_jobs(jobs, data_dir=data_dir, ray=ray, address=address, workers=workers)
+    checkpoints = (lambda run: run_checkpoint(out, run.key)) if out is not None else None
+    finished = simulate_jobs(
+        jobs, data_dir=data_dir, ray=ray, address=address, workers=workers, checkpoints=checkpoints
+    )
     results = {}
     for run, result in finished:
         if out is not None:
@@ -323,7 +391,10 @@ def run_sweep(
             from fairclip.sims.data import resolve_data_dir
 
             data_dir = resolve_data_dir(data_dir)  # fail before starting Ray
-        todo = pending_runs(raw, runs, out, mode in (sweep_folder.Mode.RESUME, sweep_folder.Mode.EXTEND))
+        resuming = mode in (sweep_folder.Mode.RESUME, sweep_folder.Mode.EXTEND)
+        todo = pending_runs(raw, runs, out, resuming)
+        if not resuming:
+            discard_checkpoints(out, (run.key for run in todo))
         if on_start is not None:
             on_start(len(runs), len(todo))
         execute(

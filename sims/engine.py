@@ -29,6 +29,7 @@ import numpy as np
 
 from fairclip.server.optimizer import server_optimizer
 from fairclip.server.round_server import RoundServer
+from fairclip.sims.checkpoint import Checkpointing
 from fairclip.sims.clipping_errors import keep_one_error
 from fairclip.sims.config import RunConfig
 from fairclip.sims.interrupts import interrupts_deferred
@@ -172,6 +173,8 @@ class RunServer:
         """How the engine runs the clients (backend, workers or actors and nodes), where it
         says: the summary's ``provenance.execution``."""
         self._started = (dt.datetime.now(dt.UTC), time.perf_counter())
+        self._earlier_pieces: list[dict[str, Any]] = []
+        """The pieces of this run computed by earlier processes, oldest first (:meth:`restore`)."""
         self._final_claim = in_background(self.plan.epsilon_after, self.rounds_to_run)
         """ε after the last round, computed while the rounds run (PRV for W1's 5 rounds: 0.025 s
         of CPU since the accountants share their RDP work, 0.15 s before; when the summary
@@ -217,6 +220,68 @@ class RunServer:
     def rounds_to_run(self) -> int:
         """Configured rounds, cut where the next round would exceed the privacy budget."""
         return min(self.config.training.rounds, self.plan.rounds_allowed)
+
+    def snapshot(self) -> dict[str, Any]:
+        """What a later process needs to continue this run after its last finished round
+        (:mod:`fairclip.sims.checkpoint`): the round server's state, the rows and summary so
+        far, and the pieces of run time behind them. No generator state: the run's randomness
+        is keyed by (seed, round). Refused between a counts-first round's two releases."""
+        rounds = self.rounds
+        if rounds.pending is not None:
+            raise RuntimeError(f"round {rounds.pending.number} is half released (its counts only)")
+        return {
+            "rounds_completed": rounds.rounds_completed,
+            "model": rounds.model,
+            "state": rounds.state,
+            "optimizer": rounds.optimizer,
+            "accountant_history": list(rounds.accountant.history),
+            "last_event": rounds.last_event,
+            "rows": self.rows,
+            "public_columns": sorted(self.public_columns),
+            "summary": self.summary,
+            "evaluated_model": self.evaluated_model,
+            "pieces": [*self._earlier_pieces, self._piece()],
+        }
+
+    def restore(self, snapshot: dict[str, Any]) -> None:
+        """Continue from ``snapshot`` (:meth:`snapshot` of a run of the same configuration): the
+        next round is the one after its last finished round."""
+        rounds = self.rounds
+        rounds.rounds_completed = int(snapshot["rounds_completed"])
+        rounds.model = snapshot["model"]
+        rounds.state = snapshot["state"]
+        rounds.optimizer = snapshot["optimizer"]
+        rounds.accountant.history = list(snapshot["accountant_history"])
+        rounds.last_event = snapshot["last_event"]
+        self.rows = list(snapshot["rows"])
+        self.public_columns = set(snapshot["public_columns"])
+        self.summary = snapshot["summary"]
+        self.evaluated_model = snapshot["evaluated_model"]
+        self._earlier_pieces = list(snapshot["pieces"])
+        self._started = (dt.datetime.now(dt.UTC), time.perf_counter())
+
+    def _piece(self) -> dict[str, Any]:
+        """This process's piece of the run: when it started, its code, its rounds and run time."""
+        first = self._earlier_pieces[-1]["last_round"] + 1 if self._earlier_pieces else 1
+        return {
+            "started": self._started[0].isoformat(timespec="seconds"),
+            "git_commit": provenance(self._started[0], 0.0)["git_commit"],  # (asked of git once)
+            "first_round": first,
+            "last_round": self.rounds_completed,
+            "wall_seconds": round(time.perf_counter() - self._started[1], 3),
+        }
+
+    def _provenance(self) -> dict[str, Any]:
+        """The summary's provenance. A run continued from a checkpoint counts the run time of
+        every piece, starts with the first, and lists the pieces (``pieces``): each one's code,
+        rounds and run time."""
+        if not self._earlier_pieces:
+            found = provenance(self._started[0], time.perf_counter() - self._started[1])
+        else:
+            pieces = [*self._earlier_pieces, self._piece()]
+            started = dt.datetime.fromisoformat(pieces[0]["started"])
+            found = {**provenance(started, sum(p["wall_seconds"] for p in pieces)), "pieces": pieces}
+        return {**found, **({"execution": self.execution} if self.execution is not None else {})}
 
     def _sample(self, round_number: int) -> np.ndarray:
         clients, rate = self.config.federation.num_clients, self.config.federation.sample_rate
@@ -357,10 +422,7 @@ class RunServer:
             "overall": overall,
             **self.task.summary(self.model),
             "config": config.as_dict(),
-            "provenance": {
-                **provenance(self._started[0], time.perf_counter() - self._started[1]),
-                **({"execution": self.execution} if self.execution is not None else {}),
-            },
+            "provenance": self._provenance(),
         }
 
 
@@ -370,18 +432,25 @@ def simulate(
     executor_factory: Callable[[Task, Policy], ClientExecutor] = LocalExecutor,
     on_round: Callable[[dict[str, Any]], None] | None = None,
     observers: Sequence[RunObserver] = (),
+    checkpoint: Checkpointing | None = None,
 ) -> RunResult:
     """Run every round of ``config`` and return what it produced. ``observers`` (and
     ``on_round``, a plain callback per row) see every finished round and the end; after an
     interruption they see the end too, with the summary describing the last finished round
-    (``status = "interrupted"``), before the interruption propagates."""
+    (``status = "interrupted"``), before the interruption propagates.
+
+    With ``checkpoint``, a run that has one continues after its last finished round (the
+    observers see the rounds computed here), and the checkpoint is written on its schedule, at
+    an interruption and at the end (:mod:`fairclip.sims.checkpoint`)."""
     server = RunServer(config, task)
+    if checkpoint is not None:
+        checkpoint.resume(server)
     watching = [*observers, *([RoundCallback(on_round)] if on_round is not None else [])]
     execute = executor_factory(task, server.policy)
     server.execution = getattr(execute, "execution", None)
     notify_start(watching, server)
     try:
-        for round_number in range(1, server.rounds_to_run + 1):
+        for round_number in range(server.rounds_completed + 1, server.rounds_to_run + 1):
             client_ids = server.sample(round_number)
             if server.policy.counts_first:
                 counts = execute(server.model, client_ids, round_number, server.broadcast(), Exchange.COUNTS)
@@ -392,13 +461,20 @@ def simulate(
             row = server.finish_round(round_number, sums)
             for observer in watching:
                 observer.on_round(row, server)
+            if checkpoint is not None:
+                checkpoint.after_round(server)
     except BaseException:
         with contextlib.suppress(Exception):  # the interruption, not this, is what the caller sees
             server.finish(interrupted=True)
+        if checkpoint is not None and server.rounds.pending is None:
+            with interrupts_deferred():  # a second Ctrl-C does not cut the write short
+                checkpoint.save(server)
         for observer in watching:
             observer.on_finish(server)
         raise
     result = server.finish()
+    if checkpoint is not None:
+        checkpoint.save(server)
     for observer in watching:
         observer.on_finish(server)
     return result

@@ -371,8 +371,10 @@ def execute(
     """Run every run as a Ray task of ``workers`` threads (as ``fairclip compare``), or, without
     ``ray``, one after the other in this process (a local engine of ``workers`` threads: the same
     numbers); write each as it finishes; return the summaries by key. Runs whose key is in
-    ``reuse`` (finished earlier) are not run again."""
-    from fairclip.sims.compare import save_run, simulate_jobs
+    ``reuse`` (finished earlier) are not run again. A run keeps its progress in its folder
+    while it runs and continues from there when started again (``--resume`` of a run that was
+    killed: :mod:`fairclip.sims.checkpoint`)."""
+    from fairclip.sims.compare import run_checkpoint, save_run, simulate_jobs
 
     summaries: dict[str, dict[str, Any]] = {}
     for run in runs:
@@ -381,7 +383,14 @@ def execute(
             if on_finished is not None:
                 on_finished(run)
     jobs = [(run, run.raw) for run in runs if run.key not in summaries]
-    finished = simulate_jobs(jobs, data_dir=data_dir, ray=ray, address=address, workers=workers)
+    finished = simulate_jobs(
+        jobs,
+        data_dir=data_dir,
+        ray=ray,
+        address=address,
+        workers=workers,
+        checkpoints=lambda run: run_checkpoint(out, run.key),
+    )
     for run, result in finished:
         save_run(out / "runs" / run.key, result)
         summaries[run.key] = result["summary"]
@@ -681,8 +690,9 @@ def reproduce(
 ) -> tuple[list[dict[str, Any]], float]:
     """Plan, run and tabulate one setup (only its ``strategies``, where given); returns the
     rows and the wall time in seconds. With ``resume``, runs already finished in ``out`` with
-    the same configuration are reused. Runs are Ray tasks, or (not ``ray``) run one after the
-    other in this process (:func:`execute`)."""
+    the same configuration are reused and unfinished ones continue from their checkpoints;
+    without, every run is computed from its first round. Runs are Ray tasks, or (not ``ray``)
+    run one after the other in this process (:func:`execute`)."""
     started = time.perf_counter()
     full_setup = load_setup(name)
     setup = select_strategies(full_setup, strategies)
@@ -696,6 +706,10 @@ def reproduce(
     def run(runs: list[Run]) -> dict[str, dict[str, Any]]:
         nonlocal reused
         reuse = finished(runs, out) if resume else {}
+        if not resume:
+            from fairclip.sims.compare import discard_checkpoints
+
+            discard_checkpoints(out, (run.key for run in runs))
         reused += len(reuse)
         return execute(
             runs,

@@ -1,0 +1,327 @@
+"""A run killed half-way continues from its checkpoint to the very result of a run never stopped
+(fairclip.sims.checkpoint): the same rows, θ, policy state and ε, for every policy; a checkpoint
+of another run, or a broken one, is refused in one line; ε never counts a round twice."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from fairclip.sims.checkpoint import CHECKPOINT_FILE, Checkpointing, read, rounds_done
+from fairclip.sims.config import load_config
+from fairclip.sims.engine import RunServer, simulate
+from fairclip.sims.errors import ConfigError
+from fairclip.sims.local_engine import LocalExecutor
+from fairclip.sims.tasks import build_task
+from fairclip.strategies.aggregation import Exchange
+
+ROUNDS = 12
+POLICY_SETTINGS = {
+    "none": ["strategy.name=none"],
+    "constant": ["strategy.name=constant", "strategy.initial_bound=0.3"],
+    "adaptive": ["strategy.name=adaptive"],
+    "bounded": ["strategy.name=bounded"],
+    "soft": ["strategy.name=soft"],
+    "global-adapt": ["strategy.name=global-adapt"],
+    "per-cohort": ["strategy.name=per-cohort", "strategy.initial_bound=0.3"],
+    "per-cohort-same-round": ["strategy.name=per-cohort", "strategy.same_round=true"],
+    "online": ["strategy.name=online"],
+    "adam": ["strategy.name=bounded", "training.server_optimizer=adam", "training.server_lr=0.05"],
+    "sgd-momentum": ["strategy.name=bounded", "training.server_momentum=0.9", "training.server_lr=0.5"],
+}
+"""Every kind of state a round carries: bounds, counts, the OSO learning-rate factor, and the
+server optimizer's moments (Adam's and SGD's momentum, with the bounded policy)."""
+
+
+def _config(case: str, *extra: str):
+    chosen = [*POLICY_SETTINGS[case], f"training.rounds={ROUNDS}", "training.eval_every=5", "seed=3"]
+    return load_config("demo", None, [*chosen, *extra])
+
+
+class _StopAfter:
+    """An observer that interrupts the run (as Ctrl-C would) after round ``round_number``."""
+
+    def __init__(self, round_number: int):
+        self.round_number = round_number
+
+    def on_round(self, row, run) -> None:
+        if row["round"] == self.round_number:
+            raise KeyboardInterrupt
+
+    def on_finish(self, run) -> None:
+        return None
+
+
+def _without_provenance(summary: dict) -> dict:
+    return {key: value for key, value in summary.items() if key != "provenance"}
+
+
+def _same_run(resumed, straight) -> None:
+    assert pd.DataFrame(resumed.rows).equals(pd.DataFrame(straight.rows))
+    np.testing.assert_array_equal(resumed.model, straight.model)
+    assert json.dumps(_without_provenance(resumed.summary), sort_keys=True, default=str) == json.dumps(
+        _without_provenance(straight.summary), sort_keys=True, default=str
+    )
+    assert resumed.public_columns == straight.public_columns
+
+
+_STRAIGHT: dict[str, object] = {}
+
+
+def _straight(case: str):
+    if case not in _STRAIGHT:
+        config = _config(case)
+        _STRAIGHT[case] = simulate(config, build_task(config))
+    return _STRAIGHT[case]
+
+
+CASES = sorted(POLICY_SETTINGS)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_a_run_stopped_continues_to_the_same_result_for_every_policy(tmp_path, case):
+    _stop_and_continue(tmp_path / CHECKPOINT_FILE, case, stop=1 + 4 * CASES.index(case) % (ROUNDS - 1))
+
+
+@settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(stop=st.integers(1, ROUNDS - 1))
+def test_a_run_stopped_after_any_round_continues_to_the_same_result(tmp_path_factory, stop):
+    _stop_and_continue(tmp_path_factory.mktemp("checkpoint") / CHECKPOINT_FILE, "per-cohort-same-round", stop)
+
+
+def _stop_and_continue(path: Path, case: str, stop: int) -> None:
+    config = _config(case)
+    with pytest.raises(KeyboardInterrupt):
+        simulate(config, build_task(config), observers=[_StopAfter(stop)], checkpoint=Checkpointing(path))
+    assert rounds_done(path, config) == stop
+    seen = []
+    resumed = simulate(
+        config,
+        build_task(config),
+        on_round=lambda row: seen.append(row["round"]),
+        checkpoint=Checkpointing(path),
+    )
+    assert seen == list(range(stop + 1, ROUNDS + 1)), "only the rounds after the checkpoint are computed"
+    _same_run(resumed, _straight(case))
+    assert resumed.summary["privacy"]["rounds"] == ROUNDS
+    pieces = resumed.summary["provenance"]["pieces"]
+    assert [(p["first_round"], p["last_round"]) for p in pieces] == [(1, stop), (stop + 1, ROUNDS)]
+    assert resumed.summary["provenance"]["wall_seconds"] == pytest.approx(
+        sum(p["wall_seconds"] for p in pieces), abs=0.01
+    )
+
+
+def test_the_schedule_writes_checkpoints_and_a_finished_one_returns_its_result(tmp_path):
+    path = tmp_path / CHECKPOINT_FILE
+    config = _config("bounded")
+    written = []
+    saving = Checkpointing(path, every_seconds=1e-9)  # after every round
+
+    def watch(row) -> None:
+        written.append(rounds_done(path, config))
+
+    simulate(config, build_task(config), on_round=watch, checkpoint=saving)
+    # each round sees the checkpoint of the round before it (the observer runs before the write)
+    assert written == list(range(0, ROUNDS))
+    assert rounds_done(path, config) == ROUNDS
+    again = simulate(
+        config, build_task(config), on_round=lambda row: pytest.fail("recomputed"), checkpoint=saving
+    )
+    _same_run(again, _straight("bounded"))
+
+
+class _InterruptedExchange:
+    """Runs the clients, but is interrupted in round ``round_number``'s second exchange: after the
+    round's counts were released, before its contributions."""
+
+    def __init__(self, task, policy, round_number: int):
+        self.inner = LocalExecutor(task, policy, 1)
+        self.round_number = round_number
+
+    def __call__(self, model, ids, round_number, params, exchange=Exchange.ROUND):
+        if round_number == self.round_number and exchange is Exchange.UPDATES:
+            raise KeyboardInterrupt
+        return self.inner(model, ids, round_number, params, exchange)
+
+
+def test_a_round_cut_between_its_counts_and_its_updates_is_not_accounted_twice(tmp_path):
+    """The counts of round k are accounted when released; a checkpoint taken then would carry
+    them into the continued run, which releases round k again: ε would count it twice. The
+    checkpoint of round k-1 is kept instead, and the continued run's ε is the straight run's."""
+    path = tmp_path / CHECKPOINT_FILE
+    config = _config("per-cohort-same-round")
+    saving = Checkpointing(path, every_seconds=1e-9)
+    with pytest.raises(KeyboardInterrupt):
+        simulate(
+            config,
+            build_task(config),
+            lambda task, policy: _InterruptedExchange(task, policy, 5),
+            checkpoint=saving,
+        )
+    stored = read(path, config)["snapshot"]
+    assert stored["rounds_completed"] == 4
+    assert sum(steps for _, _, steps in stored["accountant_history"]) == 4
+    resumed = simulate(config, build_task(config), checkpoint=Checkpointing(path))
+    _same_run(resumed, _straight("per-cohort-same-round"))
+    server = RunServer(config, build_task(config))
+    with pytest.raises(RuntimeError, match="half released"):
+        server.release_counts(1, _counts_of(server))
+        server.snapshot()
+
+
+def _counts_of(server: RunServer):
+    task = server.task
+    execute = LocalExecutor(task, server.policy, 1)
+    return execute(server.model, server.sample(1), 1, server.broadcast(), Exchange.COUNTS)
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (["seed=4"], "another configuration"),
+        (["strategy.initial_bound=0.5"], "another configuration"),
+    ],
+)
+def test_a_checkpoint_of_another_run_is_refused(tmp_path, change, message):
+    path = tmp_path / CHECKPOINT_FILE
+    config = _config("constant")
+    with pytest.raises(KeyboardInterrupt):
+        simulate(config, build_task(config), observers=[_StopAfter(3)], checkpoint=Checkpointing(path))
+    other = _config("constant", *change)
+    with pytest.raises(ConfigError, match=message):
+        simulate(other, build_task(other), checkpoint=Checkpointing(path))
+
+
+def test_a_broken_checkpoint_is_refused_in_one_line(tmp_path):
+    path = tmp_path / CHECKPOINT_FILE
+    config = _config("constant")
+    path.write_bytes(b"not a pickle")
+    with pytest.raises(ConfigError, match=r"unreadable.*delete it"):
+        rounds_done(path, config)
+    path.write_bytes(pickle.dumps({"format": 99, "config": {}}))
+    with pytest.raises(ConfigError, match="layout 99"):
+        rounds_done(path, config)
+
+
+def test_a_checkpoint_that_cannot_be_written_warns_and_the_run_goes_on(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    config = _config("constant")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = simulate(
+            config,
+            build_task(config),
+            checkpoint=Checkpointing(blocker / CHECKPOINT_FILE, every_seconds=1e-9),
+        )
+    assert any("not written after round" in str(w.message) for w in caught)
+    _same_run(result, _straight("constant"))
+    with pytest.raises(ConfigError, match="interval"):
+        Checkpointing(tmp_path / CHECKPOINT_FILE, every_seconds=0)
+
+
+def test_the_public_simulate_continues_from_its_checkpoint(tmp_path):
+    import fairclip
+
+    path = tmp_path / "run.ckpt"
+    overrides = {"strategy.name": "adaptive", "training.rounds": 8, "seed": 2}
+    with pytest.raises(KeyboardInterrupt):
+        fairclip.simulate("demo", overrides=overrides, observers=[_StopAfter(5)], checkpoint=path)
+    resumed = fairclip.simulate("demo", overrides=overrides, checkpoint=path)
+    straight = fairclip.simulate("demo", overrides=overrides)
+    pd.testing.assert_frame_equal(resumed.rounds, straight.rounds)
+    np.testing.assert_array_equal(resumed.model, straight.model)
+
+
+# ----- a reproduction killed with SIGTERM, then --resume ------------------------------------------
+
+
+ROUNDS_OF_A_REPRODUCTION = 400
+
+
+def _reproduce(out: Path, *extra: str) -> list[str]:
+    return [
+        sys.executable, "-m", "fairclip", "reproduce", "xu-adult", "--seeds", "1",
+        "--strategies", "none,constant", "--backend", "local",
+        "--max-rounds", str(ROUNDS_OF_A_REPRODUCTION), "--out", str(out), *extra,
+    ]  # fmt: skip
+
+
+DATA_DIR = Path(os.environ.get("FAIRCLIP_DATA") or Path(__file__).resolve().parents[2] / "shared" / "data")
+
+
+@pytest.mark.slow
+def test_a_reproduction_killed_in_a_run_continues_that_run_with_resume(tmp_path):
+    """SIGTERM in the second run: the first is kept, the second's checkpoint holds its finished
+    rounds, and --resume computes only the rest -- to the same rows as an uninterrupted run."""
+    import fairclip
+    from fairclip.sims.data import DATASET_FILES
+
+    for relative in DATASET_FILES["adult"]:
+        if not (DATA_DIR / relative).is_file():
+            pytest.skip(f"{DATA_DIR / relative} is absent: set FAIRCLIP_DATA to the benchmark data folder")
+    environment = {**os.environ, "FLWR_TELEMETRY_ENABLED": "0", "FAIRCLIP_DATA": str(DATA_DIR)}
+    out = tmp_path / "killed"
+    process = subprocess.Popen(_reproduce(out), env=environment, stderr=subprocess.PIPE, text=True)
+    runs = out / "runs"
+    deadline = time.monotonic() + 300
+    while not list(runs.glob("*/summary.json")):
+        assert process.poll() is None, process.communicate()
+        assert time.monotonic() < deadline, "the first run did not finish in time"
+        time.sleep(0.05)
+    time.sleep(1.0)  # inside the second run (about 15 ms a round here)
+    process.send_signal(signal.SIGTERM)
+    _, err = process.communicate(timeout=120)
+    assert process.returncode == 143, err
+    [unfinished] = [folder for folder in runs.iterdir() if not (folder / "summary.json").exists()]
+    done = rounds_done(unfinished / CHECKPOINT_FILE, _config_of(unfinished))
+    assert 0 < done < ROUNDS_OF_A_REPRODUCTION, "SIGTERM landed inside the second run's rounds"
+
+    again = tmp_path / "again"
+    shutil.copytree(out, again)
+    resumed = subprocess.run(_reproduce(out, "--resume"), env=environment, capture_output=True, text=True)
+    assert resumed.returncode == 0, resumed.stderr
+    assert not (unfinished / CHECKPOINT_FILE).exists(), "the run's files supersede its checkpoint"
+    summary = json.loads((unfinished / "summary.json").read_text())
+    pieces = summary["provenance"]["pieces"]
+    assert [(p["first_round"], p["last_round"]) for p in pieces] == [
+        (1, done),
+        (done + 1, ROUNDS_OF_A_REPRODUCTION),
+    ]
+
+    # the same reproduction without --resume computes every run again, from its first round
+    fairclip.reproduce(
+        "xu-adult",
+        seeds=1,
+        out=again,
+        strategies=["none", "constant"],
+        max_rounds=ROUNDS_OF_A_REPRODUCTION,
+        data_dir=DATA_DIR,
+    )
+    assert (
+        "pieces"
+        not in json.loads((again / "runs" / unfinished.name / "summary.json").read_text())["provenance"]
+    )
+    expected = pd.read_csv(again / "runs" / unfinished.name / "rounds.csv")
+    pd.testing.assert_frame_equal(pd.read_csv(unfinished / "rounds.csv"), expected)
+    assert (out / "reproduction.csv").read_text() == (again / "reproduction.csv").read_text()
+
+
+def _config_of(run_folder: Path):
+    from fairclip.sims.config import validate
+
+    return validate(pickle.loads((run_folder / CHECKPOINT_FILE).read_bytes())["config"])
