@@ -51,21 +51,27 @@ class _OuterProduct:
     output_grads: torch.Tensor
     bias: bool
 
+    @property
+    def size(self) -> int:
+        """The layer's parameters."""
+        outputs = self.output_grads.shape[1]
+        return outputs * self.inputs.shape[1] + (outputs if self.bias else 0)
+
     def squared_norms(self) -> torch.Tensor:
         b2 = self.output_grads.square().sum(1)
         squares = self.inputs.square().sum(1) * b2
         return squares + b2 if self.bias else squares
 
-    def weighted_sums(self, rows: slice, weights: torch.Tensor) -> list[torch.Tensor]:
+    def write_weighted_sums(self, rows: slice, weights: torch.Tensor, out: torch.Tensor) -> None:
+        """Σ_i w_ji ∇ℓ_i over ``rows`` for each row j of ``weights``, into ``out``'s row j
+        (its columns of this layer: W row-major, then the bias)."""
         a, b = self.inputs[rows], self.output_grads[rows]
-        sums = []
-        for w in weights:
+        outputs, inputs = b.shape[1], a.shape[1]
+        for w, row in zip(weights, out, strict=True):
             weighted = b * w[:, None]
-            parts = [(weighted.T @ a).reshape(-1)]
+            torch.mm(weighted.T, a, out=row[: outputs * inputs].view(outputs, inputs))
             if self.bias:
-                parts.append(weighted.sum(0))
-            sums.append(torch.cat(parts))
-        return sums
+                torch.sum(weighted, 0, out=row[outputs * inputs :])
 
     def padded_sums(self, index: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         """Every block's weighted sums at once: ``index`` (B, s) holds each block's rows, padded
@@ -90,11 +96,17 @@ class _PerExample:
         squares = self.weight_grads.square().sum(1)
         return squares if self.bias_grads is None else squares + self.bias_grads.square().sum(1)
 
-    def weighted_sums(self, rows: slice, weights: torch.Tensor) -> list[torch.Tensor]:
+    def write_weighted_sums(self, rows: slice, weights: torch.Tensor, out: torch.Tensor) -> None:
+        """:meth:`_OuterProduct.write_weighted_sums` for formed per-example gradients."""
         grads = self.weight_grads[rows]
         if self.bias_grads is not None:
             grads = torch.cat([grads, self.bias_grads[rows]], dim=1)
-        return list(weights @ grads)
+        out.copy_(weights @ grads)
+
+    @property
+    def size(self) -> int:
+        """The layer's parameters."""
+        return self.weight_grads.shape[1] + (0 if self.bias_grads is None else self.bias_grads.shape[1])
 
     def padded_sums(self, index: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         """:meth:`_OuterProduct.padded_sums` for formed per-example gradients."""
@@ -148,8 +160,14 @@ class OneStepGradients:
         if weights.shape[0] == 0:
             return torch.empty((0, self.dim), dtype=torch.float64, device=device)
         torch_weights = torch.from_numpy(weights * -self.lr).to(device)
-        parts = [torch.stack(layer.weighted_sums(rows, torch_weights)) for layer in self.layers]
-        return torch.cat(parts, dim=1)
+        sums = torch.empty((weights.shape[0], self.dim), dtype=torch.float64, device=device)
+        start = 0
+        for layer in self.layers:  # each layer writes its columns (no per-layer vectors joined)
+            layer.write_weighted_sums(rows, torch_weights, sums[:, start : start + layer.size])
+            start += layer.size
+        if start != self.dim:  # columns no layer wrote would hold whatever the memory held
+            raise RuntimeError(f"the layers' sums fill {start} of the model's {self.dim} parameters")
+        return sums
 
     def block_weighted_sums(
         self,

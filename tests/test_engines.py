@@ -2,15 +2,28 @@
 
 from __future__ import annotations
 
+import functools
+import operator
+
 import numpy as np
 import pandas as pd
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from fairclip.sims.config import load_config
 from fairclip.sims.engine import RunServer, simulate
 from fairclip.sims.local_engine import LocalExecutor, groups_sums
 from fairclip.sims.tasks import build_task
-from fairclip.strategies.aggregation import SUM_SHARDS, balance, group_blocks, shard_ids
+from fairclip.strategies.aggregation import (
+    SUM_SHARDS,
+    CohortDiagnostics,
+    RoundSums,
+    add_in_order,
+    balance,
+    group_blocks,
+    shard_ids,
+)
 
 
 def test_blocks_partition_the_sampled_clients():
@@ -241,3 +254,36 @@ def test_observers_see_the_start_every_round_and_the_end_in_order():
     simulate(config, build_task(config), observers=[recorder, plain])
     assert recorder.seen == [("start", 0), ("round", 1), ("round", 2), ("round", 3), ("finish", 3)]
     assert plain.rounds == 3
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    dtypes=st.lists(st.sampled_from(["float64", "float32"]), min_size=1, max_size=9),
+    dimension=st.integers(0, 6),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_block_sums_added_in_place_have_the_bits_of_adding_them_one_by_one(dtypes, dimension, seed):
+    """add_in_order keeps one running total of the contribution vectors: the same additions in
+    the same order as ``sums[0] + sums[1] + ...`` (float32 blocks promoted where a float64 one
+    comes), and no block's own vector changes."""
+    generator = np.random.default_rng(seed)
+    sums = [
+        RoundSums(
+            (generator.standard_normal(dimension) * 10.0 ** generator.integers(-8, 8, dimension)).astype(
+                dtype
+            ),
+            generator.standard_normal(3),
+            int(generator.integers(0, 5)),
+            CohortDiagnostics.zeros(2),
+        )
+        for dtype in dtypes
+    ]
+    before = [part.contribution_sum.copy() for part in sums]
+    expected = functools.reduce(operator.add, sums)
+    total = add_in_order(sums)
+    assert total.contribution_sum.dtype == expected.contribution_sum.dtype
+    assert total.contribution_sum.tobytes() == expected.contribution_sum.tobytes()
+    assert total.report_sum.tobytes() == expected.report_sum.tobytes()
+    assert total.num_reports == expected.num_reports
+    for part, vector in zip(sums, before, strict=True):
+        assert part.contribution_sum.tobytes() == vector.tobytes()
