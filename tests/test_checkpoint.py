@@ -250,7 +250,7 @@ def test_the_public_simulate_continues_from_its_checkpoint(tmp_path):
 # ----- a reproduction killed with SIGTERM, then --resume ------------------------------------------
 
 
-ROUNDS_OF_A_REPRODUCTION = 400
+ROUNDS_OF_A_REPRODUCTION = 300
 
 
 def _reproduce(out: Path, *extra: str) -> list[str]:
