@@ -121,3 +121,18 @@ def test_only_cohorts_that_partition_the_test_set_get_group_metrics():
     assert partition({"a": (owner == 0) * 1.0, "b": (owner == 1) * 1.0}).tolist() == [0, 1, 1, 0]
     assert partition({"a": np.array([0.5, 1, 1, 0]), "b": np.array([0.5, 0, 0, 1])}) is None
     assert partition({"a": np.ones(4), "b": np.ones(4)}) is None  # class-mix cohorts weigh every row
+
+
+def test_differences_equal_up_to_rounding_are_not_called_significant():
+    """Two seeds on which A beats B by the same number of test examples: the differences agree
+    to the last bits only, their variance is rounding, and the t-test is undefined -- not p ≈ 0."""
+    by_seed = pd.DataFrame(
+        {"a": [0.8809034907597536, 0.8788501026694046], "b": [0.8644763860369611, 0.8624229979466119]}
+    )
+    assert (by_seed["a"] - by_seed["b"]).nunique() == 2  # not bit-equal: rounding tells them apart
+    test = statistics.paired_test("a", "b", by_seed)
+    assert math.isnan(test.p_value) and not test.significant
+    assert test.mean_difference == pytest.approx(16 / 974)
+    # a real spread, however small against the levels, is still tested
+    spread = pd.DataFrame({"a": [0.8809, 0.8790, 0.8801], "b": [0.8645, 0.8625, 0.8640]})
+    assert statistics.paired_test("a", "b", spread).p_value < 0.05
