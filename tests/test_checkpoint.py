@@ -247,6 +247,27 @@ def test_the_public_simulate_continues_from_its_checkpoint(tmp_path):
     np.testing.assert_array_equal(resumed.model, straight.model)
 
 
+def test_runs_on_ray_keep_their_checkpoint_where_the_driver_says(ray_session, tmp_path):
+    """The Ray tasks write each run's checkpoint at the path the driver gives (here left after
+    the end, since no driver's save_run supersedes it); run again, a finished one is returned
+    as it was, without a round recomputed."""
+    from fairclip.sims.compare import simulate_jobs
+
+    raw = {"constant": _config("constant").as_dict()}
+    paths = {key: tmp_path / key / CHECKPOINT_FILE for key in raw}
+    jobs = list(raw.items())
+    first = dict(simulate_jobs(jobs, data_dir=None, ray=True, checkpoints=paths.__getitem__))
+    for key in raw:
+        assert rounds_done(paths[key], _config(key)) == ROUNDS
+        assert pd.DataFrame(first[key]["rows"]).equals(pd.DataFrame(_straight(key).rows))
+    stamps = {key: paths[key].stat().st_mtime_ns for key in raw}
+    again = dict(simulate_jobs(jobs, data_dir=None, ray=True, checkpoints=paths.__getitem__))
+    for key in raw:
+        assert pd.DataFrame(again[key]["rows"]).equals(pd.DataFrame(first[key]["rows"]))
+        assert again[key]["summary"] == first[key]["summary"]  # returned as it was, provenance too
+        assert paths[key].stat().st_mtime_ns >= stamps[key]
+
+
 # ----- a reproduction killed with SIGTERM, then --resume ------------------------------------------
 
 
