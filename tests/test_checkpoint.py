@@ -29,7 +29,7 @@ from fairclip.sims.local_engine import LocalExecutor
 from fairclip.sims.tasks import build_task
 from fairclip.strategies.aggregation import Exchange
 
-ROUNDS = 12
+ROUNDS = 7
 POLICY_SETTINGS = {
     "none": ["strategy.name=none"],
     "constant": ["strategy.name=constant", "strategy.initial_bound=0.3"],
@@ -48,7 +48,7 @@ server optimizer's moments (Adam's and SGD's momentum, with the bounded policy).
 
 
 def _config(case: str, *extra: str):
-    chosen = [*POLICY_SETTINGS[case], f"training.rounds={ROUNDS}", "training.eval_every=5", "seed=3"]
+    chosen = [*POLICY_SETTINGS[case], f"training.rounds={ROUNDS}", "training.eval_every=3", "seed=3"]
     return load_config("demo", None, [*chosen, *extra])
 
 
@@ -249,8 +249,7 @@ def test_the_public_simulate_continues_from_its_checkpoint(tmp_path):
 
 def test_runs_on_ray_keep_their_checkpoint_where_the_driver_says(ray_session, tmp_path):
     """The Ray tasks write each run's checkpoint at the path the driver gives (here left after
-    the end, since no driver's save_run supersedes it); run again, a finished one is returned
-    as it was, without a round recomputed."""
+    the end, since no driver's save_run supersedes it)."""
     from fairclip.sims.compare import simulate_jobs
 
     raw = {"constant": _config("constant").as_dict()}
@@ -260,18 +259,12 @@ def test_runs_on_ray_keep_their_checkpoint_where_the_driver_says(ray_session, tm
     for key in raw:
         assert rounds_done(paths[key], _config(key)) == ROUNDS
         assert pd.DataFrame(first[key]["rows"]).equals(pd.DataFrame(_straight(key).rows))
-    stamps = {key: paths[key].stat().st_mtime_ns for key in raw}
-    again = dict(simulate_jobs(jobs, data_dir=None, ray=True, checkpoints=paths.__getitem__))
-    for key in raw:
-        assert pd.DataFrame(again[key]["rows"]).equals(pd.DataFrame(first[key]["rows"]))
-        assert again[key]["summary"] == first[key]["summary"]  # returned as it was, provenance too
-        assert paths[key].stat().st_mtime_ns >= stamps[key]
 
 
 # ----- a reproduction killed with SIGTERM, then --resume ------------------------------------------
 
 
-ROUNDS_OF_A_REPRODUCTION = 300
+ROUNDS_OF_A_REPRODUCTION = 200
 
 
 def _reproduce(out: Path, *extra: str) -> list[str]:
