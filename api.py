@@ -37,6 +37,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from fairclip.sims.checkpoint import DEFAULT_EVERY_SECONDS
+
 
 @dataclass(frozen=True)
 class Simulation:
@@ -136,7 +138,7 @@ def simulate(
     on_round: Callable[[dict[str, Any]], None] | None = None,
     observers: Sequence[Any] = (),
     checkpoint: str | Path | None = None,
-    checkpoint_every: float = 300.0,
+    checkpoint_every: float = DEFAULT_EVERY_SECONDS,
 ) -> Simulation:
     """Run one simulation in this process and return its results.
 
@@ -185,7 +187,7 @@ def simulate_config(
     on_round: Callable[[dict[str, Any]], None] | None = None,
     observers: Sequence[Any] = (),
     checkpoint: str | Path | None = None,
-    checkpoint_every: float = 300.0,
+    checkpoint_every: float = DEFAULT_EVERY_SECONDS,
 ) -> Any:
     """Run the validated configuration ``config`` (a :class:`fairclip.sims.config.RunConfig`) and
     return its :class:`fairclip.sims.engine.RunResult`; what ``fairclip run`` does.
