@@ -129,6 +129,9 @@ class ClassificationSpec(_ScenarioBase):
     evaluate_on: Literal["test", "validation"] = "test"
     """``validation``: hold out ``test_fraction`` of the training rows (seeded) and evaluate on them
     instead of the test set, which is then not used (hyper-parameter selection, real datasets)."""
+    test_limit: Annotated[int, Field(ge=1)] | None = None
+    """Evaluate on a seeded subset of at most this many of the test (or validation) rows instead of
+    all of them (real datasets; smoke runs: the numbers then describe a smaller evaluation set)."""
     features: Annotated[int, Field(ge=1)] = 20
     """Number of features (dataset ``synthetic``)."""
     examples_per_client: Annotated[int, Field(ge=1)] = 32
@@ -159,6 +162,8 @@ class ClassificationSpec(_ScenarioBase):
                 raise ValueError(f"cohorts.{name}: partition per-example needs attribute or class_fractions")
         if self.evaluate_on == "validation" and self.dataset == "synthetic":
             raise ValueError("evaluate_on: validation needs a real dataset")
+        if self.test_limit is not None and self.dataset == "synthetic":
+            raise ValueError("test_limit applies to real datasets (synthetic: test_examples_per_cohort)")
         if self.partition == "per-example" and self.dataset == "synthetic":
             raise ValueError("partition: per-example needs a real dataset")
         if self.protected == "age" and self.dataset != "adult":

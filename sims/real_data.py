@@ -58,7 +58,24 @@ def load(spec: ClassificationSpec, data_dir: Path | None, seed: int) -> Dataset:
         )
     if spec.evaluate_on == "validation":
         dataset = validation_split(dataset, spec.test_fraction, seed)
+    if spec.test_limit is not None:
+        dataset = limit_test_rows(dataset, spec.test_limit, seed)
     return dataset
+
+
+def limit_test_rows(dataset: Dataset, limit: int, seed: int) -> Dataset:
+    """At most ``limit`` of the test rows, a seeded subset kept in their order (all of them when
+    there are no more)."""
+    if limit >= len(dataset.y_test):
+        return dataset
+    kept = np.sort(rng(seed, Stream.DATA, 4).permutation(len(dataset.y_test))[:limit])
+    g = dataset.g_test
+    return dataclasses.replace(
+        dataset,
+        x_test=dataset.x_test[kept],
+        y_test=dataset.y_test[kept],
+        g_test=None if g is None else g[kept],
+    )
 
 
 def validation_split(dataset: Dataset, fraction: float, seed: int) -> Dataset:

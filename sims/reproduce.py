@@ -752,6 +752,12 @@ def reproduce(
             + ", ".join(s.name for s in full_setup.strategies)
             + " (`--strategies`)."
         )
+    if overrides:
+        extra.append(
+            "Overrides (`--set`), applied to every run on top of the setup: "
+            + ", ".join(f"`{override}`" for override in overrides)
+            + "."
+        )
     limits = []
     if max_rounds is not None:
         limits.append(f"at most {max_rounds} rounds")

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import math
 import os
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -168,6 +169,36 @@ def test_attribute_cohorts_hold_only_their_sex(scenario):
     for name, w in weights.items():
         np.testing.assert_array_equal(w, (dataset.g_test == dataset.group_names.index(name)).astype(float))
     np.testing.assert_array_equal(weights["female"] + weights["male"], np.ones(dataset.num_test))
+
+
+@pytest.mark.parametrize("evaluate_on", ["test", "validation"])
+def test_test_limit_keeps_a_seeded_subset_of_the_evaluation_rows(evaluate_on):
+    data_dir = data_dir_for("adult")
+    full = scenario_spec("adult").model_copy(update={"evaluate_on": evaluate_on})
+    limited = full.model_copy(update={"test_limit": 300})
+    whole, part = load(full, data_dir, seed=1), load(limited, data_dir, seed=1)
+    np.testing.assert_array_equal(part.x_train, whole.x_train)  # training rows untouched
+    assert len(part.y_test) == len(part.g_test) == 300 < len(whole.y_test)
+
+    # Rows (features, label, group) of the full evaluation set, none twice; the same for a seed.
+    def rows(dataset):
+        table = np.column_stack([dataset.x_test, dataset.y_test, dataset.g_test])
+        return Counter(row.tobytes() for row in table)
+
+    assert not rows(part) - rows(whole)
+    assert part.y_test.mean() != whole.y_test[:300].mean() or part.g_test.mean() != whole.g_test[:300].mean()
+    np.testing.assert_array_equal(load(limited, data_dir, seed=1).x_test, part.x_test)
+    assert not np.array_equal(load(limited, data_dir, seed=2).x_test, part.x_test)
+    everything = full.model_copy(update={"test_limit": len(whole.y_test) + 1})
+    np.testing.assert_array_equal(load(everything, data_dir, seed=1).x_test, whole.x_test)
+
+
+def test_test_limit_is_for_real_datasets(cli, tmp_path):
+    status, _, err = cli(
+        "run", "--scenario", "demo", "--set", "scenario.test_limit=10", "--out", str(tmp_path)
+    )
+    assert status == 2
+    assert err.strip().count("\n") == 0 and "test_limit applies to real datasets" in err, err
 
 
 def test_missing_data_file_is_one_line_and_exit_status_2(cli, tmp_path):

@@ -262,6 +262,8 @@ def skew_class(
         dropped = np.setdiff1d(of_class, rng.choice(of_class, size=count, replace=False))
     else:
         dropped = of_class[rng.random(len(of_class)) >= keep]
+    if dropped.size == 0:  # keep = 1 (galli-mnist): no copy of the training images
+        return dataclasses.replace(dataset, name=f"skewed-{dataset.name}")
     mask = np.ones(dataset.num_train, dtype=bool)
     mask[dropped] = False
     return dataclasses.replace(
