@@ -69,13 +69,16 @@ def limit_test_rows(dataset: Dataset, limit: int, seed: int) -> Dataset:
     if limit >= len(dataset.y_test):
         return dataset
     kept = np.sort(rng(seed, Stream.DATA, 4).permutation(len(dataset.y_test))[:limit])
-    g = dataset.g_test
-    return dataclasses.replace(
-        dataset,
-        x_test=dataset.x_test[kept],
-        y_test=dataset.y_test[kept],
-        g_test=None if g is None else g[kept],
-    )
+    x, y, g = _rows((dataset.x_test, dataset.y_test, dataset.g_test), kept)
+    return dataclasses.replace(dataset, x_test=x, y_test=y, g_test=g)
+
+
+def _rows(
+    split: tuple[np.ndarray, np.ndarray, np.ndarray | None], index: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """The rows ``index`` of a split's (features, labels, groups); groups stay None without any."""
+    x, y, g = split
+    return x[index], y[index], None if g is None else g[index]
 
 
 def validation_split(dataset: Dataset, fraction: float, seed: int) -> Dataset:
@@ -84,15 +87,17 @@ def validation_split(dataset: Dataset, fraction: float, seed: int) -> Dataset:
     order = rng(seed, Stream.DATA, 3).permutation(len(dataset.y_train))
     cut = round(fraction * len(order))
     held, kept = np.sort(order[:cut]), np.sort(order[cut:])
-    g = dataset.g_train
+    train = (dataset.x_train, dataset.y_train, dataset.g_train)
+    x_train, y_train, g_train = _rows(train, kept)
+    x_test, y_test, g_test = _rows(train, held)
     return dataclasses.replace(
         dataset,
-        x_train=dataset.x_train[kept],
-        y_train=dataset.y_train[kept],
-        g_train=None if g is None else g[kept],
-        x_test=dataset.x_train[held],
-        y_test=dataset.y_train[held],
-        g_test=None if g is None else g[held],
+        x_train=x_train,
+        y_train=y_train,
+        g_train=g_train,
+        x_test=x_test,
+        y_test=y_test,
+        g_test=g_test,
         name=f"{dataset.name}-validation",
     )
 
