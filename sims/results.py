@@ -50,12 +50,14 @@ OPTIONAL_FILES = ("paired_tests.csv",)
 
 def record(out: Path, dest: Path, command: str) -> dict[str, Any]:
     """Copy the tables of the reproduction in ``out`` into ``dest`` with its ``record.json``;
-    return the record. The reproduction must be finished (its tables written)."""
+    return the record. The reproduction must be finished (its tables written) and not a smoke
+    run (:func:`refuse_smoke_run`)."""
     out, dest = Path(out), Path(dest)
     missing = [name for name in FILES if not (out / name).is_file()]
     if missing:
         raise FileNotFoundError(f"{out} holds no {missing[0]}: the reproduction has not finished")
     spec = json.loads((out / "sweep.json").read_text()) if (out / "sweep.json").is_file() else {}
+    refuse_smoke_run(out, spec)
     summaries = [json.loads(path.read_text()) for path in sorted((out / "runs").glob("*/summary.json"))]
     table = pd.read_csv(out / "reproduction.csv", keep_default_na=False)
     started = [s["provenance"]["started"] for s in summaries if "provenance" in s]
@@ -93,6 +95,25 @@ def _runs_provenance(summaries: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+SMOKE_OPTIONS = ("max_rounds", "max_batch", "grid_limit")
+"""Options of a reproduction's specification that make it a smoke run, never a result."""
+SMOKE_OVERRIDES = ("scenario.test_limit",)
+"""``--set`` keys that make it one too (every run evaluated on a subset of the test rows)."""
+
+
+def refuse_smoke_run(out: Path, spec: dict[str, Any]) -> None:
+    """Raise ValueError, naming the options, when the reproduction specified by ``spec`` (its
+    ``sweep.json``) was a smoke run: its numbers are not a reproduction's."""
+    found = [f"--{key.replace('_', '-')} {spec[key]}" for key in SMOKE_OPTIONS if spec.get(key) is not None]
+    found += [
+        f"--set {override}"
+        for override in spec.get("overrides") or []
+        if override.split("=", 1)[0].strip() in SMOKE_OVERRIDES
+    ]
+    if found:
+        raise ValueError(f"{out} is a smoke run ({', '.join(found)}), not a reproduction to keep or record")
+
+
 def keep(out: Path, dest: Path) -> dict[str, Any]:
     """Copy into ``dest`` what ``fairclip reproduce --resume`` needs of the unfinished
     reproduction in ``out`` -- its ``sweep.json`` and the ``summary.json`` of every finished run
@@ -106,6 +127,7 @@ def keep(out: Path, dest: Path) -> dict[str, Any]:
     spec = json.loads((out / "sweep.json").read_text())
     if spec.get("command") != "reproduce":
         raise ValueError(f"{out} holds a {spec.get('command')!r} sweep, not a reproduction")
+    refuse_smoke_run(out, spec)
     finished = sorted((out / "runs").glob("*/summary.json"))
     if (dest / "sweep.json").is_file():
         if json.loads((dest / "sweep.json").read_text()) != spec:

@@ -96,6 +96,31 @@ def test_a_finished_reproduction_is_recorded_and_rendered(tmp_path):
     assert results.results_markdown(store) == "No reproduction has been recorded yet."
 
 
+@pytest.mark.parametrize(
+    ("option", "named"),
+    [
+        ({"max_rounds": 1}, "--max-rounds 1"),
+        ({"max_batch": 64}, "--max-batch 64"),
+        ({"grid_limit": 1}, "--grid-limit 1"),
+        ({"overrides": ["training.device=cpu", "scenario.test_limit=500"]}, "--set scenario.test_limit=500"),
+    ],
+)
+def test_a_smoke_run_is_neither_kept_nor_recorded(tmp_path, capsys, option, named):
+    out = tmp_path / "run"
+    out.mkdir()
+    _finished(out)
+    spec = {"command": "reproduce", "name": "xu-dutch", "seeds": 3, "max_rounds": None, **option}
+    (out / "sweep.json").write_text(json.dumps(spec))
+    assert results.main(["record", str(out), "x", "--command", "c"]) == 2
+    assert results.main(["keep", str(out), "x"]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 2 and all(f"is a smoke run ({named})" in line for line in lines), lines
+    assert not (results.IN_PROGRESS_DIR / "x").exists() and not (results.RESULTS_DIR / "x").exists()
+    (out / "sweep.json").write_text(json.dumps({**spec, **{key: None for key in option}, "overrides": []}))
+    entry = results.record(out, tmp_path / "store" / "xu-dutch", "c")  # the same run without them
+    assert entry["runs"] == 2
+
+
 def test_the_command_line_refuses_a_folder_without_a_reproduction_in_one_line(tmp_path, capsys):
     (tmp_path / "empty").mkdir()
     assert results.main(["keep", str(tmp_path / "empty"), "x"]) == 2
