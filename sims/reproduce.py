@@ -628,13 +628,18 @@ def markdown(
     lines += [""]
     lines += paired_lines(tests or [])
     lines += [
-        "Notes: " + " ".join(setup.notes.split()),
+        notes_line(setup),
         *extra,
         "",
         f"Wall time: {wall_seconds:.1f} s.",
         "",
     ]
     return "\n".join(lines)
+
+
+def notes_line(setup: Setup) -> str:
+    """The report's line with the setup's notes (where the flags' likely causes are)."""
+    return "Notes: " + " ".join(setup.notes.split())
 
 
 def write_outputs(

@@ -196,6 +196,28 @@ def setup_markdown(folder: Path) -> str:
     return "\n".join(lines)
 
 
+def refresh_notes(folder: Path) -> bool:
+    """Rewrite the notes line of the recorded report in ``folder`` from its setup file's current
+    notes (where a flag's likely cause is added after the runs); whether it changed. The numbers
+    and every other line stay as recorded."""
+    from fairclip.sims.reproduce import load_setup, notes_line  # here: it imports Opacus (seconds)
+
+    report = Path(folder) / "reproduction.md"
+    if not report.is_file():
+        raise FileNotFoundError(f"{folder} holds no reproduction.md: nothing is recorded there")
+    setup = load_setup(json.loads((Path(folder) / "record.json").read_text())["setup"])
+    lines = report.read_text().split("\n")
+    found = [index for index, line in enumerate(lines) if line.startswith("Notes: ")]
+    if len(found) != 1:
+        raise ValueError(f"{report} has {len(found)} notes lines where one is expected")
+    fresh = notes_line(setup)
+    if lines[found[0]] == fresh:
+        return False
+    lines[found[0]] = fresh
+    atomic_write_text(report, "\n".join(lines))
+    return True
+
+
 def _link(folder: Path) -> str:
     try:
         return str(folder.resolve().relative_to(REPOSITORY) / "reproduction.md")
@@ -235,8 +257,9 @@ def update_readme(readme: Path = README, results: Path = RESULTS_DIR) -> bool:
 
 
 def main(argv: list[str]) -> int:
-    """``record OUT NAME --command TEXT``, ``keep OUT NAME`` or ``readme``; a folder that holds
-    no reproduction (or no finished one, for ``record``) is one line on stderr and status 2."""
+    """``record OUT NAME --command TEXT``, ``keep OUT NAME``, ``notes NAME`` or ``readme``; a
+    folder that holds no reproduction (or no finished one, for ``record``) is one line on stderr
+    and status 2."""
     try:
         return _main(argv)
     except (FileNotFoundError, ValueError) as error:
@@ -252,6 +275,10 @@ def _main(argv: list[str]) -> int:
             f"{entry['compute_seconds']:.0f} s of run time, in {IN_PROGRESS_DIR / argv[2]}"
         )
         return 0
+    if argv[:1] == ["notes"] and len(argv) == 2:
+        changed = refresh_notes(RESULTS_DIR / argv[1])
+        print(f"{argv[1]}: notes {'refreshed' if changed else 'already current'}")
+        return 0
     if argv[:1] == ["readme"] and len(argv) == 1:
         print("README updated" if update_readme() else "README already up to date")
         return 0
@@ -262,7 +289,8 @@ def _main(argv: list[str]) -> int:
         )
         return 0
     print(
-        "usage: python -m fairclip.sims.results record OUT NAME --command TEXT | keep OUT NAME | readme",
+        "usage: python -m fairclip.sims.results record OUT NAME --command TEXT | keep OUT NAME | notes NAME"
+        " | readme",
         file=sys.stderr,
     )
     return 2

@@ -21,6 +21,30 @@ def test_the_readme_shows_what_the_committed_results_hold():
     )
 
 
+def test_every_recorded_report_carries_its_setups_current_notes(tmp_path, capsys):
+    """A flag's likely cause goes into the setup file's notes after the runs; the recorded
+    report must say the same (``python -m fairclip.sims.results notes NAME``)."""
+    folders = sorted(p for p in results.RESULTS_DIR.iterdir() if (p / "record.json").is_file())
+    if not folders:
+        pytest.skip("no results folder here (an installed copy): nothing recorded to check")
+    for folder in folders:
+        copy = tmp_path / folder.name
+        shutil.copytree(folder, copy)
+        assert not results.refresh_notes(copy), f"run: python -m fairclip.sims.results notes {folder.name}"
+    # A stale notes line is rewritten, and nothing else in the report changes.
+    report = tmp_path / folders[0].name / "reproduction.md"
+    recorded = report.read_text()
+    notes = next(line for line in recorded.splitlines() if line.startswith("Notes: "))
+    report.write_text(recorded.replace(notes, "Notes: an older text."))
+    assert results.refresh_notes(report.parent)
+    assert report.read_text() == recorded
+    report.write_text(recorded.replace(notes, f"{notes}\n{notes}"))
+    with pytest.raises(ValueError, match="2 notes lines where one is expected"):
+        results.refresh_notes(report.parent)
+    assert results.main(["notes", "no-such-setup"]) == 2
+    assert "holds no reproduction.md" in capsys.readouterr().err
+
+
 def test_kept_runs_are_committed_beside_their_progress():
     """Every ``results/in-progress/<setup>/progress.json`` counts finished runs whose summaries
     git tracks, so ``--resume`` from a fresh clone finds them (an ignore pattern ``runs/`` once
