@@ -96,7 +96,8 @@ def _runs_provenance(summaries: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 SMOKE_OPTIONS = ("max_rounds", "max_batch", "grid_limit")
-"""Options of a reproduction's specification that make it a smoke run, never a result."""
+"""Options of a reproduction's specification that make it a smoke run, never a result (it may
+still be kept, to continue it: only :func:`record` refuses it)."""
 SMOKE_OVERRIDES = ("scenario.test_limit",)
 """``--set`` keys that make it one too (every run evaluated on a subset of the test rows)."""
 
@@ -111,7 +112,7 @@ def refuse_smoke_run(out: Path, spec: dict[str, Any]) -> None:
         if override.split("=", 1)[0].strip() in SMOKE_OVERRIDES
     ]
     if found:
-        raise ValueError(f"{out} is a smoke run ({', '.join(found)}), not a reproduction to keep or record")
+        raise ValueError(f"{out} is a smoke run ({', '.join(found)}), not a reproduction to record")
 
 
 def keep(out: Path, dest: Path) -> dict[str, Any]:
@@ -127,7 +128,6 @@ def keep(out: Path, dest: Path) -> dict[str, Any]:
     spec = json.loads((out / "sweep.json").read_text())
     if spec.get("command") != "reproduce":
         raise ValueError(f"{out} holds a {spec.get('command')!r} sweep, not a reproduction")
-    refuse_smoke_run(out, spec)
     finished = sorted((out / "runs").glob("*/summary.json"))
     if (dest / "sweep.json").is_file():
         if json.loads((dest / "sweep.json").read_text()) != spec:

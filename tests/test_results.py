@@ -129,17 +129,16 @@ def test_a_finished_reproduction_is_recorded_and_rendered(tmp_path):
         ({"overrides": ["training.device=cpu", "scenario.test_limit=500"]}, "--set scenario.test_limit=500"),
     ],
 )
-def test_a_smoke_run_is_neither_kept_nor_recorded(tmp_path, capsys, option, named):
+def test_a_smoke_run_is_not_recorded(tmp_path, capsys, option, named):
     out = tmp_path / "run"
     out.mkdir()
     _finished(out)
     spec = {"command": "reproduce", "name": "xu-dutch", "seeds": 3, "max_rounds": None, **option}
     (out / "sweep.json").write_text(json.dumps(spec))
     assert results.main(["record", str(out), "x", "--command", "c"]) == 2
-    assert results.main(["keep", str(out), "x"]) == 2
     lines = capsys.readouterr().err.strip().splitlines()
-    assert len(lines) == 2 and all(f"is a smoke run ({named})" in line for line in lines), lines
-    assert not (results.IN_PROGRESS_DIR / "x").exists() and not (results.RESULTS_DIR / "x").exists()
+    assert len(lines) == 1 and f"is a smoke run ({named}), not a reproduction to record" in lines[0], lines
+    assert not (results.RESULTS_DIR / "x").exists()
     (out / "sweep.json").write_text(json.dumps({**spec, **{key: None for key in option}, "overrides": []}))
     entry = results.record(out, tmp_path / "store" / "xu-dutch", "c")  # the same run without them
     assert entry["runs"] == 2
