@@ -171,7 +171,7 @@ def test_attribute_cohorts_hold_only_their_sex(scenario):
     np.testing.assert_array_equal(weights["female"] + weights["male"], np.ones(dataset.num_test))
 
 
-def _rows(dataset, split: str) -> Counter:
+def _multiset_of_rows(dataset, split: str) -> Counter:
     """The multiset of a split's rows (features, label, group)."""
     x, y, g = (getattr(dataset, f"{field}_{split}") for field in ("x", "y", "g"))
     return Counter(row.tobytes() for row in np.column_stack([x, y, g]))
@@ -183,7 +183,9 @@ def test_validation_split_holds_out_training_rows_and_drops_the_test_set():
     whole = load(spec, data_dir, seed=1)
     split = load(spec.model_copy(update={"evaluate_on": "validation"}), data_dir, seed=1)
     assert len(split.y_test) == round(spec.test_fraction * len(whole.y_train))
-    assert _rows(split, "train") + _rows(split, "test") == _rows(whole, "train")
+    assert _multiset_of_rows(split, "train") + _multiset_of_rows(split, "test") == _multiset_of_rows(
+        whole, "train"
+    )
 
 
 @pytest.mark.parametrize("evaluate_on", ["test", "validation"])
@@ -196,7 +198,7 @@ def test_test_limit_keeps_a_seeded_subset_of_the_evaluation_rows(evaluate_on):
     assert len(part.y_test) == len(part.g_test) == 300 < len(whole.y_test)
 
     # Rows (features, label, group) of the full evaluation set, none twice; the same for a seed.
-    assert not _rows(part, "test") - _rows(whole, "test")
+    assert not _multiset_of_rows(part, "test") - _multiset_of_rows(whole, "test")
     assert part.y_test.mean() != whole.y_test[:300].mean() or part.g_test.mean() != whole.g_test[:300].mean()
     np.testing.assert_array_equal(load(limited, data_dir, seed=1).x_test, part.x_test)
     assert not np.array_equal(load(limited, data_dir, seed=2).x_test, part.x_test)
