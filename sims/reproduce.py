@@ -765,11 +765,13 @@ def reproduce(
         )
     limits = []
     if max_rounds is not None:
-        limits.append(f"at most {max_rounds} rounds")
+        limits.append(f"at most {max_rounds} rounds per run")
     if max_batch is not None:
         limits.append(f"expected batches of at most {max_batch} examples")
+    if grid_limit is not None and setup.has_grid:
+        limits.append(f"only the first {grid_limit} values of each grid axis")
     if limits:
-        extra.append(f"Smoke run: {' and '.join(limits)} per run (not a reproduction).")
+        extra.append(f"Smoke run (not a reproduction): {'; '.join(limits)}.")
     write_outputs(out, setup, rows, wall, extra, paired_rows(setup, final, summaries))
     write_json(out / "chosen.json", {f"{s}@{_epsilon_text(e) or 'none'}": p for (s, e), p in chosen.items()})
     return rows, wall

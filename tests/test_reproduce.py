@@ -80,7 +80,10 @@ def test_every_setup_runs_a_few_steps(ray_session, cli, tmp_path, name):
     assert (means.abs() <= 1).all()  # a change against the reference lies in [-1, 1]
     report = (out / "reproduction.md").read_text()
     assert setup.title in report and "Wall time" in report
-    assert "Smoke run: at most 1 rounds and expected batches of at most 64 examples" in report
+    smoke = "Smoke run (not a reproduction): at most 1 rounds per run; "
+    smoke += "expected batches of at most 64 examples"
+    grid_limit = "; only the first 1 values of each grid axis" if setup.has_grid else ""
+    assert f"{smoke}{grid_limit}." in report  # the grid's limit only where the setup has a grid
     overrides = "Overrides (`--set`), applied to every run on top of the setup: "
     assert f"{overrides}`scenario.test_limit={SMOKE_TEST_ROWS}`." in report
     summaries = [json.loads(path.read_text()) for path in out.glob("runs/*/summary.json")]
