@@ -101,10 +101,12 @@ def contribute_scaled_blocks(
     ``NOT_SENT``), the second no report sum (zeros). ``directions`` (simulation diagnostics, in
     the exchange that carries the contributions): each cohort's sums of its unscaled and scaled
     rows, 2K more weighted sums per block; ``unclipped_total`` (there too): the sum of the
-    unscaled rows that contribute, one more. ``on_device``: each block's ``contribution_sum`` stays where the
-    gradients are (a GPU, or the CPU), as a float64 tensor with the same numbers, for the caller
-    to add up there (:func:`fairclip.sims.local_engine.add_in_order_on_device`); everything else
-    comes to the host as always."""
+    unscaled rows that contribute, one more. ``on_device``: each block's ``contribution_sum``,
+    and its ``report_sum`` where that is a weighted sum of the updates (a direction report, as
+    ``online``'s), stays where the gradients are (a GPU, or the CPU), as a float64 tensor with
+    the same numbers, for the caller to add up there
+    (:func:`fairclip.sims.local_engine.add_in_order_on_device`); everything else comes to the
+    host as always."""
     cohorts = np.asarray(cohorts, dtype=np.int64)
     scaled = policy.scaled_client_side(gradients.norms, cohorts, params)
     contributions = exchange is not Exchange.COUNTS
@@ -112,6 +114,7 @@ def contribute_scaled_blocks(
     report_size = policy.report_size(gradients.dim)
     tracked = directions and contributions
     totalled = unclipped_total and contributions
+    report_on_device = direction_reports and scaled.reports is None  # a weighted sum of updates
     blocks = _block_rows(sizes, cohorts.shape[0])
     block_weights = []
     for rows, _ in blocks:
@@ -128,8 +131,8 @@ def contribute_scaled_blocks(
     block_sums = gradients.block_weighted_sums(block_rows, block_weights, on_device=on_device)
     sums = []
     for (rows, size), weighted_rows in zip(blocks, block_sums, strict=True):
-        if isinstance(weighted_rows, torch.Tensor):  # on the device: only the contribution stays
-            stays = 1 if contributions else 0
+        if isinstance(weighted_rows, torch.Tensor):  # on the device: the model-sized sums stay
+            stays = int(contributions) + int(report_on_device)
             weighted = [*weighted_rows[:stays], *weighted_rows[stays:].cpu().numpy()]
         else:
             weighted = list(weighted_rows)

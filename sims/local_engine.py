@@ -162,9 +162,10 @@ def update_length(task: Task, policy: Policy, dimension: int) -> int:
 
 ON_DEVICE_SHARE = 4
 """The in-process engine keeps a round's block sums on the GPU (:func:`add_in_order_on_device`)
-while all of them (one float64 vector per block) take at most 1/ON_DEVICE_SHARE of its memory:
-``zhao-cnn``'s 64 take 412 MB. A model so large that they would not fit adds them on the host, as
-before, where a round holds them all too (:data:`fairclip.strategies.aggregation.SUM_SHARDS`)."""
+while all of them (one float64 vector per block, two where the reports are as large as the
+model) take at most 1/ON_DEVICE_SHARE of its memory: ``zhao-cnn``'s 64 take 412 MB. A model so
+large that they would not fit adds them on the host, as before, where a round holds them all too
+(:data:`fairclip.strategies.aggregation.SUM_SHARDS`)."""
 
 
 @dataclass
@@ -204,7 +205,8 @@ class LocalExecutor:
         if exchange is not Exchange.UPDATES:
             self._held.clear()  # a new round: nothing of an earlier one is used again
 
-        on_device = len(blocks) * model.shape[0] * 8 <= self._device_bytes
+        kept_length = model.shape[0] + self.policy.report_size(model.shape[0])  # per block, at most
+        on_device = len(blocks) * kept_length * 8 <= self._device_bytes
 
         def run(task: Task, share: list[dict[int, np.ndarray]]) -> dict[int, RoundSums]:
             return groups_sums(
@@ -225,8 +227,9 @@ class LocalExecutor:
 
 
 def add_in_order_on_device(sums: list[RoundSums]) -> RoundSums:
-    """:func:`add_in_order` where some blocks' ``contribution_sum`` is a float64 tensor
-    (``on_device`` in :func:`groups_sums`): the vectors are added where those tensors are, in
+    """:func:`add_in_order` where some blocks' ``contribution_sum`` (or ``report_sum``: a direction
+    report) is a float64 tensor (``on_device`` in :func:`groups_sums`): each of the two vectors
+    is added where those tensors are, in
     the same block order, and on a GPU the total comes to the host once a round instead of once
     a block (zhao-cnn on an H200, 2026-11-26: the per-block copies and host additions took 2.3 s
     of 4.0 s per 10 rounds). Each addition is one IEEE float64 addition per entry on either
@@ -234,13 +237,22 @@ def add_in_order_on_device(sums: list[RoundSums]) -> RoundSums:
     (``tests/test_ghost_clipping.py`` checks it with CPU tensors, ``tests/test_devices.py`` on a
     GPU). :class:`LocalExecutor` asks for it where its task runs on a GPU with room for them
     (:data:`ON_DEVICE_SHARE`)."""
-    vectors = [part.contribution_sum for part in sums]
-    kept = [vector for vector in vectors if isinstance(vector, torch.Tensor)]
-    if not kept:
+    on_device = [
+        field
+        for field in ("contribution_sum", "report_sum")
+        if any(isinstance(getattr(part, field), torch.Tensor) for part in sums)
+    ]
+    if not on_device:
         return add_in_order(sums)
-    device = kept[0].device
+    rest = add_in_order([replace(part, **dict.fromkeys(on_device, np.zeros(0))) for part in sums])
+    totals = {field: _added_in_order([getattr(part, field) for part in sums]) for field in on_device}
+    return replace(rest, **totals)
+
+
+def _added_in_order(vectors: list[np.ndarray | torch.Tensor]) -> np.ndarray:
+    """``vectors[0] + vectors[1] + ...`` where the first tensor among them is, copied to the host."""
+    device = next(vector for vector in vectors if isinstance(vector, torch.Tensor)).device
     total = torch.as_tensor(vectors[0], device=device)
     for vector in vectors[1:]:
         total = total + torch.as_tensor(vector, device=device)
-    rest = add_in_order([replace(part, contribution_sum=np.zeros(0)) for part in sums])
-    return replace(rest, contribution_sum=total.cpu().numpy())
+    return total.cpu().numpy()

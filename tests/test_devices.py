@@ -152,8 +152,10 @@ def test_norms_from_activations_on_the_gpu_equal_the_materialised_ones(model_nam
 
 @pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device: the GPU path runs where torch sees one")
 @pytest.mark.parametrize("batched", [False, True])
-def test_block_sums_added_on_the_gpu_equal_the_host_total_bit_for_bit(batched):
-    """The in-process engine leaves each block's contribution sum on the GPU and adds them there
+@pytest.mark.parametrize("name", ["constant", "online"])
+def test_block_sums_added_on_the_gpu_equal_the_host_total_bit_for_bit(name, batched):
+    """The in-process engine leaves each block's contribution sum (and ``online``'s direction
+    report, as large as the model) on the GPU and adds them there
     (:func:`fairclip.sims.local_engine.add_in_order_on_device`); the Ray engine copies every
     block to the host and adds them there. Both must give the same bits."""
     from fairclip.client.contributions import contribute_scaled_blocks
@@ -177,15 +179,17 @@ def test_block_sums_added_on_the_gpu_equal_the_host_total_bit_for_bit(batched):
     for have, want in zip(kept, host, strict=True):
         assert have.device.type == "cuda"
         assert have.cpu().numpy().tobytes() == want.tobytes()
-    policy = build_policy("constant", {"initial_bound": float(np.median(gradients.norms))}, num_cohorts=2)
+    policy = build_policy(name, {"initial_bound": float(np.median(gradients.norms))}, num_cohorts=2)
     params = policy.broadcast(policy.initial_state(theta.shape[0]))
     cohorts = np.arange(count) % 2
     want = add_in_order(contribute_scaled_blocks(policy, params, gradients, cohorts, 2, sizes))
     parts = contribute_scaled_blocks(policy, params, gradients, cohorts, 2, sizes, on_device=True)
     assert all(part.contribution_sum.device.type == "cuda" for part in parts)
+    assert all(isinstance(part.report_sum, torch.Tensor) == (name == "online") for part in parts)
     total = add_in_order_on_device(parts)
     assert np.abs(want.contribution_sum).max() > 0
     assert total.contribution_sum.tobytes() == want.contribution_sum.tobytes()
+    assert total.report_sum.tobytes() == want.report_sum.tobytes()
 
 
 @pytest.mark.parametrize(

@@ -347,7 +347,8 @@ def test_contributions_added_on_the_device_equal_the_host_total_bit_for_bit(name
     """What the in-process engine does (block sums left where the gradients are, added there
     in block order by ``add_in_order_on_device``) gives the total the Ray engine's host sums
     give, bit for bit, in every exchange of a round and with every diagnostic sum on; blocks
-    left on the host (a zero contribution) mix in."""
+    left on the host (a zero contribution) mix in. ``online``'s direction reports, as large as the
+    model, stay on the device too."""
     from fairclip.sims.local_engine import add_in_order_on_device
     from fairclip.strategies.aggregation import Exchange, add_in_order, sent_in
 
@@ -366,13 +367,15 @@ def test_contributions_added_on_the_device_equal_the_host_total_bit_for_bit(name
     kept = [sent_in(part, step) for part in contribute_scaled_blocks(*args, on_device=True)]
     contributes = step is not Exchange.COUNTS
     assert all(isinstance(part.contribution_sum, torch.Tensor) == contributes for part in kept)
+    directions_reported = name == "online" and step is not Exchange.UPDATES  # model-sized reports
+    assert all(isinstance(part.report_sum, torch.Tensor) == directions_reported for part in kept)
     for block, (have, want) in enumerate(zip(kept, host, strict=True)):
         _bits_equal(have.contribution_sum, want.contribution_sum, f"block {block}")
         _bits_equal(have.report_sum, want.report_sum, f"block {block}")
     mixed = [*kept[:2], host[2], *kept[3:]]  # one block's vector on the host
     for parts in (kept, mixed):
         total, want = add_in_order_on_device(parts), add_in_order(host)
-        assert isinstance(total.contribution_sum, np.ndarray)
+        assert isinstance(total.contribution_sum, np.ndarray) and isinstance(total.report_sum, np.ndarray)
         _bits_equal(total.contribution_sum, want.contribution_sum)
         _bits_equal(total.report_sum, want.report_sum)
         assert total.num_reports == want.num_reports == count
