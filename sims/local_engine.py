@@ -229,14 +229,13 @@ class LocalExecutor:
 def add_in_order_on_device(sums: list[RoundSums]) -> RoundSums:
     """:func:`add_in_order` where some blocks' ``contribution_sum`` (or ``report_sum``: a direction
     report) is a float64 tensor (``on_device`` in :func:`groups_sums`): each of the two vectors
-    is added where those tensors are, in
-    the same block order, and on a GPU the total comes to the host once a round instead of once
-    a block (zhao-cnn on an H200, 2026-11-26: the per-block copies and host additions took 2.3 s
-    of 4.0 s per 10 rounds). Each addition is one IEEE float64 addition per entry on either
-    device, in the same order, so the total has the same bits as :func:`add_in_order`'s
-    (``tests/test_ghost_clipping.py`` checks it with CPU tensors, ``tests/test_devices.py`` on a
-    GPU). :class:`LocalExecutor` asks for it where its task runs on a GPU with room for them
-    (:data:`ON_DEVICE_SHARE`)."""
+    is added where those tensors are, in the same block order, and on a GPU the total comes to
+    the host once a round instead of once a block (zhao-cnn on an H200, 2026-11-26: the
+    per-block copies and host additions took 2.3 s of 4.0 s per 10 rounds). Each addition is
+    one IEEE float64 addition per entry on either device, in the same order, so the total has
+    the same bits as :func:`add_in_order`'s (``tests/test_ghost_clipping.py`` checks it with CPU
+    tensors, ``tests/test_devices.py`` on a GPU). :class:`LocalExecutor` asks for it where its
+    task runs on a GPU with room for them (:data:`ON_DEVICE_SHARE`)."""
     on_device = [
         field
         for field in ("contribution_sum", "report_sum")
