@@ -110,11 +110,11 @@ def contribute_scaled_blocks(
     cohorts = np.asarray(cohorts, dtype=np.int64)
     scaled = policy.scaled_client_side(gradients.norms, cohorts, params)
     contributions = exchange is not Exchange.COUNTS
+    # reports that are r_i-weighted updates (``online``'s directions; then ``scaled.reports`` is None)
     direction_reports = scaled.report_scales is not None and exchange is not Exchange.UPDATES
     report_size = policy.report_size(gradients.dim)
     tracked = directions and contributions
     totalled = unclipped_total and contributions
-    report_on_device = direction_reports and scaled.reports is None  # a weighted sum of updates
     blocks = _block_rows(sizes, cohorts.shape[0])
     block_weights = []
     for rows, _ in blocks:
@@ -132,7 +132,7 @@ def contribute_scaled_blocks(
     sums = []
     for (rows, size), weighted_rows in zip(blocks, block_sums, strict=True):
         if isinstance(weighted_rows, torch.Tensor):  # on the device: the model-sized sums stay
-            stays = int(contributions) + int(report_on_device)
+            stays = int(contributions) + int(direction_reports)
             weighted = [*weighted_rows[:stays], *weighted_rows[stays:].cpu().numpy()]
         else:
             weighted = list(weighted_rows)
@@ -146,7 +146,7 @@ def contribute_scaled_blocks(
         if exchange is Exchange.UPDATES:
             report_sum = np.zeros(report_size)
         else:
-            report_sum = scaled.reports[rows].sum(axis=0) if scaled.reports is not None else weighted.pop(0)
+            report_sum = weighted.pop(0) if direction_reports else scaled.reports[rows].sum(axis=0)
         sums.append(
             RoundSums(
                 contribution_sum=contribution_sum,
