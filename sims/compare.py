@@ -157,14 +157,25 @@ def same_configuration(stored: dict[str, Any], config: RunConfig) -> bool:
     it) is ``config``: resolved as today's code resolves it, so that a key added to fairclip
     since (at its default) does not make it another, nor does a default that now depends on the
     machine, where it resolves here to the stored value (:func:`as_run_here`). A key fairclip no
-    longer knows makes it another."""
-    wanted = as_run_here(json_normalised(config.as_dict()))
-    if stored == wanted:
+    longer knows makes it another. ``training.eval_every`` is not compared: it decides which
+    rows of ``rounds.csv`` are evaluated, never the training or the summary
+    (``tests/test_eval_every.py``), so a run differs only in how densely its curve was sampled."""
+    wanted = _without_evaluation_schedule(as_run_here(json_normalised(config.as_dict())))
+    if _without_evaluation_schedule(stored) == wanted:
         return True
     try:
-        return as_run_here(json_normalised(validate(stored).as_dict())) == wanted
+        resolved = as_run_here(json_normalised(validate(stored).as_dict()))
     except ConfigError:
         return False
+    return _without_evaluation_schedule(resolved) == wanted
+
+
+def _without_evaluation_schedule(config: dict[str, Any]) -> dict[str, Any]:
+    """``config`` without ``training.eval_every`` (see :func:`same_configuration`)."""
+    training = config.get("training")
+    if not isinstance(training, dict) or "eval_every" not in training:
+        return config
+    return {**config, "training": {k: v for k, v in training.items() if k != "eval_every"}}
 
 
 def as_run_here(config: dict[str, Any]) -> dict[str, Any]:

@@ -314,6 +314,11 @@ class Planner:
         raw = _apply(
             raw, sample_level_settings(self.setup, self._counts[marker], self.max_rounds, self.max_batch)
         )
+        if validation and "eval_every" not in raw.get("training", {}):
+            # a grid run yields one number, its final validation metric: evaluating only after its
+            # last round leaves that number, and the training, as they are (tests/test_eval_every.py),
+            # and saves the ~100 evaluations of the validation rows a long run otherwise makes
+            raw = set_value(raw, "training.eval_every", validate(raw).training.rounds)
         validate(raw)  # fail before any work
         return raw
 

@@ -9,9 +9,13 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from fairclip.sims.checkpoint import CHECKPOINT_FILE, Checkpointing, rounds_done
+from fairclip.sims.compare import same_configuration
 from fairclip.sims.config import load_config
 from fairclip.sims.engine import RunServer, simulate
+from fairclip.sims.errors import ConfigError
 from fairclip.sims.local_engine import LocalExecutor
+from fairclip.sims.outputs import json_normalised
 from fairclip.sims.privacy_plan import EPSILON_ROWS, PrivacyPlan
 from fairclip.sims.tasks import build_task
 
@@ -85,3 +89,32 @@ def test_eval_every_must_be_positive(cli, tmp_path):
     )
     assert status == 2
     assert "eval_every" in err and "Traceback" not in err
+
+
+def test_a_run_continues_under_another_evaluation_schedule(tmp_path):
+    """A run stopped under one ``eval_every`` continues from its checkpoint under another, and
+    a finished one is reused (``--resume``): the schedule is no part of a run's identity, since
+    the training and the summary do not depend on it (above). Another seed still is."""
+    dense, sparse = _demo(), _demo("training.eval_every=3")
+    path = tmp_path / CHECKPOINT_FILE
+    server = RunServer(dense, build_task(dense))
+    execute = LocalExecutor(server.task, server.policy)
+    for round_number in (1, 2, 3, 4):
+        server.finish_round(
+            round_number, execute(server.model, server.sample(round_number), round_number, server.broadcast())
+        )
+    Checkpointing(path).save(server)
+    assert rounds_done(path, sparse) == 4
+    with pytest.raises(ConfigError, match="another configuration"):
+        rounds_done(path, _demo("seed=4"))
+    resumed = simulate(sparse, build_task(sparse), LocalExecutor, checkpoint=Checkpointing(path))
+    straight = simulate(dense, build_task(dense), LocalExecutor)
+    np.testing.assert_array_equal(resumed.model, straight.model)
+    assert pd.DataFrame(resumed.rows)["accuracy"].notna().tolist() == [True] * 4 + [False, True, True]
+    drop = ("config", "provenance")
+    assert {k: v for k, v in resumed.summary.items() if k not in drop} == {
+        k: v for k, v in straight.summary.items() if k not in drop
+    }
+    stored = json_normalised(dense.as_dict())
+    assert same_configuration(stored, sparse)
+    assert not same_configuration(stored, _demo("seed=4"))

@@ -590,3 +590,23 @@ def test_a_setup_runs_a_policy_variant_under_its_own_label(tmp_path):
         repro._strategy("a__b", {}, "reproduction x")
     with pytest.raises(ConfigError, match="policy must name a strategy"):
         repro._strategy("variant", {"policy": 3}, "reproduction x")
+
+
+def test_grid_runs_evaluate_after_their_last_round_only():
+    """A grid run's one product is its final validation metric, so it is evaluated once, after
+    its last round, unless the user sets ``training.eval_every``; the final runs keep their curve."""
+    setup = repro.load_setup("galli-mnist")
+
+    def planner(*overrides: str) -> repro.Planner:
+        return repro.Planner(setup, None, list(overrides), None, examples=lambda *_: 48_000)
+
+    grid = planner().grid_runs(full=False, limit=1)
+    assert grid
+    for run in grid:
+        training = validate(run.raw).training
+        assert training.rounds == 938 and training.eval_every == training.rounds
+    for run in planner().final_runs(1, {}):
+        assert validate(run.raw).training.eval_every == 1
+    assert {
+        validate(run.raw).training.eval_every for run in planner("training.eval_every=5").grid_runs(False, 1)
+    } == {5}
