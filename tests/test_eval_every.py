@@ -93,8 +93,9 @@ def test_eval_every_must_be_positive(cli, tmp_path):
 
 def test_a_run_continues_under_another_evaluation_schedule(tmp_path):
     """A run stopped under one ``eval_every`` continues from its checkpoint under another, and
-    a finished one is reused (``--resume``): the schedule is no part of a run's identity, since
-    the training and the summary do not depend on it (above). Another seed still is."""
+    its stored configuration is the same run's (``same_configuration``, by which ``--resume``
+    also reuses a finished run): the schedule is no part of a run's identity, since the training
+    and the summary do not depend on it (above). Another seed still is another run."""
     dense, sparse = _demo(), _demo("training.eval_every=3")
     path = tmp_path / CHECKPOINT_FILE
     server = RunServer(dense, build_task(dense))
