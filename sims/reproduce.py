@@ -311,14 +311,14 @@ class Planner:
         marker = (seed, validation)
         if marker not in self._counts:
             self._counts[marker] = self.examples(validate(raw).scenario, self.data_dir, seed)
-        raw = _apply(
-            raw, sample_level_settings(self.setup, self._counts[marker], self.max_rounds, self.max_batch)
-        )
+        count = self._counts[marker]
+        sample_level = sample_level_settings(self.setup, count, self.max_rounds, self.max_batch)
+        raw = _apply(raw, sample_level)
         if validation and "eval_every" not in raw.get("training", {}):
             # a grid run yields one number, its final validation metric: evaluating only after its
             # last round leaves that number, and the training, as they are (tests/test_eval_every.py),
             # and saves the ~100 evaluations of the validation rows a long run otherwise makes
-            raw = set_value(raw, "training.eval_every", validate(raw).training.rounds)
+            raw = set_value(raw, "training.eval_every", sample_level["training.rounds"])
         validate(raw)  # fail before any work
         return raw
 

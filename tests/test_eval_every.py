@@ -28,6 +28,15 @@ def _demo(*overrides: str):
     )
 
 
+def _finish_rounds(server: RunServer, rounds: int) -> None:
+    """Run rounds 1..``rounds`` of ``server`` on the local executor, one at a time."""
+    execute = LocalExecutor(server.task, server.policy)
+    for round_number in range(1, rounds + 1):
+        server.finish_round(
+            round_number, execute(server.model, server.sample(round_number), round_number, server.broadcast())
+        )
+
+
 def test_sparse_evaluation_changes_no_training_result():
     every_round = simulate(_demo(), build_task(_demo()), LocalExecutor)
     config = _demo("training.eval_every=3")
@@ -51,11 +60,7 @@ def test_a_run_stopped_between_reports_is_evaluated_at_its_last_round():
     config = _demo("training.eval_every=5")
     task = build_task(config)
     server = RunServer(config, task)
-    execute = LocalExecutor(task, server.policy)
-    for round_number in (1, 2):
-        server.finish_round(
-            round_number, execute(server.model, server.sample(round_number), round_number, server.broadcast())
-        )
+    _finish_rounds(server, 2)
     assert all(math.isnan(row["epsilon"]) for row in server.result.rows)
     assert server.result.summary["rounds_completed"] == 0
     summary = server.finish().summary
@@ -99,11 +104,7 @@ def test_a_run_continues_under_another_evaluation_schedule(tmp_path):
     dense, sparse = _demo(), _demo("training.eval_every=3")
     path = tmp_path / CHECKPOINT_FILE
     server = RunServer(dense, build_task(dense))
-    execute = LocalExecutor(server.task, server.policy)
-    for round_number in (1, 2, 3, 4):
-        server.finish_round(
-            round_number, execute(server.model, server.sample(round_number), round_number, server.broadcast())
-        )
+    _finish_rounds(server, 4)
     Checkpointing(path).save(server)
     assert rounds_done(path, sparse) == 4
     with pytest.raises(ConfigError, match="another configuration"):
