@@ -315,7 +315,8 @@ def test_a_background_job_is_seen_and_the_contenders_are_not():
             if process is not None:
                 process.kill()
     assert background.pid in used and contender.pid not in used
-    assert used[background.pid] > 0.3 and measured["core_seconds"] >= used[background.pid]
+    # the measure rounds to hundredths; rounding keeps the order of the total and one of its parts
+    assert used[background.pid] > 0.3 and measured["core_seconds"] >= round(used[background.pid], 2)
     assert measured["fraction"] > 0
 
 
