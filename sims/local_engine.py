@@ -160,6 +160,12 @@ def update_length(task: Task, policy: Policy, dimension: int) -> int:
     return dimension if forms_updates is None or forms_updates(policy) else 0
 
 
+def task_device(task: Task) -> str:
+    """The type of the torch device ``task`` trains on: ``cpu`` or ``cuda`` (``cpu`` for a task
+    that names none)."""
+    return torch.device(getattr(task, "device", None) or "cpu").type
+
+
 ON_DEVICE_SHARE = 4
 """The in-process engine keeps a round's block sums on the GPU (:func:`add_in_order_on_device`)
 while all of them (one float64 vector per block, two where the reports are as large as the
@@ -195,8 +201,10 @@ class LocalExecutor:
 
     @property
     def execution(self) -> dict[str, Any]:
-        """How the clients run, for the summary's provenance."""
-        return {"backend": "local", "workers": self.workers}
+        """How the clients run, for the summary's provenance: with the device they train on
+        (``training.device`` ``auto`` is a GPU where torch sees one, so the setting alone does
+        not say)."""
+        return {"backend": "local", "workers": self.workers, "device": task_device(self.task)}
 
     def __call__(self, model, client_ids, round_number, params, exchange=Exchange.ROUND) -> RoundSums:
         blocks = shard_ids(client_ids, len(self.task.client_cohorts))

@@ -22,7 +22,7 @@ import ray
 
 from fairclip.sims.config import RunConfig, validate
 from fairclip.sims.errors import ConfigError
-from fairclip.sims.local_engine import ClientWork, groups_sums, update_length
+from fairclip.sims.local_engine import ClientWork, groups_sums, task_device, update_length
 from fairclip.sims.tasks import Task, build_task
 from fairclip.strategies import Policy, build_policy
 from fairclip.strategies.aggregation import (
@@ -148,6 +148,10 @@ class ClientBlocksActor:
         """Whether this task forms its update rows for the current policy (:func:`update_length`)."""
         return update_length(self.task, self.policy, 1) > 0
 
+    def device(self) -> str:
+        """The type of the torch device this actor trains on (:func:`task_device`)."""
+        return task_device(self.task)
+
     def node_id(self) -> str:
         """The Ray node this actor runs on."""
         return ray.get_runtime_context().get_node_id()
@@ -229,11 +233,14 @@ class RayExecutor:
     forms_updates: bool = True
     """Whether the actors' task forms its clients' update rows for the current policy, which
     bounds the groups as in the in-process engine (:func:`update_length`)."""
+    device: str = "cpu"
+    """The device type the actors train on; the distinct ones joined by ``+`` where a cluster's
+    nodes differ (``cpu+cuda``)."""
 
     @property
     def execution(self) -> dict[str, Any]:
         """How the clients run, for the summary's provenance."""
-        return {"backend": "ray", "actors": len(self.actors), "nodes": self.nodes}
+        return {"backend": "ray", "actors": len(self.actors), "nodes": self.nodes, "device": self.device}
 
     @classmethod
     def start(
@@ -259,7 +266,8 @@ class RayExecutor:
         rows_per_call = ray.get([actor.rows_per_call.remote() for actor in actors])[0]
         nodes = len(set(ray.get([actor.node_id.remote() for actor in actors])))
         forms_updates = ray.get(actors[0].forms_updates.remote())
-        return cls(actors, config.federation.num_clients, rows_per_call, nodes, forms_updates)
+        device = "+".join(sorted(set(ray.get([actor.device.remote() for actor in actors]))))
+        return cls(actors, config.federation.num_clients, rows_per_call, nodes, forms_updates, device)
 
     def set_policy(self, config: RunConfig) -> None:
         """Give every actor the policy of ``config`` (same scenario and task)."""

@@ -73,6 +73,7 @@ def record(out: Path, dest: Path, command: str) -> dict[str, Any]:
         "run_commits": runs["run_commits"],
         "recorded_at_commit": git_commit(),
         "machine": runs["machine"] or machine(),
+        "machines": runs["machines"],
         "specification": spec,
     }
     dest.mkdir(parents=True, exist_ok=True)
@@ -84,15 +85,35 @@ def record(out: Path, dest: Path, command: str) -> dict[str, Any]:
 
 def _runs_provenance(summaries: list[dict[str, Any]]) -> dict[str, Any]:
     """What the runs' summaries say of where they ran: their wall times summed
-    (``compute_seconds``, which ``--resume`` pieces do not lose), their commits, and the machine
-    of the first that names one (None if none does)."""
+    (``compute_seconds``, which ``--resume`` pieces do not lose), their commits, the machine of
+    the first that names one (None if none does), and every machine (:func:`_machines`)."""
     return {
         "compute_seconds": round(sum(float(s["provenance"]["wall_seconds"]) for s in summaries), 1),
         "run_commits": sorted({str(s.get("provenance", {}).get("git_commit")) for s in summaries}),
         "machine": next(
             (s["provenance"]["machine"] for s in summaries if "machine" in s.get("provenance", {})), None
         ),
+        "machines": _machines(summaries),
     }
+
+
+def _machines(summaries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One entry for each distinct machine and training device the runs name, in the runs'
+    order: the machine, the device (``provenance.execution.device``; None in a summary written
+    before it was recorded), how many runs and their run time. A reproduction continued on
+    another machine (a GPU's, say) names both, so its run time is not read as one machine's."""
+    found: dict[str, dict[str, Any]] = {}
+    for summary in summaries:
+        where = summary.get("provenance", {})
+        if "machine" not in where:
+            continue
+        device = where.get("execution", {}).get("device")
+        key = json.dumps([where["machine"], device], sort_keys=True)
+        empty = {"machine": where["machine"], "device": device, "runs": 0, "seconds": 0.0}
+        entry = found.setdefault(key, empty)
+        entry["runs"] += 1
+        entry["seconds"] += float(where["wall_seconds"])
+    return [{**entry, "seconds": round(entry["seconds"], 1)} for entry in found.values()]
 
 
 SMOKE_OPTIONS = ("max_rounds", "max_batch", "grid_limit")
@@ -172,10 +193,14 @@ def setup_markdown(folder: Path) -> str:
     """One recorded setup: its title line, how it was run, and its table."""
     entry = json.loads((folder / "record.json").read_text())
     table = pd.read_csv(folder / "reproduction.csv", keep_default_na=False)
-    cores = entry["machine"].get("cores")
+    machines = entry.get("machines") or [{"machine": entry["machine"]}]
+    if len(machines) == 1:
+        where = f"{machines[0]['machine'].get('cores')} CPU core(s) per run"
+    else:
+        where = "on " + ", ".join(_machine_text(m) for m in machines)
     lines = [
         f"**{entry['setup']}** ({entry['seeds']} seeds, {entry['runs']} runs, "
-        f"{entry['compute_seconds'] / 60:.0f} min of run time, {cores} CPU core(s) per run, "
+        f"{entry['compute_seconds'] / 60:.0f} min of run time, {where}, "
         f"recorded at commit {str(entry['recorded_at_commit'])[:7]}): `{entry['command']}`",
         "",
         "| strategy | ε (RDP / PRV) | metric | paper | fairclip (mean ± s.e.) | |",
@@ -194,6 +219,16 @@ def setup_markdown(folder: Path) -> str:
         lines += ["", "The paper gives no values for this setup."]
     lines += ["", f"Report with the notes and flags: [{folder.name}/reproduction.md]({_link(folder)})."]
     return "\n".join(lines)
+
+
+def _machine_text(entry: dict[str, Any]) -> str:
+    """One machine of a record's ``machines``: its runs, their time, its cores, GPU and device."""
+    machine = entry["machine"]
+    gpu = f" with an {machine['gpu']}" if machine.get("gpu") else ""
+    device = f", trained on {entry['device']}" if entry["device"] else " (training device not recorded)"
+    cores = f"{machine.get('cores')} CPU core(s){gpu}"
+    runs = f"{entry['runs']} run{'' if entry['runs'] == 1 else 's'}"
+    return f"{runs} ({entry['seconds'] / 60:.0f} min) on {cores}{device}"
 
 
 def refresh_notes(folder: Path) -> bool:

@@ -444,6 +444,7 @@ def test_summary_records_its_provenance(cli, tmp_path):
     assert provenance["libraries"]["torch"].startswith("2.13.0")
     assert provenance["machine"]["cores"] >= 1 and "gpu" in provenance["machine"]
     assert provenance["started"].endswith("+00:00") and provenance["wall_seconds"] > 0
+    assert provenance["execution"]["device"] == "cpu"  # a mean-estimation task trains on the CPU
     commit = provenance["git_commit"]
     assert commit is None or len(commit.removesuffix("+dirty")) == 40
 

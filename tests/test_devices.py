@@ -28,6 +28,8 @@ def test_auto_is_the_cpu_here_and_gives_the_cpu_run():
     cpu = fairclip.simulate("demo", overrides={**SMALL, "training.device": "cpu"})
     np.testing.assert_array_equal(auto.model, cpu.model)
     assert auto.summary["config"]["training"]["device"] == "auto"
+    # The summary says where it trained: the setting alone ("auto") does not.
+    assert auto.summary["provenance"]["execution"]["device"] == "cpu"
 
 
 @pytest.mark.skipif(HAS_CUDA, reason="this machine has a GPU")
@@ -79,6 +81,8 @@ def test_clients_train_and_the_server_evaluates_on_the_gpu():
 
     gpu = fairclip.simulate("demo", overrides={**SMALL, "training.device": "cuda"})
     cpu = fairclip.simulate("demo", overrides={**SMALL, "training.device": "cpu"})
+    assert gpu.summary["provenance"]["execution"]["device"] == "cuda"
+    assert cpu.summary["provenance"]["execution"]["device"] == "cpu"
     np.testing.assert_allclose(gpu.model, cpu.model, atol=1e-3)
     np.testing.assert_allclose(gpu.cohorts["accuracy"], cpu.cohorts["accuracy"], atol=0.02)
 

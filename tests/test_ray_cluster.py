@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+import torch
 
 pytestmark = pytest.mark.slow
 
@@ -64,8 +65,9 @@ def test_run_on_a_two_node_cluster_gives_the_local_numbers(cluster, tmp_path):
     pd.testing.assert_frame_equal(rows, local_rows)
     np.testing.assert_array_equal(model, local_model)
     assert summary["epsilon"] == local_summary["epsilon"] and summary["overall"] == local_summary["overall"]
-    assert local_summary["provenance"]["execution"] == {"backend": "local", "workers": 1}
-    assert summary["provenance"]["execution"] == {"backend": "ray", "actors": 2, "nodes": 2}
+    device = "cuda" if torch.cuda.is_available() else "cpu"  # training.device auto
+    assert local_summary["provenance"]["execution"] == {"backend": "local", "workers": 1, "device": device}
+    assert summary["provenance"]["execution"] == {"backend": "ray", "actors": 2, "nodes": 2, "device": device}
 
 
 def test_compare_on_a_two_node_cluster_gives_the_local_numbers(cluster, tmp_path):

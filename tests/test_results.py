@@ -120,6 +120,42 @@ def test_a_finished_reproduction_is_recorded_and_rendered(tmp_path):
     assert results.results_markdown(store) == "No reproduction has been recorded yet."
 
 
+def test_runs_made_on_two_machines_are_recorded_as_two(tmp_path):
+    """A reproduction continued on another machine (a GPU's) names each machine with its runs,
+    run time and training device, so the run time is not read as one machine's."""
+    out, store = tmp_path / "run", tmp_path / "results"
+    out.mkdir()
+    _finished(out)
+    laptop = {"platform": "x", "processor": "x86_64", "cores": 2, "gpu": None}
+    server = {"platform": "y", "processor": "x86_64", "cores": 16, "gpu": "NVIDIA H200"}
+    wheres = [(laptop, "cpu", 100.0), (server, "cuda", 600.0), (server, None, 120.0), (laptop, "cpu", 20.0)]
+    for index, (machine, device, wall) in enumerate(wheres):
+        run = out / "runs" / f"run-{index}"
+        run.mkdir(parents=True, exist_ok=True)
+        provenance = {"started": "2026-11-25T12:00:00+00:00", "wall_seconds": wall, "machine": machine}
+        if device is not None:
+            provenance["execution"] = {"backend": "local", "workers": 1, "device": device}
+        (run / "summary.json").write_text(json.dumps({"provenance": provenance}))
+    entry = results.record(out, store / "xu-dutch", "fairclip reproduce xu-dutch --seeds 3")
+    assert entry["compute_seconds"] == 840.0 and entry["machine"] == laptop
+    assert entry["machines"] == [
+        {"machine": laptop, "device": "cpu", "runs": 2, "seconds": 120.0},
+        {"machine": server, "device": "cuda", "runs": 1, "seconds": 600.0},
+        {"machine": server, "device": None, "runs": 1, "seconds": 120.0},
+    ]
+    text = results.results_markdown(store)
+    assert (
+        "14 min of run time, on 2 runs (2 min) on 2 CPU core(s), trained on cpu, "
+        "1 run (10 min) on 16 CPU core(s) with an NVIDIA H200, trained on cuda, "
+        "1 run (2 min) on 16 CPU core(s) with an NVIDIA H200 (training device not recorded), "
+    ) in text
+    # One machine reads as before.
+    for run in list((out / "runs").iterdir())[1:]:
+        shutil.rmtree(run)
+    results.record(out, store / "xu-dutch", "fairclip reproduce xu-dutch --seeds 3")
+    assert "CPU core(s) per run, recorded at" in results.results_markdown(store)
+
+
 @pytest.mark.parametrize(
     ("option", "named"),
     [

@@ -11,6 +11,7 @@ import textwrap
 
 import numpy as np
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -41,7 +42,12 @@ def test_ten_actors_give_the_in_process_numbers():
     done = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
-    assert result["execution"] == {"backend": "ray", "actors": 10, "nodes": 1}
+    assert result["execution"] == {
+        "backend": "ray",
+        "actors": 10,
+        "nodes": 1,
+        "device": "cuda" if torch.cuda.is_available() else "cpu",  # training.device auto
+    }
     assert result["same_model"]
     assert result["remote"] == result["local"]  # every value of every round, bit for bit
     assert all(row["sampled_clients"] > 0 for row in result["local"])
