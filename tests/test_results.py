@@ -145,8 +145,8 @@ def test_runs_made_on_two_machines_are_recorded_as_two(tmp_path):
     ]
     text = results.results_markdown(store)
     assert (
-        "14 min of run time, on 2 runs (2 min) on 2 CPU core(s), trained on cpu, "
-        "1 run (10 min) on 16 CPU core(s) with an NVIDIA H200, trained on cuda, "
+        "14 min of run time: 2 runs (2 min) on 2 CPU core(s), trained on cpu; "
+        "1 run (10 min) on 16 CPU core(s) with an NVIDIA H200, trained on cuda; "
         "1 run (2 min) on 16 CPU core(s) with an NVIDIA H200 (training device not recorded), "
     ) in text
     # One machine reads as before.
@@ -187,3 +187,31 @@ def test_the_command_line_refuses_a_folder_without_a_reproduction_in_one_line(tm
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 2 and "not a reproduction folder" in lines[0] and "has not finished" in lines[1]
     assert not (results.IN_PROGRESS_DIR / "x").exists() and not (results.RESULTS_DIR / "x").exists()
+
+
+def test_a_reproduction_is_recorded_only_under_its_own_setups_name(tmp_path, capsys):
+    """NAME is the setup's name: a path there (``results/reproductions/galli-mnist``) would nest
+    the results under ``results/reproductions/results/...``, and another setup's name would
+    file these numbers as that setup's. Both are one line and status 2, and nothing is written."""
+    out = tmp_path / "run"
+    out.mkdir()
+    _finished(out)  # a reproduction of xu-dutch
+    (out / "sweep.json").write_text(json.dumps({"command": "reproduce", "name": "xu-dutch", "seeds": 3}))
+    for name in ("results/reproductions/xu-dutch", "..", ""):
+        assert results.main(["record", str(out), name, "--command", "c"]) == 2
+        assert results.main(["keep", str(out), name]) == 2
+        assert results.main(["notes", name]) == 2
+    assert results.main(["record", str(out), "another-setup", "--command", "c"]) == 2
+    assert results.main(["keep", str(out), "another-setup"]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 11
+    assert all("is not a setup's name" in line for line in lines[:9])
+    assert all("holds a reproduction of xu-dutch, not of another-setup" in line for line in lines[9:])
+    assert (
+        not (results.RESULTS_DIR / "results").exists()
+        and not (results.RESULTS_DIR / "another-setup").exists()
+    )
+    assert not (results.IN_PROGRESS_DIR / "another-setup").exists()
+    with pytest.raises(ValueError, match="not of another-setup"):
+        results.record(out, tmp_path / "store" / "another-setup", "c")
+    assert not (tmp_path / "store").exists()
