@@ -58,7 +58,6 @@ def record(out: Path, dest: Path, command: str) -> dict[str, Any]:
         raise FileNotFoundError(f"{out} holds no {missing[0]}: the reproduction has not finished")
     spec = json.loads((out / "sweep.json").read_text()) if (out / "sweep.json").is_file() else {}
     refuse_smoke_run(out, spec)
-    _refuse_another_setup(out, spec, dest)
     summaries = [json.loads(path.read_text()) for path in sorted((out / "runs").glob("*/summary.json"))]
     table = pd.read_csv(out / "reproduction.csv", keep_default_na=False)
     started = [s["provenance"]["started"] for s in summaries if "provenance" in s]
@@ -117,13 +116,6 @@ def _machines(summaries: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [{**entry, "seconds": round(entry["seconds"], 1)} for entry in found.values()]
 
 
-def _refuse_another_setup(out: Path, spec: dict[str, Any], dest: Path) -> None:
-    """Raise ValueError where the reproduction in ``out`` is of another setup than the one
-    ``dest`` is named for: its results would be read as that setup's."""
-    if spec.get("name") is not None and spec["name"] != dest.name:
-        raise ValueError(f"{out} holds a reproduction of {spec['name']}, not of {dest.name}")
-
-
 SMOKE_OPTIONS = ("max_rounds", "max_batch", "grid_limit")
 """Options of a reproduction's specification that make it a smoke run, never a result (it may
 still be kept, to continue it: only :func:`record` refuses it)."""
@@ -157,7 +149,6 @@ def keep(out: Path, dest: Path) -> dict[str, Any]:
     spec = json.loads((out / "sweep.json").read_text())
     if spec.get("command") != "reproduce":
         raise ValueError(f"{out} holds a {spec.get('command')!r} sweep, not a reproduction")
-    _refuse_another_setup(out, spec, dest)
     finished = sorted((out / "runs").glob("*/summary.json"))
     if (dest / "sweep.json").is_file():
         if json.loads((dest / "sweep.json").read_text()) != spec:
@@ -311,17 +302,24 @@ def main(argv: list[str]) -> int:
         return 2
 
 
-def _setup_folder(base: Path, name: str) -> Path:
-    """``base / name`` for a setup's ``name``; a path there is a ValueError (it would put the
-    results in a folder nested under ``base``)."""
+def _setup_folder(base: Path, name: str, out: Path | None = None) -> Path:
+    """``base / name`` for a setup's ``name``, where the command line files the results of the
+    reproduction in ``out`` (if given). A ValueError where ``name`` is a path (the results would
+    land in a folder nested under ``base``) or, for ``out``, another setup's name than the one its
+    ``sweep.json`` names (they would be read as that setup's)."""
     if not name or Path(name).name != name or name in {".", ".."}:
         raise ValueError(f"NAME {name!r} is not a setup's name (give its name, e.g. galli-mnist, not a path)")
+    spec = Path(out) / "sweep.json" if out is not None else None
+    if spec is not None and spec.is_file():
+        stored = json.loads(spec.read_text()).get("name")
+        if stored is not None and stored != name:
+            raise ValueError(f"{out} holds a reproduction of {stored}, not of {name}")
     return base / name
 
 
 def _main(argv: list[str]) -> int:
     if argv[:1] == ["keep"] and len(argv) == 3:
-        entry = keep(Path(argv[1]), _setup_folder(IN_PROGRESS_DIR, argv[2]))
+        entry = keep(Path(argv[1]), _setup_folder(IN_PROGRESS_DIR, argv[2], Path(argv[1])))
         print(
             f"kept {entry['setup']}: {entry['finished_runs']} finished runs, "
             f"{entry['compute_seconds']:.0f} s of run time, in {IN_PROGRESS_DIR / argv[2]}"
@@ -335,7 +333,7 @@ def _main(argv: list[str]) -> int:
         print("README updated" if update_readme() else "README already up to date")
         return 0
     if argv[:1] == ["record"] and len(argv) == 5 and argv[3] == "--command":
-        entry = record(Path(argv[1]), _setup_folder(RESULTS_DIR, argv[2]), argv[4])
+        entry = record(Path(argv[1]), _setup_folder(RESULTS_DIR, argv[2], Path(argv[1])), argv[4])
         print(
             f"recorded {entry['setup']}: {entry['runs']} runs, {entry['compute_seconds']:.0f} s of run time"
         )
