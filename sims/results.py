@@ -142,7 +142,8 @@ def keep(out: Path, dest: Path) -> dict[str, Any]:
     (a run's summary is written last, so a run without one is in flight and is left out) -- and
     write ``progress.json``; return it. ``dest`` is replaced by the latest state, but never with
     fewer finished runs or another specification: a ``dest`` that holds a run ``out`` has not
-    finished, or another reproduction, is refused (ValueError) and left as it is."""
+    finished, another reproduction, or anything but a kept reproduction, is refused (ValueError)
+    and left as it is."""
     out, dest = Path(out), Path(dest)
     if not (out / "sweep.json").is_file():
         raise FileNotFoundError(f"{out} holds no sweep.json: it is not a reproduction folder")
@@ -150,6 +151,8 @@ def keep(out: Path, dest: Path) -> dict[str, Any]:
     if spec.get("command") != "reproduce":
         raise ValueError(f"{out} holds a {spec.get('command')!r} sweep, not a reproduction")
     finished = sorted((out / "runs").glob("*/summary.json"))
+    if dest.is_dir() and any(dest.iterdir()) and not (dest / "sweep.json").is_file():
+        raise ValueError(f"{dest} holds something other than a kept reproduction: it is not replaced")
     if (dest / "sweep.json").is_file():
         if json.loads((dest / "sweep.json").read_text()) != spec:
             raise ValueError(f"{dest} keeps another reproduction than {out}; delete it first to replace it")

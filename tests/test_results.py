@@ -200,16 +200,34 @@ def test_a_reproduction_is_recorded_only_under_its_own_setups_name(tmp_path, cap
     (out / "sweep.json").write_text(json.dumps({"command": "reproduce", "name": "xu-dutch", "seeds": 3}))
     for name in ("results/reproductions/xu-dutch", "..", ""):
         assert results.main(["record", str(out), name, "--command", "c"]) == 2
-        assert results.main(["keep", str(out), name]) == 2
         assert results.main(["notes", name]) == 2
+    assert results.main(["keep", str(out), "results/in-progress/xu-dutch"]) == 2
     assert results.main(["record", str(out), "another-setup", "--command", "c"]) == 2
     assert results.main(["keep", str(out), "another-setup"]) == 2
     lines = capsys.readouterr().err.strip().splitlines()
-    assert len(lines) == 11
-    assert all("is not a setup's name" in line for line in lines[:9])
-    assert all("holds a reproduction of xu-dutch, not of another-setup" in line for line in lines[9:])
+    assert len(lines) == 9
+    assert all("is not a setup's name" in line for line in lines[:7])
+    assert all("holds a reproduction of xu-dutch, not of another-setup" in line for line in lines[7:])
     assert (
         not (results.RESULTS_DIR / "results").exists()
         and not (results.RESULTS_DIR / "another-setup").exists()
     )
     assert not (results.IN_PROGRESS_DIR / "another-setup").exists()
+
+
+def test_keep_replaces_only_a_kept_reproduction(tmp_path):
+    """``keep`` replaces its destination with the latest state: a folder there that is not a kept
+    reproduction (no ``sweep.json``) is refused and left as it is, never deleted."""
+    out = tmp_path / "run"
+    out.mkdir()
+    _finished(out)
+    (out / "sweep.json").write_text(json.dumps({"command": "reproduce", "name": "xu-dutch", "seeds": 3}))
+    other = tmp_path / "results"
+    (other / "reproductions").mkdir(parents=True)
+    (other / "README.md").write_text("mine")
+    with pytest.raises(ValueError, match="something other than a kept reproduction"):
+        results.keep(out, other)
+    assert (other / "README.md").read_text() == "mine" and (other / "reproductions").is_dir()
+    (tmp_path / "empty").mkdir()
+    assert results.keep(out, tmp_path / "empty")["finished_runs"] == 2  # an empty folder is used
+    assert results.keep(out, tmp_path / "empty")["finished_runs"] == 2  # and replaced once kept
