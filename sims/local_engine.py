@@ -160,10 +160,9 @@ def update_length(task: Task, policy: Policy, dimension: int) -> int:
     return dimension if forms_updates is None or forms_updates(policy) else 0
 
 
-def task_device(task: Task) -> str:
-    """The type of the torch device ``task`` trains on: ``cpu`` or ``cuda`` (``cpu`` for a task
-    that names none)."""
-    return torch.device(getattr(task, "device", None) or "cpu").type
+def task_device(task: Task) -> torch.device:
+    """The torch device ``task`` trains on (the CPU for a task that names none)."""
+    return torch.device(getattr(task, "device", None) or "cpu")
 
 
 ON_DEVICE_SHARE = 4
@@ -190,7 +189,7 @@ class LocalExecutor:
         self._tasks = [self.task, *(self.task.worker() for _ in range(self.workers - 1))]
         self._held: dict[tuple[int, int], ClientWork] = {}
         """The current counts-first round's work, between its two exchanges."""
-        device = torch.device(getattr(self.task, "device", None) or "cpu")
+        device = task_device(self.task)
         self._device_bytes = (
             torch.cuda.get_device_properties(device).total_memory // ON_DEVICE_SHARE
             if device.type == "cuda"
@@ -204,7 +203,7 @@ class LocalExecutor:
         """How the clients run, for the summary's provenance: with the device they train on
         (``training.device`` ``auto`` is a GPU where torch sees one, so the setting alone does
         not say)."""
-        return {"backend": "local", "workers": self.workers, "device": task_device(self.task)}
+        return {"backend": "local", "workers": self.workers, "device": task_device(self.task).type}
 
     def __call__(self, model, client_ids, round_number, params, exchange=Exchange.ROUND) -> RoundSums:
         blocks = shard_ids(client_ids, len(self.task.client_cohorts))

@@ -149,8 +149,8 @@ class ClientBlocksActor:
         return update_length(self.task, self.policy, 1) > 0
 
     def device(self) -> str:
-        """The type of the torch device this actor trains on (:func:`task_device`)."""
-        return task_device(self.task)
+        """The type of the torch device this actor trains on: ``cpu`` or ``cuda``."""
+        return task_device(self.task).type
 
     def node_id(self) -> str:
         """The Ray node this actor runs on."""

@@ -87,13 +87,12 @@ def _runs_provenance(summaries: list[dict[str, Any]]) -> dict[str, Any]:
     """What the runs' summaries say of where they ran: their wall times summed
     (``compute_seconds``, which ``--resume`` pieces do not lose), their commits, the machine of
     the first that names one (None if none does), and every machine (:func:`_machines`)."""
+    machines = _machines(summaries)
     return {
         "compute_seconds": round(sum(float(s["provenance"]["wall_seconds"]) for s in summaries), 1),
         "run_commits": sorted({str(s.get("provenance", {}).get("git_commit")) for s in summaries}),
-        "machine": next(
-            (s["provenance"]["machine"] for s in summaries if "machine" in s.get("provenance", {})), None
-        ),
-        "machines": _machines(summaries),
+        "machine": machines[0]["machine"] if machines else None,
+        "machines": machines,
     }
 
 
@@ -312,9 +311,8 @@ def _setup_folder(base: Path, name: str, out: Path | None = None) -> Path:
     ``sweep.json`` names (they would be read as that setup's)."""
     if not name or Path(name).name != name or name in {".", ".."}:
         raise ValueError(f"NAME {name!r} is not a setup's name (give its name, e.g. galli-mnist, not a path)")
-    spec = Path(out) / "sweep.json" if out is not None else None
-    if spec is not None and spec.is_file():
-        stored = json.loads(spec.read_text()).get("name")
+    if out is not None and (Path(out) / "sweep.json").is_file():
+        stored = json.loads((Path(out) / "sweep.json").read_text()).get("name")
         if stored is not None and stored != name:
             raise ValueError(f"{out} holds a reproduction of {stored}, not of {name}")
     return base / name
