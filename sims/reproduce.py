@@ -751,7 +751,7 @@ def reproduce(
     wall = time.perf_counter() - started
     if reused:
         extra.append(
-            f"Resumed: {reused} finished runs were reused from {out} (`--resume`); "
+            f"Resumed: {reused} finished runs in this folder were reused (`--resume`); "
             "the wall time counts this invocation only."
         )
     if len(setup.strategies) < len(full_setup.strategies):

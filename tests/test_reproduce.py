@@ -187,7 +187,8 @@ def test_resume_reuses_finished_runs_and_refuses_other_settings(ray_session, cli
 
     status, stdout, err = cli(*args, "--resume")
     assert status == 0, err
-    assert f"Resumed: {len(stamps) - 1} finished runs were reused" in stdout
+    assert f"Resumed: {len(stamps) - 1} finished runs in this folder were reused" in stdout
+    assert str(tmp_path) not in (out / "reproduction.md").read_text()  # committed reports name no local path
     after = {path.parent.name: path.stat().st_mtime_ns for path in out.glob("runs/*/summary.json")}
     assert set(after) == set(stamps)
     assert all(after[key] == stamps[key] for key in stamps if key != interrupted)
@@ -262,7 +263,7 @@ def test_kept_progress_continues_from_a_fresh_folder(ray_session, cli, tmp_path)
     shutil.copytree(tmp_path / "kept", fresh)
     status, stdout, err = cli("reproduce", "--resume", "--out", str(fresh), "--data-dir", str(DATA_DIR))
     assert status == 0, err
-    assert f"Resumed: {len(runs) - 1} finished runs were reused" in stdout
+    assert f"Resumed: {len(runs) - 1} finished runs in this folder were reused" in stdout
     assert (fresh / "reproduction.csv").read_text() == table
     # keeping again never drops a kept run: a folder that lacks one is refused, the kept one stays
     shutil.rmtree(out / "runs" / runs[1])
@@ -369,7 +370,7 @@ def test_strategies_run_a_subset_and_extend_adds_the_rest(ray_session, cli, tmp_
     assert status == 0, err
     table = pd.read_csv(out / "reproduction.csv", keep_default_na=False)
     assert sorted(set(table["strategy"])) == ["constant", "global", "none"]
-    assert "Resumed: 2 finished runs were reused" in stdout
+    assert "Resumed: 2 finished runs in this folder were reused" in stdout
     after = {path.parent.name: path.stat().st_mtime_ns for path in out.glob("runs/*/summary.json")}
     assert len(after) == 3 and all(after[key] == stamps[key] for key in stamps)
 
