@@ -341,6 +341,10 @@ def compare(
         for target in targets:
             if not (math.isfinite(target) and target > 0):
                 raise ConfigError(f"every target ε must be a finite number > 0 (got {target})")
+    if "strategy.name" in (overrides or {}):
+        raise ConfigError("--set strategy.name: compare sets it for each run (--strategies)")
+    if targets is not None and "privacy.target_epsilon" in (overrides or {}):
+        raise ConfigError("--set privacy.target_epsilon: --epsilons sets it for each run")
     given_nothing = scenario is None and config_file is None and not overrides
     raw = None if mode == "resume" and given_nothing else _raw_config(scenario, config_file, overrides)
     given = sweep.compare_spec(raw, names, targets, seeds, explicit_only=mode == "resume")
@@ -417,6 +421,9 @@ def tune(
 
     if workers < 1:
         raise ConfigError(f"workers must be >= 1 (got {workers})")
+    both = sorted(set(overrides or {}) & set(grid))
+    if both:  # each grid point sets its key, so the override would be silently replaced
+        raise ConfigError(f"{both[0]} is both set (--set) and searched (--grid): give it one way")
     try:
         trials = TrialCount(distribution, float(eta), float(gamma), float(mu))
     except PolicyConfigError as error:
@@ -481,6 +488,9 @@ def tune_curve(
     for target in targets:
         if not (math.isfinite(target) and target > 0):
             raise ConfigError(f"every target ε must be a finite number > 0 (got {target})")
+    for key in ("strategy.name", "privacy.target_epsilon"):
+        if key in (overrides or {}):
+            raise ConfigError(f"--set {key}: the curve sets it for each search (--strategies, --epsilons)")
     folder = Path(out)
     metric = options.get("metric", "macro_accuracy")
     try:
@@ -588,7 +598,9 @@ def reproduce(
             name = stored.get("name")
     if name is None:
         raise ConfigError("give a reproduction NAME (see `fairclip reproduce --list`)")
-    repro.load_setup(name)  # an unknown name fails before the data are read
+    setup = repro.load_setup(name)  # an unknown name fails before the data are read
+    if overrides:  # and so does a --set the runs would not take, before the folder is written
+        repro.checked_overrides(repro.select_strategies(setup, strategies), list(overrides))
     given = repro.reproduce_spec(
         name,
         seeds,

@@ -34,7 +34,14 @@ from typing import Any
 
 import numpy as np
 
-from fairclip.sims.config import apply_overrides, read_toml, scenario_source, set_value, validate
+from fairclip.sims.config import (
+    apply_overrides,
+    parse_override,
+    read_toml,
+    scenario_source,
+    set_value,
+    validate,
+)
 from fairclip.sims.errors import ConfigError
 from fairclip.sims.outputs import atomic_write_text, write_csv, write_json
 from fairclip.strategies import accounting
@@ -261,8 +268,13 @@ def _apply(raw: dict[str, Any], settings: dict[str, Any]) -> dict[str, Any]:
     return raw
 
 
-def _strategy_raw(base: dict[str, Any], strategy: StrategySetup, point: dict[str, Any]) -> dict[str, Any]:
+def _strategy_raw(
+    base: dict[str, Any], strategy: StrategySetup, point: dict[str, Any], overrides: dict[str, Any]
+) -> dict[str, Any]:
+    """``base`` with the strategy's settings, then its grid point, then the user's ``--set``
+    ``overrides`` (which win over the setup's per-strategy settings, as the report says)."""
     raw = _apply(set_value(base, "strategy.name", strategy.policy_name), {**strategy.settings, **point})
+    raw = _apply(raw, overrides)
     # Zhao et al.'s grid puts C_LB up to 50; fairclip requires C_0 >= C_LB, so the bound starts there.
     lower = raw["strategy"].get("lower_bound")
     if lower is not None and lower > raw["strategy"].get("initial_bound", 1.0):
@@ -277,6 +289,41 @@ def grid_points(setup: Setup, strategy: StrategySetup, full: bool, limit: int | 
         axes = {key: values[:limit] for key, values in axes.items()}
     keys = list(axes)
     return [dict(zip(keys, values, strict=True)) for values in itertools.product(*axes.values())]
+
+
+_PER_RUN_KEYS = {
+    "strategy.name": "--strategies picks the strategies",
+    "scenario.evaluate_on": "grid runs evaluate on the validation split, final runs on the test set",
+    "federation.num_clients": "every training example is a client",
+    "federation.sample_rate": "the setup's batch size sets it (--max-batch caps it in smoke runs)",
+    "training.rounds": "the setup's epochs set it (--max-rounds caps it in smoke runs)",
+}
+"""Keys a reproduction sets for each run itself, so a ``--set`` of them is refused, with why."""
+
+
+def checked_overrides(setup: Setup, overrides: list[str]) -> dict[str, Any]:
+    """The ``--set`` assignments by dotted key, less ``seed`` (the first seed); a
+    :class:`ConfigError` for a key the reproduction sets per run or one of its grids varies,
+    which an override would silently fix (or be overwritten by)."""
+    varied = dict.fromkeys([*setup.grid, *setup.full_grid], "the setup's grid")
+    for strategy in setup.strategies:
+        for key in [*strategy.grid, *strategy.full_grid]:
+            varied.setdefault(key, f"strategy {strategy.name}'s grid")
+    checked = {}
+    for assignment in overrides:
+        path, value = parse_override(assignment)
+        key = ".".join(path)
+        if key in _PER_RUN_KEYS:
+            raise ConfigError(f"--set {key}: a reproduction sets it for each run ({_PER_RUN_KEYS[key]})")
+        if key == "privacy.target_epsilon" and any(e is not None for e in setup.epsilons):
+            raise ConfigError(
+                f"--set {key}: the setup's target epsilons ({setup.epsilons}) set it for each run"
+            )
+        if key in varied:
+            raise ConfigError(f"--set {key}: {varied[key]} varies it, so each grid point sets it")
+        if key != "seed":
+            checked[key] = value
+    return checked
 
 
 class Planner:
@@ -298,6 +345,9 @@ class Planner:
         self.max_rounds = max_rounds
         self.max_batch = max_batch
         self.examples = examples or training_examples
+        self.overrides = checked_overrides(setup, overrides)
+        """``--set`` by dotted key, applied over every run's strategy settings and grid point (the
+        first seed, ``seed``, stays in :attr:`base`)."""
         self.base = apply_overrides(_apply(scenario_source(setup.scenario, None), setup.settings), overrides)
         self._counts: dict[tuple[int, bool], int] = {}
 
@@ -307,7 +357,7 @@ class Planner:
             base = set_value(base, "scenario.evaluate_on", "validation")
         if epsilon is not None:
             base = set_value(base, "privacy.target_epsilon", epsilon)
-        raw = _strategy_raw(base, strategy, point)
+        raw = _strategy_raw(base, strategy, point, self.overrides)
         marker = (seed, validation)
         if marker not in self._counts:
             self._counts[marker] = self.examples(validate(raw).scenario, self.data_dir, seed)

@@ -296,6 +296,8 @@ BAD_INPUTS = [
     ("run", "--scenario", "bimodal-mean", "--set", "nosuchtable.key=1"),
     ("run", "--scenario", "bimodal-mean", "--set", "novalue"),
     ("run", "--config", "/nonexistent/scenario.toml"),
+    ("compare", "--scenario", "bimodal-mean", "--set", "strategy.name=bounded"),
+    ("compare", "--scenario", "bimodal-mean", "--epsilons", "1,2", "--set", "privacy.target_epsilon=3"),
     ("run", "--scenario", "bimodal-mean", "--backend", "mpi"),
     (
         "privacy",
@@ -348,7 +350,7 @@ BAD_INPUTS = [
 
 @pytest.mark.parametrize("args", BAD_INPUTS, ids=lambda args: " ".join(args[-2:]))
 def test_bad_input_gives_one_line_and_status_2(cli, tmp_path, args):
-    status, _, err = cli(*args, *(["--out", str(tmp_path / "x")] if args[0] == "run" else []))
+    status, _, err = cli(*args, *(["--out", str(tmp_path / "x")] if args[0] in ("run", "compare") else []))
     assert status == 2
     lines = err.strip().splitlines()
     assert len(lines) == 1, err

@@ -611,3 +611,46 @@ def test_grid_runs_evaluate_after_their_last_round_only():
     assert {
         validate(run.raw).training.eval_every for run in planner("training.eval_every=5").grid_runs(False, 1)
     } == {5}
+
+
+def test_set_wins_over_the_strategy_settings_and_refuses_what_each_run_sets():
+    """``--set`` is applied on top of every run's strategy settings (``global``'s server lr and Z
+    are strategy settings of esipova-adult, and were silently kept before); keys the reproduction
+    sets per run, or that a grid varies, are refused rather than half applied."""
+    from fairclip.sims.errors import ConfigError
+
+    def planner(name: str, *overrides: str, strategies: list[str] | None = None) -> repro.Planner:
+        setup = repro.select_strategies(repro.load_setup(name), strategies)
+        return repro.Planner(setup, None, list(overrides), None, examples=lambda *_: 28_000)
+
+    sets = ("training.server_lr=0.5", "strategy.scale_threshold=100", "seed=7")
+    runs = planner("esipova-adult", *sets, strategies=["global", "global-adapt"]).final_runs(2, {})
+    by_strategy = {run.strategy: validate(run.raw) for run in runs if run.seed == 7}
+    assert sorted(run.seed for run in runs if run.strategy == "global") == [7, 8]
+    assert {config.training.server_lr for config in by_strategy.values()} == {0.5}
+    assert {config.strategy.params["scale_threshold"] for config in by_strategy.values()} == {100}
+    default = {run.strategy: validate(run.raw) for run in planner("esipova-adult").final_runs(1, {})}
+    assert default["global"].training.server_lr == 0.2 and default["none"].training.server_lr == 0.01
+    assert default["global"].strategy.params["scale_threshold"] == 50
+
+    refused = {
+        ("esipova-adult", "training.rounds=3"): "sets it for each run",
+        ("esipova-adult", "strategy.name=constant"): "--strategies",
+        ("zhao-skewed-mnist", "training.server_lr=1"): "the setup's grid varies it",
+        ("zhao-skewed-mnist", "strategy.lower_bound=1"): "strategy bounded's grid varies it",
+        ("zhao-skewed-mnist", "privacy.target_epsilon=3"): "target epsilons",
+    }
+    for (name, assignment), reason in refused.items():
+        with pytest.raises(ConfigError, match=re.escape(reason)):
+            planner(name, assignment)
+
+
+def test_a_refused_set_fails_before_the_output_folder_is_written(cli, tmp_path):
+    out = tmp_path / "zhao"
+    args = ["reproduce", "zhao-skewed-mnist", "--set", "training.server_lr=1", "--out", str(out)]
+    status, _stdout, err = cli(*args, "--data-dir", str(tmp_path))
+    assert status == 2
+    assert err.strip().splitlines() == [
+        "fairclip: error: --set training.server_lr: the setup's grid varies it, so each grid point sets it"
+    ]
+    assert not out.exists()

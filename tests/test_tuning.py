@@ -200,6 +200,14 @@ def test_tune_end_to_end_releases_the_best_trial_with_the_search_epsilon(tmp_pat
         (["--grid", "privacy.delta=1e-5,1e-6"], "one privacy.delta"),
         (["--grid", "training.client_lr=0.1", "--set", "strategy.name=none"], "needs a private strategy"),
         (["--grid", "training.client_lr=-1"], "client_lr"),
+        (["--grid", "training.client_lr=0.1,0.2", "--set", "training.client_lr=0.5"], "both set"),
+        (
+            [
+                *("--grid", "training.client_lr=0.1", "--strategies", "constant", "--epsilons", "1"),
+                *("--set", "privacy.target_epsilon=3"),
+            ],
+            "the curve sets it for each search",
+        ),
         (["--grid", "training.client_lr=0.1", "--distribution", "tnb", "--gamma", "2"], "gamma"),
         (["--grid", "training.client_lr=0.1", "--strategies", "constant"], "go together"),
         (
