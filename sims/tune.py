@@ -107,6 +107,20 @@ def check_spec(spec: TuneSpec) -> list[dict[str, Any]]:
         config = validate(raw)
         if config.strategy.name == "none":
             raise ConfigError("tune needs a private strategy (strategy none has no privacy to account)")
+        for key in point:
+            parts = key.split(".")
+            direct = raw.get("strategy", {}).get(parts[-1])
+            if (
+                len(parts) == 3
+                and parts[0] == "strategy"
+                and parts[1] == config.strategy.name
+                and direct is not None
+            ):
+                raise ConfigError(
+                    f"grid key {key}: strategy.{parts[2]} = {direct!r} is set directly, and a direct key "
+                    f"wins over the strategy's table, so every point would run with it; search "
+                    f"strategy.{parts[2]} instead"
+                )
         deltas.add(config.privacy.delta)
         configs.append(raw)
     if len(deltas) > 1:

@@ -203,6 +203,13 @@ def test_tune_end_to_end_releases_the_best_trial_with_the_search_epsilon(tmp_pat
         (["--grid", "training.client_lr=0.1,0.2", "--set", "training.client_lr=0.5"], "both set"),
         (
             [
+                *("--grid", "strategy.bounded.lower_bound=0.1,0.2", "--set", "strategy.name=bounded"),
+                *("--set", "strategy.lower_bound=0.05"),
+            ],
+            "a direct key wins",
+        ),
+        (
+            [
                 *("--grid", "training.client_lr=0.1", "--strategies", "constant", "--epsilons", "1"),
                 *("--set", "privacy.target_epsilon=3"),
             ],
