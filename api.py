@@ -343,8 +343,9 @@ def compare(
                 raise ConfigError(f"every target ε must be a finite number > 0 (got {target})")
     if "strategy.name" in (overrides or {}):
         raise ConfigError("--set strategy.name: compare sets it for each run (--strategies)")
-    if targets is not None and "privacy.target_epsilon" in (overrides or {}):
-        raise ConfigError("--set privacy.target_epsilon: --epsilons sets it for each run")
+    for key in ("privacy.target_epsilon", "privacy.noise_multiplier"):  # a target calibrates σ
+        if targets is not None and key in (overrides or {}):
+            raise ConfigError(f"--set {key}: --epsilons sets it for each run")
     given_nothing = scenario is None and config_file is None and not overrides
     raw = None if mode == "resume" and given_nothing else _raw_config(scenario, config_file, overrides)
     given = sweep.compare_spec(raw, names, targets, seeds, explicit_only=mode == "resume")
@@ -488,7 +489,7 @@ def tune_curve(
     for target in targets:
         if not (math.isfinite(target) and target > 0):
             raise ConfigError(f"every target ε must be a finite number > 0 (got {target})")
-    for key in ("strategy.name", "privacy.target_epsilon"):
+    for key in ("strategy.name", "privacy.target_epsilon", "privacy.noise_multiplier"):
         if key in (overrides or {}):
             raise ConfigError(f"--set {key}: the curve sets it for each search (--strategies, --epsilons)")
     folder = Path(out)

@@ -315,7 +315,9 @@ def checked_overrides(setup: Setup, overrides: list[str]) -> dict[str, Any]:
         key = ".".join(path)
         if key in _PER_RUN_KEYS:
             raise ConfigError(f"--set {key}: a reproduction sets it for each run ({_PER_RUN_KEYS[key]})")
-        if key == "privacy.target_epsilon" and any(e is not None for e in setup.epsilons):
+        if key in ("privacy.target_epsilon", "privacy.noise_multiplier") and any(
+            e is not None for e in setup.epsilons
+        ):  # each run's target ε is set, and it calibrates the noise multiplier
             raise ConfigError(
                 f"--set {key}: the setup's target epsilons ({setup.epsilons}) set it for each run"
             )

@@ -298,6 +298,7 @@ BAD_INPUTS = [
     ("run", "--config", "/nonexistent/scenario.toml"),
     ("compare", "--scenario", "bimodal-mean", "--set", "strategy.name=bounded"),
     ("compare", "--scenario", "bimodal-mean", "--epsilons", "1,2", "--set", "privacy.target_epsilon=3"),
+    ("compare", "--scenario", "bimodal-mean", "--epsilons", "1", "--set", "privacy.noise_multiplier=2"),
     ("run", "--scenario", "bimodal-mean", "--backend", "mpi"),
     (
         "privacy",

@@ -639,6 +639,7 @@ def test_set_wins_over_the_strategy_settings_and_refuses_what_each_run_sets():
         ("zhao-skewed-mnist", "training.server_lr=1"): "the setup's grid varies it",
         ("zhao-skewed-mnist", "strategy.lower_bound=1"): "strategy bounded's grid varies it",
         ("zhao-skewed-mnist", "privacy.target_epsilon=3"): "target epsilons",
+        ("galli-mnist", "privacy.noise_multiplier=2"): "target epsilons",
     }
     for (name, assignment), reason in refused.items():
         with pytest.raises(ConfigError, match=re.escape(reason)):
