@@ -244,7 +244,7 @@ def _raw_config(
 ) -> dict[str, Any]:
     """The raw configuration of a built-in scenario, a :class:`Scenario` or a TOML file, with
     ``overrides`` set (typed dotted keys)."""
-    from fairclip.sims.config import scenario_source, set_value
+    from fairclip.sims.config import check_overrides_used, scenario_source, set_value
     from fairclip.sims.errors import ConfigError
 
     if isinstance(scenario, Scenario):
@@ -255,6 +255,7 @@ def _raw_config(
         raw = scenario_source(scenario, Path(config_file) if config_file is not None else None)
     for key, value in (overrides or {}).items():
         raw = set_value(raw, key, value)
+    check_overrides_used(raw, list(overrides or {}))
     return raw
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import copy
 import math
 import tomllib
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -419,12 +420,29 @@ def set_value(raw: dict[str, Any], key: str, value: Any) -> dict[str, Any]:
 
 
 def apply_overrides(raw: dict[str, Any], assignments: list[str]) -> dict[str, Any]:
-    """A copy of ``raw`` with every ``--set`` assignment applied in order."""
+    """A copy of ``raw`` with every ``--set`` assignment applied in order (refused where the
+    result would not use one: :func:`check_overrides_used`)."""
     result = copy.deepcopy(raw)
+    keys = []
     for assignment in assignments:
         path, value = parse_override(assignment)
-        result = set_value(result, ".".join(path), value)
+        keys.append(".".join(path))
+        result = set_value(result, keys[-1], value)
+    check_overrides_used(result, keys)
     return result
+
+
+def check_overrides_used(raw: dict[str, Any], keys: Iterable[str]) -> None:
+    """Refuse an override the configuration ``raw`` would drop without a word: a
+    ``privacy.noise_multiplier`` while ``privacy.target_epsilon`` is set, since the target
+    calibrates the noise multiplier (a scenario's own noise multiplier is a default the target
+    replaces, and stays allowed)."""
+    target = raw.get("privacy", {}).get("target_epsilon") if isinstance(raw.get("privacy"), dict) else None
+    if "privacy.noise_multiplier" in keys and target is not None:
+        raise ConfigError(
+            f"privacy.noise_multiplier: privacy.target_epsilon = {target!r} is set and calibrates the "
+            "noise multiplier, so the value given would not be used"
+        )
 
 
 def resolve_strategy(raw_strategy: dict[str, Any], num_cohorts: int) -> StrategySpec:

@@ -32,7 +32,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fairclip.sims.config import RunConfig, apply_overrides, scenario_source, set_value, validate
+from fairclip.sims.config import (
+    RunConfig,
+    apply_overrides,
+    check_overrides_used,
+    scenario_source,
+    set_value,
+    validate,
+)
 from fairclip.sims.errors import ConfigError
 
 UNSET = ""
@@ -85,6 +92,9 @@ def flower_run(run_config: dict[str, Any]) -> FlowerRun:
         if assignment.partition("=")[0].strip() == "seed":
             seed_source = "set"
     raw = apply_overrides(raw, assignments)
+    check_overrides_used(
+        raw, [key for key, value in run_config.items() if key not in CONTROL_KEYS and value != UNSET]
+    )
     diagnostics = run_config.get("simulation-diagnostics", False)
     if not isinstance(diagnostics, bool):
         raise ConfigError(f"simulation-diagnostics must be true or false (got {diagnostics!r})")

@@ -47,6 +47,8 @@ def test_overrides_are_typed_and_validated_like_set():
         fairclip.simulate("demo", overrides={"training.rounds": "many"})
     with pytest.raises(ConfigError, match="no-such-policy"):
         fairclip.simulate("demo", overrides={"strategy.name": "no-such-policy"})
+    with pytest.raises(ConfigError, match="calibrates the noise multiplier"):  # it would go unused
+        fairclip.simulate("demo", overrides={"privacy.target_epsilon": 2.0, "privacy.noise_multiplier": 1.0})
     none = fairclip.simulate("bimodal-mean", overrides={"strategy.name": "none", "training.rounds": 2})
     assert none.epsilon == float("inf")
 

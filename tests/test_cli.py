@@ -294,6 +294,7 @@ BAD_INPUTS = [
     ("run", "--scenario", "bimodal-mean", "--set", "privacy.accountant=gdp"),
     ("run", "--scenario", "bimodal-mean", "--set", "privacy.noise_multiplier=-0.5"),
     ("run", "--scenario", "bimodal-mean", "--set", "nosuchtable.key=1"),
+    ("run", "--scenario", "demo", "--set", "privacy.target_epsilon=2", "--set", "privacy.noise_multiplier=1"),
     ("run", "--scenario", "bimodal-mean", "--set", "novalue"),
     ("run", "--config", "/nonexistent/scenario.toml"),
     ("compare", "--scenario", "bimodal-mean", "--set", "strategy.name=bounded"),

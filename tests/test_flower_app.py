@@ -249,6 +249,13 @@ def test_run_config_errors_are_config_errors():
         flower_run({"scenario": "demo", "strategy.name": "nonsense"})
     with pytest.raises(ConfigError, match="neither"):
         flower_run({"scenario": ""})
+    # the target calibrates sigma, so a noise multiplier given beside it would be dropped silently
+    calibrated = {"scenario": "demo", "privacy.target_epsilon": 2.0}
+    with pytest.raises(ConfigError, match="calibrates the noise multiplier"):
+        flower_run({**calibrated, "privacy.noise_multiplier": 1.0})
+    with pytest.raises(ConfigError, match="calibrates the noise multiplier"):
+        flower_run({**calibrated, "set": "privacy.noise_multiplier=1.0"})
+    assert flower_run({**calibrated, "privacy.noise_multiplier": ""}).config.privacy.target_epsilon == 2.0
 
 
 # ----- the ClientApp ---------------------------------------------------------------------
