@@ -433,16 +433,29 @@ def apply_overrides(raw: dict[str, Any], assignments: list[str]) -> dict[str, An
 
 
 def check_overrides_used(raw: dict[str, Any], keys: Iterable[str]) -> None:
-    """Refuse an override the configuration ``raw`` would drop without a word: a
-    ``privacy.noise_multiplier`` while ``privacy.target_epsilon`` is set, since the target
-    calibrates the noise multiplier (a scenario's own noise multiplier is a default the target
-    replaces, and stays allowed)."""
-    target = raw.get("privacy", {}).get("target_epsilon") if isinstance(raw.get("privacy"), dict) else None
-    if "privacy.noise_multiplier" in keys and target is not None:
-        raise ConfigError(
-            f"privacy.noise_multiplier: privacy.target_epsilon = {target!r} is set and calibrates the "
-            "noise multiplier, so the value given would not be used"
-        )
+    """Refuse an override (or grid key) that the configuration ``raw`` would drop without a word:
+
+    - ``privacy.noise_multiplier`` while ``privacy.target_epsilon`` is set, since the target
+      calibrates the noise multiplier (a scenario's own noise multiplier is a default the target
+      replaces, and stays allowed);
+    - ``strategy.<name>.<key>`` while ``strategy.<key>`` is set directly, since a direct key wins
+      over every strategy's table (:func:`resolve_strategy`).
+    """
+    privacy = raw.get("privacy") if isinstance(raw.get("privacy"), dict) else {}
+    strategy = raw.get("strategy") if isinstance(raw.get("strategy"), dict) else {}
+    for key in keys:
+        parts = key.split(".")
+        if key == "privacy.noise_multiplier" and privacy.get("target_epsilon") is not None:
+            raise ConfigError(
+                f"privacy.noise_multiplier: privacy.target_epsilon = {privacy['target_epsilon']!r} is set "
+                "and calibrates the noise multiplier, so the value given would not be used"
+            )
+        direct = strategy.get(parts[-1])
+        if len(parts) == 3 and parts[0] == "strategy" and direct is not None and not isinstance(direct, dict):
+            raise ConfigError(
+                f"{key}: strategy.{parts[2]} = {direct!r} is set directly and wins over the table "
+                f"strategy.{parts[1]}, so the value given would not be used; set strategy.{parts[2]}"
+            )
 
 
 def resolve_strategy(raw_strategy: dict[str, Any], num_cohorts: int) -> StrategySpec:

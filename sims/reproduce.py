@@ -36,6 +36,7 @@ import numpy as np
 
 from fairclip.sims.config import (
     apply_overrides,
+    check_overrides_used,
     parse_override,
     read_toml,
     scenario_source,
@@ -360,6 +361,7 @@ class Planner:
         if epsilon is not None:
             base = set_value(base, "privacy.target_epsilon", epsilon)
         raw = _strategy_raw(base, strategy, point, self.overrides)
+        check_overrides_used(raw, self.overrides)
         marker = (seed, validation)
         if marker not in self._counts:
             self._counts[marker] = self.examples(validate(raw).scenario, self.data_dir, seed)

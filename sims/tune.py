@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from fairclip.sims.config import set_value, validate
+from fairclip.sims.config import check_overrides_used, set_value, validate
 from fairclip.sims.errors import ConfigError
 from fairclip.sims.outputs import atomic_write_text, write_csv, write_json
 from fairclip.strategies.errors import PolicyConfigError
@@ -107,20 +107,7 @@ def check_spec(spec: TuneSpec) -> list[dict[str, Any]]:
         config = validate(raw)
         if config.strategy.name == "none":
             raise ConfigError("tune needs a private strategy (strategy none has no privacy to account)")
-        for key in point:
-            parts = key.split(".")
-            direct = raw.get("strategy", {}).get(parts[-1])
-            if (
-                len(parts) == 3
-                and parts[0] == "strategy"
-                and parts[1] == config.strategy.name
-                and direct is not None
-            ):
-                raise ConfigError(
-                    f"grid key {key}: strategy.{parts[2]} = {direct!r} is set directly, and a direct key "
-                    f"wins over the strategy's table, so every point would run with it; search "
-                    f"strategy.{parts[2]} instead"
-                )
+        check_overrides_used(raw, point)  # a point whose key the configuration drops
         deltas.add(config.privacy.delta)
         configs.append(raw)
     if len(deltas) > 1:

@@ -644,6 +644,11 @@ def test_set_wins_over_the_strategy_settings_and_refuses_what_each_run_sets():
     for (name, assignment), reason in refused.items():
         with pytest.raises(ConfigError, match=re.escape(reason)):
             planner(name, assignment)
+    # global's settings set strategy.scale_threshold directly, which wins over global's own table
+    with pytest.raises(ConfigError, match=re.escape("set strategy.scale_threshold")):
+        planner("esipova-adult", "strategy.global.scale_threshold=100", strategies=["global"]).final_runs(
+            1, {}
+        )
 
 
 def test_a_refused_set_fails_before_the_output_folder_is_written(cli, tmp_path):

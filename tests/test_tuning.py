@@ -206,7 +206,7 @@ def test_tune_end_to_end_releases_the_best_trial_with_the_search_epsilon(tmp_pat
                 *("--grid", "strategy.bounded.lower_bound=0.1,0.2", "--set", "strategy.name=bounded"),
                 *("--set", "strategy.lower_bound=0.05"),
             ],
-            "a direct key wins",
+            "is set directly and wins over the table",
         ),
         (
             [
