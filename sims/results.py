@@ -139,10 +139,11 @@ def keep(out: Path, dest: Path) -> dict[str, Any]:
     """Copy into ``dest`` what ``fairclip reproduce --resume`` needs of the unfinished
     reproduction in ``out`` -- its ``sweep.json`` and the ``summary.json`` of every finished run
     (a run's summary is written last, so a run without one is in flight and is left out) -- and
-    write ``progress.json``; return it. ``dest`` is replaced by the latest state, but never with
-    fewer finished runs or another specification: a ``dest`` that holds a run ``out`` has not
-    finished, another reproduction, or anything but a kept reproduction, is refused (ValueError)
-    and left as it is."""
+    write ``progress.json``; return it. ``dest`` is replaced by the latest state (``out``'s
+    reproduction may have been extended since, ``--extend``), but never with fewer finished runs
+    or another specification: a ``dest`` that holds a run ``out`` has not finished, another
+    reproduction (or more seeds or strategies than ``out``'s), or anything but a kept reproduction,
+    is refused (ValueError) and left as it is."""
     out, dest = Path(out), Path(dest)
     if not (out / "sweep.json").is_file():
         raise FileNotFoundError(f"{out} holds no sweep.json: it is not a reproduction folder")
@@ -153,7 +154,7 @@ def keep(out: Path, dest: Path) -> dict[str, Any]:
     if dest.is_dir() and any(dest.iterdir()) and not (dest / "sweep.json").is_file():
         raise ValueError(f"{dest} holds something other than a kept reproduction: it is not replaced")
     if (dest / "sweep.json").is_file():
-        if json.loads((dest / "sweep.json").read_text()) != spec:
+        if not _continues(json.loads((dest / "sweep.json").read_text()), spec):
             raise ValueError(f"{dest} keeps another reproduction than {out}; delete it first to replace it")
         kept = {path.parent.name for path in dest.glob("runs/*/summary.json")}
         dropped = sorted(kept - {path.parent.name for path in finished})
@@ -179,6 +180,18 @@ def keep(out: Path, dest: Path) -> dict[str, Any]:
     shutil.copyfile(out / "sweep.json", dest / "sweep.json")
     write_json(dest / "progress.json", entry)
     return entry
+
+
+def _continues(kept: dict[str, Any], spec: dict[str, Any]) -> bool:
+    """Whether the reproduction ``spec`` is the kept one ``kept``, or that one extended
+    (``fairclip reproduce --extend``: more seeds or strategies, nothing else changed)."""
+    from fairclip.sims.errors import ConfigError
+    from fairclip.sims.reproduce import merge_specs
+
+    try:
+        return merge_specs(kept, spec) == spec
+    except ConfigError:  # another setup, grid or option
+        return False
 
 
 def _number(value: Any, digits: int = 4) -> str:
