@@ -188,9 +188,11 @@ def _continues(kept: dict[str, Any], spec: dict[str, Any]) -> bool:
     from fairclip.sims.errors import ConfigError
     from fairclip.sims.reproduce import merge_specs
 
+    if kept == spec:
+        return True
     try:
         return merge_specs(kept, spec) == spec
-    except ConfigError:  # another setup, grid or option
+    except (ConfigError, KeyError):  # another setup, grid or option; a specification without seeds
         return False
 
 
