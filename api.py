@@ -575,8 +575,8 @@ def reproduce(
     ``max_rounds`` and ``max_batch`` shrink the runs for smoke tests. Every run is written to
     ``out/runs/<key>/`` as it finishes (default folder ``runs/reproduce-<name>``), then the
     tables; ``mode`` says what to do with a folder that already holds a reproduction -- ``new``
-    (refuse another one), ``resume`` (continue it, its finished runs kept; ``name`` may be left
-    out), ``extend`` (more seeds or strategies) or ``replace``.
+    (refuse another one), ``resume`` (continue it, its finished runs kept), ``extend`` (more
+    seeds or strategies) or ``replace``; to resume or extend, ``name`` may be left out.
 
     Runs go one after the other in this process (a local engine of ``workers`` threads), or,
     with ``ray`` (or the ``address`` of a Ray cluster), as parallel Ray tasks of ``workers`` CPUs:
@@ -594,7 +594,7 @@ def reproduce(
     if mode not in MODES:
         raise ConfigError(f"mode must be one of {', '.join(MODES)} (got {mode!r})")
     folder = Path(out) if out is not None else None
-    if name is None and mode == "resume" and folder is not None:  # the folder names its setup
+    if name is None and mode in ("resume", "extend") and folder is not None:  # the folder names its setup
         stored = sweep_folder.stored_spec(folder)
         if stored is not None and stored.get("command") == "reproduce":
             name = stored.get("name")

@@ -271,9 +271,9 @@ def test_kept_progress_continues_from_a_fresh_folder(ray_session, cli, tmp_path)
         results.keep(out, tmp_path / "kept")
     assert (tmp_path / "kept" / "runs" / runs[1] / "summary.json").is_file()
     assert results.keep(fresh, tmp_path / "kept")["finished_runs"] == len(runs)  # more runs: kept
-    # a reproduction extended since it was kept (--extend --seeds 2) is kept again, with its new
-    # specification; the kept folder never goes back to fewer seeds
-    extend = ["esipova-dutch", "--extend", "--seeds", "2", "--max-rounds", "1", "--out", str(fresh)]
+    # a reproduction extended since it was kept (--extend --seeds 2; the folder names its setup)
+    # is kept again, with its new specification; the kept folder never goes back to fewer seeds
+    extend = ["--extend", "--seeds", "2", "--max-rounds", "1", "--out", str(fresh)]
     status, _stdout, err = cli("reproduce", *extend, "--backend", "local", "--data-dir", str(DATA_DIR))
     assert status == 0, err
     assert results.keep(fresh, tmp_path / "kept")["finished_runs"] == 2 * len(runs)
