@@ -51,6 +51,15 @@ def test_unknown_setup_is_one_line_and_exit_2(cli):
     assert "unknown reproduction 'no-such-setup'" in err and "esipova-adult" in err
 
 
+@pytest.mark.parametrize("mode", [[], ["--resume"], ["--extend", "--seeds", "3"]])
+def test_a_missing_name_is_one_line_and_exit_2_where_no_folder_names_it(cli, tmp_path, mode):
+    """Only a reproduction folder stored in --out can name the setup (to resume or extend)."""
+    status, _out, err = cli("reproduce", *mode, "--out", str(tmp_path / "empty"))
+    assert status == 2
+    assert err.strip().count("\n") == 0 and "give a reproduction NAME" in err
+    assert not (tmp_path / "empty").exists()
+
+
 @pytest.mark.parametrize("name", sorted(repro.builtin_setups()))
 def test_every_setup_runs_a_few_steps(ray_session, cli, tmp_path, name):
     setup = repro.load_setup(name)
