@@ -155,7 +155,10 @@ def keep(out: Path, dest: Path) -> dict[str, Any]:
         raise ValueError(f"{dest} holds something other than a kept reproduction: it is not replaced")
     if (dest / "sweep.json").is_file():
         if not _continues(json.loads((dest / "sweep.json").read_text()), spec):
-            raise ValueError(f"{dest} keeps another reproduction than {out}; delete it first to replace it")
+            raise ValueError(
+                f"{dest} keeps another reproduction than {out} (or more seeds or strategies of it); "
+                "delete it first to replace it"
+            )
         kept = {path.parent.name for path in dest.glob("runs/*/summary.json")}
         dropped = sorted(kept - {path.parent.name for path in finished})
         if dropped:
