@@ -105,10 +105,15 @@ not faster there (tanh CNN, one thread, 256 examples: 0.15-0.19 s in calls of 32
 in calls of 128 or 256; ``esipova-cnn``, 30 rounds of 256: 2.73 s at 32, 2.70 at 64, 3.04 at 128),
 and small groups let the Ray engine balance its actors."""
 
-GPU_ONE_STEP_ROWS = 256
-"""``training.one_step_rows`` where it is unset and the task trains on a GPU: a whole expected
-batch of 256 in one call. On an H100 (2026-11-26) the tanh CNN's one-step path ran 5,900
-examples/s at 32 rows and 27,100 at 256."""
+GPU_ONE_STEP_ROWS = 1024
+"""``training.one_step_rows`` where it is unset and the task trains on a GPU. Each call has a
+fixed cost on the host, so a GPU wants many rows a call: on an H100 (2026-11-26) the tanh CNN's
+one-step path ran 5,900 examples/s at 32 rows and 27,100 at 256, and on an H200 (2026-11-28)
+``zhao-cnn``'s :func:`fairclip.client.ghost.one_step_gradients` took 7.7 ms for 256 rows,
+9.7 ms for 1,024 and 43 ms for 6,000 (33,000, 105,000 and 139,000 examples/s). Its memory grows
+with the rows (a convolution's per-example weight gradients are formed, 12 bytes per weight and
+row: 450 MB for ``zhao-cnn`` at 1,024 rows); set the key lower for a model with large
+convolutions."""
 
 
 def rows_per_one_step_call(device: torch.device) -> int:

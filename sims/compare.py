@@ -181,7 +181,7 @@ def _without_evaluation_schedule(config: dict[str, Any]) -> dict[str, Any]:
 def as_run_here(config: dict[str, Any]) -> dict[str, Any]:
     """``config`` (a normalised run configuration) with its machine-dependent defaults filled in
     as this machine would run it: an unset ``training.one_step_rows`` becomes 32 on the CPU and
-    256 on a GPU (:func:`fairclip.sims.classification.rows_per_one_step_call`). A run stored
+    1,024 on a GPU (:func:`fairclip.sims.classification.rows_per_one_step_call`). A run stored
     with ``one_step_rows`` 32, from before that default depended on the device, is then the same
     configuration as an unset one on a CPU -- the same value, so the same run."""
     training = config.get("training")

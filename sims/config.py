@@ -262,7 +262,8 @@ class TrainingSpec(_Section):
     round's sampled clients in groups of whole summation blocks of about this many examples,
     the same groups on every backend and number of workers, so a run is the same run on all of
     them for a given value; another value changes the run by float rounding. Unset: 32 where
-    the task trains on the CPU, 256 on a GPU (:func:`fairclip.sims.classification.rows_per_one_step_call`)."""
+    the task trains on the CPU, 1,024 on a GPU
+    (:func:`fairclip.sims.classification.rows_per_one_step_call`)."""
     cohort_directions: bool = False
     """Record, per cohort and round, the direction and magnitude errors of the client side of
     the policy: cos(Σ c_i, Σ Δ_i) and ||Σ c_i|| / ||Σ Δ_i|| over the cohort's sampled clients

@@ -129,7 +129,7 @@ def test_one_step_rows_sets_the_call_size_and_changes_a_run_by_rounding_only():
     assert "\n" not in str(caught.value)
 
 
-def test_unset_one_step_rows_is_32_on_the_cpu_and_256_on_a_gpu():
+def test_unset_one_step_rows_is_32_on_the_cpu_and_1024_on_a_gpu():
     """The default call size follows the device the task trains on; a value set wins on both."""
     from fairclip.sims.classification import rows_per_one_step_call
 
@@ -137,9 +137,8 @@ def test_unset_one_step_rows_is_32_on_the_cpu_and_256_on_a_gpu():
     assert config.training.one_step_rows is None
     assert build_task(config).rows_per_call == 32
     assert rows_per_one_step_call(torch.device("cpu")) == 32
-    assert (
-        rows_per_one_step_call(torch.device("cuda")) == rows_per_one_step_call(torch.device("cuda", 1)) == 256
-    )
+    gpu_rows = rows_per_one_step_call(torch.device("cuda")), rows_per_one_step_call(torch.device("cuda", 1))
+    assert gpu_rows == (1024, 1024)
     chosen = load_config("demo", None, [*ONE_STEP_DEMO, "training.device=cpu", "training.one_step_rows=256"])
     assert build_task(chosen).rows_per_call == 256
 
