@@ -310,7 +310,8 @@ def compare(
     receives each run as it finishes (``runs/<key>/``), then ``summary.csv``, ``report.md`` and
     the plots, and stores the sweep's specification: ``mode`` says what to do with a folder that
     holds one -- ``new`` (refuse a different sweep), ``resume`` (continue it; ``scenario`` and the
-    options may be left out), ``extend`` (add strategies, ε or seeds) or ``replace``.
+    options may be left out), ``extend`` (add strategies, ε or seeds; an option left out keeps
+    the stored value) or ``replace``.
     ``on_start(runs, to_run)`` is called when the runs are known, ``on_run(key, {"rows": ...,
     "summary": ...})`` per finished run.
     """
@@ -350,6 +351,7 @@ def compare(
     given_nothing = scenario is None and config_file is None and not overrides
     raw = None if mode == "resume" and given_nothing else _raw_config(scenario, config_file, overrides)
     given = sweep.compare_spec(raw, names, targets, seeds, explicit_only=mode == "resume")
+    explicit = sweep.compare_spec(raw, names, targets, seeds, explicit_only=True)
     parallel = (os.cpu_count() or 1) // workers if ray or address else 1
     if mode != "resume":  # every run validated, and the memory checked, before the folder is touched
         sweep.check_sweep_memory(*sweep.plan_from_spec(given), parallel, address)
@@ -370,7 +372,7 @@ def compare(
     folder = Path(out)
     runs, table, rounds, drawn = sweep.run_sweep(
         folder, given, Mode(mode), data_dir=folder_data, ray=ray or address is not None, address=address,
-        workers=workers, parallel=parallel, on_start=on_start, on_result=on_result,
+        workers=workers, parallel=parallel, on_start=on_start, on_result=on_result, explicit=explicit,
     )  # fmt: skip
     summaries = {
         run.key: json.loads((folder / "runs" / run.key / "summary.json").read_text()) for run in runs
@@ -576,7 +578,8 @@ def reproduce(
     ``out/runs/<key>/`` as it finishes (default folder ``runs/reproduce-<name>``), then the
     tables; ``mode`` says what to do with a folder that already holds a reproduction -- ``new``
     (refuse another one), ``resume`` (continue it, its finished runs kept), ``extend`` (more
-    seeds or strategies) or ``replace``; to resume or extend, ``name`` may be left out.
+    seeds or strategies; an option left out keeps the stored value) or ``replace``; to resume or
+    extend, ``name`` may be left out.
 
     Runs go one after the other in this process (a local engine of ``workers`` threads), or,
     with ``ray`` (or the ``address`` of a Ray cluster), as parallel Ray tasks of ``workers`` CPUs:
@@ -603,17 +606,22 @@ def reproduce(
     setup = repro.load_setup(name)  # an unknown name fails before the data are read
     if overrides:  # and so does a --set the runs would not take, before the folder is written
         repro.checked_overrides(repro.select_strategies(setup, strategies), list(overrides))
-    given = repro.reproduce_spec(
-        name,
-        seeds,
-        full_grid,
-        grid_limit,
-        max_rounds,
-        list(overrides) if overrides else None,
-        strategies=None if strategies is None else list(strategies),
-        explicit_only=mode == "resume",
-        max_batch=max_batch,
-    )
+
+    def spec_of(explicit_only: bool) -> dict[str, Any]:
+        return repro.reproduce_spec(
+            name,
+            seeds,
+            full_grid,
+            grid_limit,
+            max_rounds,
+            list(overrides) if overrides else None,
+            strategies=None if strategies is None else list(strategies),
+            explicit_only=explicit_only,
+            max_batch=max_batch,
+        )
+
+    given = spec_of(explicit_only=mode == "resume")
+    explicit = spec_of(explicit_only=True)  # what --extend puts over the stored options
     resolved_data = resolve_data_dir(data_dir)
     folder = folder or Path("runs") / f"reproduce-{name}"
     check_output_folder(folder)
@@ -624,6 +632,7 @@ def reproduce(
             sweep_folder.Mode(mode),
             merge=repro.merge_specs,
             results=("runs", "reproduction.csv", "reproduction.md", "chosen.json"),
+            explicit=explicit,
         )
         rows, wall = repro.reproduce(
             spec["name"],

@@ -192,7 +192,12 @@ ResumeOption = Annotated[
     bool, typer.Option("--resume", help="Continue the sweep stored in --out, keeping its finished runs.")
 ]
 ExtendOption = Annotated[
-    bool, typer.Option("--extend", help="Add these runs to the sweep stored in --out (keeps its runs).")
+    bool,
+    typer.Option(
+        "--extend",
+        help="Add these runs to the sweep stored in --out (keeps its runs; options left out keep "
+        "its values).",
+    ),
 ]
 ReplaceOption = Annotated[
     bool, typer.Option("--replace", help="Delete the sweep stored in --out and run this one instead.")
@@ -334,7 +339,12 @@ def reproduce(
     ] = None,
     resume: ResumeOption = False,
     extend: Annotated[
-        bool, typer.Option("--extend", help="Add seeds to the reproduction stored in --out (keeps its runs).")
+        bool,
+        typer.Option(
+            "--extend",
+            help="Add seeds or strategies to the reproduction stored in --out (keeps its runs; "
+            "options left out keep its values).",
+        ),
     ] = False,
     replace: ReplaceOption = False,
     workers: RunWorkersOption = 1,

@@ -377,12 +377,14 @@ def run_sweep(
     parallel: int,
     on_start: Callable[[int, int], None] | None = None,
     on_result: Callable[[RunSpec, dict[str, Any]], None] | None = None,
+    explicit: dict[str, Any] | None = None,
 ) -> tuple[list[RunSpec], pd.DataFrame, dict[str, pd.DataFrame], list[str]]:
     """A sweep in its folder ``out`` (:mod:`fairclip.sims.sweep_folder`): hold the folder, settle
     the specification ``given`` with the stored one by ``mode`` (new, resume, extend, replace),
     run what is not finished, then write ``summary.csv``, ``report.md`` and the plots.
-    ``on_start(runs, to_run)`` is called once the runs are known. Returns (runs, summary table,
-    rounds by key, plots drawn)."""
+    ``on_start(runs, to_run)`` is called once the runs are known; ``explicit``: the options the
+    user gave, which ``extend`` puts over the stored ones (:func:`fairclip.sims.sweep_folder.settle`).
+    Returns (runs, summary table, rounds by key, plots drawn)."""
     from fairclip.sims import sweep_folder
     from fairclip.sims.plots import PLOTS
     from fairclip.sims.report import STATISTICS_FILES, write_report
@@ -394,6 +396,7 @@ def run_sweep(
             mode,
             merge=merge_specs,
             results=("runs", "summary.csv", "report.md", *STATISTICS_FILES, *PLOTS),
+            explicit=explicit,
         )
         raw, runs = plan_from_spec(spec)
         check_sweep_memory(raw, runs, parallel, address)

@@ -88,6 +88,7 @@ def settle(
     *,
     merge: Callable[[dict[str, Any], dict[str, Any]], dict[str, Any]] | None = None,
     results: tuple[str, ...] = (),
+    explicit: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The specification this invocation runs, stored in ``out`` (call it inside :func:`locked`).
 
@@ -96,9 +97,17 @@ def settle(
     sweep. ``merge(stored, given)`` extends a stored specification (:class:`ConfigError` where
     they cannot be merged); ``results`` are the files and folders in ``out`` that ``replace``
     deletes.
+
+    ``explicit``, with ``extend``: only the options the user gave (as ``given`` holds them for
+    ``resume``). An option left out then keeps the stored sweep's value instead of taking its
+    default, so ``--extend --strategies X`` adds X to the stored seeds (not to the default
+    number of seeds) and ``--extend --seeds N`` adds seeds to the stored strategies (not to all
+    of them). Where nothing is stored, ``given`` (complete) starts the sweep.
     """
     stored = stored_spec(out)
     given = json_normalised(given)
+    if mode is Mode.EXTEND and stored is not None and explicit is not None:
+        given = {**stored, **json_normalised(explicit)}
     if mode is Mode.RESUME:
         if stored is None:
             raise ConfigError(

@@ -166,6 +166,12 @@ def test_a_sweep_is_stored_and_resume_alone_continues_it(ray_session, cli, tmp_p
     assert (spec["strategies"], spec["seeds"]) == (["bounded", "constant"], 2)
     extended = _keys_and_stamps(tmp_path)
     assert len(extended) == 6 and all(extended[k] == after[k] for k in after)
+    # options left out of --extend keep the stored values: --seeds 2 adds no strategy or ε
+    status, _, err = cli(*first[:-4], "--seeds", "2", "--extend", "--out", str(tmp_path))
+    assert status == 0, err
+    spec = json.loads((tmp_path / "sweep.json").read_text())
+    assert (spec["strategies"], spec["epsilons"], spec["seeds"]) == (["bounded", "constant"], [4.0], 2)
+    assert _keys_and_stamps(tmp_path) == extended
 
     status, _, err = cli(*first, "--seeds", "1", "--replace", "--out", str(tmp_path))
     assert status == 0, err

@@ -326,6 +326,44 @@ def test_markdown_says_what_was_compared():
     assert "**outside**" in text and "| 2.1 / 1.9 |" in text
 
 
+def test_extend_keeps_the_stored_options_it_is_not_given(cli, tmp_path):
+    """`--extend --strategies X` adds X to the stored reproduction: its seeds and smoke options,
+    not their defaults (it used to add a second seed of every strategy to a one-seed folder), and
+    `--extend --seeds N` adds seeds to the stored strategies, not to all of the setup's. So runs
+    made in two folders, one strategy each (on two machines, say), put together and extended
+    give the table of one folder that ran both."""
+    skip_without_data(repro.load_setup("zhao-dutch"))
+    local = ["--backend", "local", "--data-dir", str(DATA_DIR)]
+    smoke = ["zhao-dutch", "--seeds", "1", "--grid-limit", "1", "--max-rounds", "1", *local]
+    folders = {"constant": "constant", "adaptive": "adaptive", "both": "constant,adaptive"}
+    for folder, strategies in folders.items():
+        status, _, err = cli("reproduce", *smoke, "--strategies", strategies, "--out", str(tmp_path / folder))
+        assert status == 0, err
+    merged = tmp_path / "constant"
+    for run in (tmp_path / "adaptive" / "runs").iterdir():
+        shutil.copytree(run, merged / "runs" / run.name)
+    runs = {path.parent.name for path in merged.glob("runs/*/summary.json")}
+
+    extend = ["reproduce", "--extend", "--out", str(merged), *local]
+    status, stdout, err = cli(*extend, "--strategies", "adaptive")
+    assert status == 0, err
+    assert f"Resumed: {len(runs)} finished runs in this folder were reused" in stdout
+    spec = json.loads((merged / "sweep.json").read_text())
+    assert spec == json.loads((tmp_path / "both" / "sweep.json").read_text())
+    assert (spec["seeds"], spec["max_rounds"], spec["strategies"]) == (1, 1, ["constant", "adaptive"])
+    assert (merged / "reproduction.csv").read_text() == (tmp_path / "both" / "reproduction.csv").read_text()
+
+    status, _, err = cli(*extend, "--seeds", "2")
+    assert status == 0, err
+    spec = json.loads((merged / "sweep.json").read_text())
+    assert (spec["seeds"], spec["max_rounds"], spec["strategies"]) == (2, 1, ["constant", "adaptive"])
+    table = pd.read_csv(merged / "reproduction.csv")
+    assert set(table["strategy"]) == {"constant", "adaptive"} and set(table["seeds"]) == {2}
+    added = {path.parent.name for path in merged.glob("runs/*/summary.json")} - runs
+    assert {name.split("__")[0] for name in added} == {"constant", "adaptive"}  # the grid stays seed 0's
+    assert all(name.endswith("__seed-1") for name in added)
+
+
 def test_a_reproduction_is_stored_and_resumed_extended_or_replaced(tmp_path):
     """Issue 18, point 2, for `reproduce`: the stored specification decides what --resume runs."""
     from fairclip.sims import sweep_folder
