@@ -112,7 +112,7 @@ one-step path ran 5,900 examples/s at 32 rows and 27,100 at 256, and on an H200 
 ``zhao-cnn``'s :func:`fairclip.client.ghost.one_step_gradients` took 7.7 ms for 256 rows,
 9.7 ms for 1,024 and 43 ms for 6,000 (33,000, 105,000 and 139,000 examples/s). Its memory grows
 with the rows (a convolution's per-example weight gradients are formed, 12 bytes per weight and
-row: 450 MB for ``zhao-cnn`` at 1,024 rows); set the key lower for a model with large
+row: about 460 MB for ``zhao-cnn`` at 1,024 rows); set the key lower for a model with large
 convolutions."""
 
 
