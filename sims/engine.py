@@ -261,11 +261,15 @@ class RunServer:
         self._started = (dt.datetime.now(dt.UTC), time.perf_counter())
 
     def _piece(self) -> dict[str, Any]:
-        """This process's piece of the run: when it started, its code, its rounds and run time."""
+        """This process's piece of the run: when it started, its code, machine and training
+        device, its rounds and run time."""
         first = self._earlier_pieces[-1]["last_round"] + 1 if self._earlier_pieces else 1
+        static = provenance(self._started[0], 0.0)  # (git and the machine are asked once)
         return {
             "started": self._started[0].isoformat(timespec="seconds"),
-            "git_commit": provenance(self._started[0], 0.0)["git_commit"],  # (asked of git once)
+            "git_commit": static["git_commit"],
+            "machine": static["machine"],
+            "device": (self.execution or {}).get("device"),
             "first_round": first,
             "last_round": self.rounds_completed,
             "wall_seconds": round(time.perf_counter() - self._started[1], 3),
@@ -274,7 +278,9 @@ class RunServer:
     def _provenance(self) -> dict[str, Any]:
         """The summary's provenance. A run continued from a checkpoint counts the run time of
         every piece, starts with the first, and lists the pieces (``pieces``): each one's code,
-        rounds and run time."""
+        machine, training device, rounds and run time (a run continued on another machine, a
+        GPU's say, so says where each round ran; ``machine`` and ``execution`` are the last
+        piece's)."""
         if not self._earlier_pieces:
             found = provenance(self._started[0], time.perf_counter() - self._started[1])
         else:

@@ -99,20 +99,39 @@ def _runs_provenance(summaries: list[dict[str, Any]]) -> dict[str, Any]:
 def _machines(summaries: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """One entry for each distinct machine and training device the runs name, in the runs'
     order: the machine, the device (``provenance.execution.device``; None in a summary written
-    before it was recorded), how many runs and their run time. A reproduction continued on
-    another machine (a GPU's, say) names both, so its run time is not read as one machine's."""
+    before it was recorded), how many runs ran there and their run time there. A reproduction
+    continued on another machine (a GPU's, say) names both, so its run time is not read as one
+    machine's; so does a run continued from its checkpoint on another machine: each of its
+    ``provenance.pieces`` counts where it ran, and the run counts on each of those machines."""
     found: dict[str, dict[str, Any]] = {}
     for summary in summaries:
         where = summary.get("provenance", {})
         if "machine" not in where:
             continue
-        device = where.get("execution", {}).get("device")
-        key = json.dumps([where["machine"], device], sort_keys=True)
-        empty = {"machine": where["machine"], "device": device, "runs": 0, "seconds": 0.0}
-        entry = found.setdefault(key, empty)
-        entry["runs"] += 1
-        entry["seconds"] += float(where["wall_seconds"])
+        counted: set[str] = set()
+        for host, device, seconds in _where_each_piece_ran(where):
+            key = json.dumps([host, device], sort_keys=True)
+            empty = {"machine": host, "device": device, "runs": 0, "seconds": 0.0}
+            entry = found.setdefault(key, empty)
+            if key not in counted:
+                entry["runs"] += 1
+                counted.add(key)
+            entry["seconds"] += seconds
     return [{**entry, "seconds": round(entry["seconds"], 1)} for entry in found.values()]
+
+
+def _where_each_piece_ran(where: dict[str, Any]) -> list[tuple[dict[str, Any], str | None, float]]:
+    """(machine, training device, run time) of each piece of a run's ``provenance``: the run's
+    own machine and device for a run in one piece, and for a piece written before pieces named
+    theirs."""
+    device = where.get("execution", {}).get("device")
+    pieces = where.get("pieces") or [{"wall_seconds": where["wall_seconds"]}]
+    return [
+        (piece["machine"], piece.get("device"), float(piece["wall_seconds"]))
+        if "machine" in piece
+        else (where["machine"], device, float(piece["wall_seconds"]))
+        for piece in pieces
+    ]
 
 
 SMOKE_OPTIONS = ("max_rounds", "max_batch", "grid_limit")

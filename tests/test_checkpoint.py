@@ -123,6 +123,35 @@ def _stop_and_continue(path: Path, case: str, stop: int) -> None:
     assert resumed.summary["provenance"]["wall_seconds"] == pytest.approx(
         sum(p["wall_seconds"] for p in pieces), abs=0.01
     )
+    here = resumed.summary["provenance"]["machine"]
+    assert [(p["machine"], p["device"]) for p in pieces] == [(here, "cpu"), (here, "cpu")]
+
+
+def test_a_run_continued_on_another_machine_says_where_each_piece_ran(tmp_path, monkeypatch):
+    """A checkpoint carried to another machine (a GPU's, say) and continued there: each piece of
+    the run names its own machine, and a record of the reproduction splits the run's time
+    between the two machines instead of giving it all to the last."""
+    from fairclip.sims import engine, results
+
+    path, config = tmp_path / CHECKPOINT_FILE, _config("bounded")
+    with pytest.raises(KeyboardInterrupt):
+        simulate(config, build_task(config), observers=[_StopAfter(3)], checkpoint=Checkpointing(path))
+    elsewhere = {"platform": "elsewhere", "processor": "x86_64", "cores": 16, "gpu": "NVIDIA H200"}
+    real = engine.provenance
+    monkeypatch.setattr(engine, "provenance", lambda *args: {**real(*args), "machine": elsewhere})
+    resumed = simulate(config, build_task(config), checkpoint=Checkpointing(path))
+    where = resumed.summary["provenance"]
+    first, second = where["pieces"]
+    assert first["machine"] != elsewhere and second["machine"] == elsewhere == where["machine"]
+    machines = results._machines([resumed.summary])
+    assert [(m["machine"], m["device"], m["runs"]) for m in machines] == [
+        (first["machine"], "cpu", 1),
+        (elsewhere, "cpu", 1),
+    ]
+    assert [m["seconds"] for m in machines] == [
+        round(first["wall_seconds"], 1),
+        round(second["wall_seconds"], 1),
+    ]
 
 
 def test_the_schedule_writes_checkpoints_and_a_finished_one_returns_its_result(tmp_path):

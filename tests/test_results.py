@@ -149,6 +149,26 @@ def test_runs_made_on_two_machines_are_recorded_as_two(tmp_path):
         "1 run (10 min) on 16 CPU core(s) with an NVIDIA H200, trained on cuda; "
         "1 run (2 min) on 16 CPU core(s) with an NVIDIA H200 (training device not recorded), "
     ) in text
+    # A run continued from its checkpoint on the other machine counts on both, with each
+    # piece's time (a piece written before pieces named their machine counts on the run's).
+    pieces = [
+        {"wall_seconds": 30.0},
+        {"wall_seconds": 50.0, "machine": laptop, "device": "cpu"},
+        {"wall_seconds": 400.0, "machine": server, "device": "cuda"},
+    ]
+    provenance = {"started": "2026-11-25T13:00:00+00:00", "wall_seconds": 480.0, "machine": server}
+    provenance["pieces"] = pieces
+    provenance["execution"] = {"backend": "local", "workers": 1, "device": "cuda"}
+    (out / "runs" / "run-4").mkdir()
+    (out / "runs" / "run-4" / "summary.json").write_text(json.dumps({"provenance": provenance}))
+    entry = results.record(out, store / "xu-dutch", "fairclip reproduce xu-dutch --seeds 3")
+    assert entry["compute_seconds"] == 1320.0 and entry["runs"] == 5
+    assert entry["machines"] == [
+        {"machine": laptop, "device": "cpu", "runs": 3, "seconds": 170.0},
+        {"machine": server, "device": "cuda", "runs": 2, "seconds": 1030.0},
+        {"machine": server, "device": None, "runs": 1, "seconds": 120.0},
+    ]
+    shutil.rmtree(out / "runs" / "run-4")
     # One machine reads as before.
     for run in list((out / "runs").iterdir())[1:]:
         shutil.rmtree(run)
