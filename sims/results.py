@@ -237,7 +237,7 @@ def setup_markdown(folder: Path) -> str:
     if len(machines) == 1:
         where = f"{minutes}, {machines[0]['machine'].get('cores')} CPU core(s) per run"
     else:
-        where = f"{minutes}: " + "; ".join(_machine_text(m) for m in machines)
+        where = f"{minutes}: " + "; ".join(_machines_text(machines))
     lines = [
         f"**{entry['setup']}** ({entry['seeds']} seeds, {entry['runs']} runs, {where}, "
         f"recorded at commit {str(entry['recorded_at_commit'])[:7]}): `{entry['command']}`",
@@ -260,14 +260,28 @@ def setup_markdown(folder: Path) -> str:
     return "\n".join(lines)
 
 
-def _machine_text(entry: dict[str, Any]) -> str:
-    """One machine of a record's ``machines``: its runs, their time, its cores, GPU and device."""
+def _machines_text(machines: list[dict[str, Any]]) -> list[str]:
+    """Each machine of a record's ``machines``: its runs, their time, its cores, GPU and device;
+    with its platform too where another entry has the same cores, GPU and device (two hosts of
+    one kind, say), so that two entries never read as one machine named twice."""
+    places = [_place(entry) for entry in machines]
+    texts = []
+    for entry, place in zip(machines, places, strict=True):
+        if places.count(place) > 1:
+            place = _place(entry, platform=True)
+        runs = f"{entry['runs']} run{'' if entry['runs'] == 1 else 's'}"
+        texts.append(f"{runs} ({entry['seconds'] / 60:.0f} min) on {place}")
+    return texts
+
+
+def _place(entry: dict[str, Any], platform: bool = False) -> str:
+    """Where one entry of a record's ``machines`` ran: its cores, GPU (and ``platform``) and
+    training device."""
     machine = entry["machine"]
     gpu = f" with an {machine['gpu']}" if machine.get("gpu") else ""
+    host = f" ({machine.get('platform')})" if platform else ""
     device = f", trained on {entry['device']}" if entry["device"] else " (training device not recorded)"
-    cores = f"{machine.get('cores')} CPU core(s){gpu}"
-    runs = f"{entry['runs']} run{'' if entry['runs'] == 1 else 's'}"
-    return f"{runs} ({entry['seconds'] / 60:.0f} min) on {cores}{device}"
+    return f"{machine.get('cores')} CPU core(s){gpu}{host}{device}"
 
 
 def refresh_notes(folder: Path) -> bool:

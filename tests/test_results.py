@@ -176,6 +176,30 @@ def test_runs_made_on_two_machines_are_recorded_as_two(tmp_path):
     assert "CPU core(s) per run, recorded at" in results.results_markdown(store)
 
 
+def test_two_hosts_of_one_kind_are_told_apart_by_their_platform(tmp_path):
+    """Runs made on two hosts with the same cores and device (two sandboxes of one kind) are two
+    entries; the heading names each one's platform, so they do not read as one machine named
+    twice. A host whose cores, GPU or device set it apart is named as before."""
+    out, store = tmp_path / "run", tmp_path / "results"
+    out.mkdir()
+    _finished(out)
+    one = {"platform": "Linux-a", "processor": "x86_64", "cores": 2, "gpu": None}
+    other = {**one, "platform": "Linux-b"}
+    gpu = {"platform": "Linux-c", "processor": "x86_64", "cores": 16, "gpu": "NVIDIA H200"}
+    for index, (machine, device) in enumerate([(one, "cpu"), (other, "cpu"), (other, "cpu"), (gpu, "cuda")]):
+        run = out / "runs" / f"run-{index}"
+        run.mkdir(parents=True, exist_ok=True)
+        provenance = {"started": "2026-11-25T12:00:00+00:00", "wall_seconds": 60.0, "machine": machine}
+        provenance["execution"] = {"backend": "local", "workers": 1, "device": device}
+        (run / "summary.json").write_text(json.dumps({"provenance": provenance}))
+    results.record(out, store / "xu-dutch", "fairclip reproduce xu-dutch --seeds 3")
+    assert (
+        "4 min of run time: 1 run (1 min) on 2 CPU core(s) (Linux-a), trained on cpu; "
+        "2 runs (2 min) on 2 CPU core(s) (Linux-b), trained on cpu; "
+        "1 run (1 min) on 16 CPU core(s) with an NVIDIA H200, trained on cuda, recorded at"
+    ) in results.results_markdown(store)
+
+
 @pytest.mark.parametrize(
     ("option", "named"),
     [
