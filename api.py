@@ -567,6 +567,7 @@ def reproduce(
     workers: int = 1,
     on_plan: Callable[[int], None] | None = None,
     on_run: Callable[[str], None] | None = None,
+    on_reused: Callable[[str], None] | None = None,
 ) -> Reproduction:
     """Reproduce a seed paper's experiment (a built-in setup, see ``fairclip reproduce --list``);
     what ``fairclip reproduce`` does.
@@ -584,7 +585,8 @@ def reproduce(
     Runs go one after the other in this process (a local engine of ``workers`` threads), or,
     with ``ray`` (or the ``address`` of a Ray cluster), as parallel Ray tasks of ``workers`` CPUs:
     the same numbers either way. ``on_plan(runs)`` is called when the number of runs is known,
-    ``on_run(key)`` per finished (or reused) run.
+    ``on_run(key)`` per finished (or reused) run; ``on_reused(key)``, where given, is called
+    instead of ``on_run`` for a run found finished in the folder (``resume``, ``extend``).
     """
     from fairclip.sims import reproduce as repro
     from fairclip.sims import sweep_folder
@@ -649,6 +651,7 @@ def reproduce(
             workers=workers,
             resume=mode in ("resume", "extend"),
             on_finished=None if on_run is None else (lambda run: on_run(run.key)),
+            on_reused=None if on_reused is None else (lambda run: on_reused(run.key)),
             on_plan=on_plan,
             ray=ray or address is not None,
         )

@@ -389,6 +389,7 @@ def reproduce(
             workers=workers,
             on_plan=lambda total: progress.update(bar, total=total),
             on_run=lambda key: progress.advance(bar, note=key),
+            on_reused=lambda key: progress.advance(bar, note=key, reused=True),
         )
     typer.echo((reproduction.folder / "reproduction.md").read_text())
     typer.echo(f"wall time {reproduction.wall_seconds:.1f} s ({reproduction.name})")

@@ -6,6 +6,9 @@ a run of hours would be silent: there the display writes plain lines instead, on
 finishes (for a run's rounds: none in its first ``every`` seconds, then at most one every
 ``every`` seconds, and the last), each with what finished, done of total, the time so far and
 the ETA.
+
+Both ETAs come from the pace of the steps this process did: steps found already done (a resumed
+reproduction's finished runs) count as done but not towards the pace, since they took no time.
 """
 
 from __future__ import annotations
@@ -20,16 +23,16 @@ from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
     Progress,
+    ProgressColumn,
+    Task,
     TaskID,
     TextColumn,
     TimeElapsedColumn,
-    TimeRemainingColumn,
 )
 from rich.text import Text
 
-SPEED_WINDOW_SECONDS = 7 * 24 * 3600.0
-"""rich estimates the bar's ETA from the steps of this window (its default, 30 s, holds at most
-one step of a reproduction whose runs take minutes, and then shows no ETA at all)."""
+REUSED = "reused"
+"""The task field that counts its steps found already done (:meth:`WatchedProgress.advance`)."""
 
 
 def _clock(seconds: float | None) -> str:
@@ -38,12 +41,31 @@ def _clock(seconds: float | None) -> str:
     return str(timedelta(seconds=int(max(0.0, seconds))))
 
 
-def pace_eta(elapsed: float | None, completed: float, total: float | None) -> float | None:
-    """Seconds left at the pace so far, elapsed / completed per step (None before the first
-    step or without a total). rich's own estimate needs two steps within its window."""
-    if not elapsed or not completed or total is None:
+def pace_eta(
+    elapsed: float | None, completed: float, total: float | None, reused: float = 0.0
+) -> float | None:
+    """Seconds left at the pace so far: elapsed / (completed - reused) per step for the
+    total - completed steps left, where ``reused`` of the completed steps were found already
+    done and took no time (None before the first timed step or without a total)."""
+    timed = completed - reused
+    if not elapsed or timed <= 0 or total is None:
         return None
-    return elapsed / completed * max(0.0, total - completed)
+    return elapsed / timed * max(0.0, total - completed)
+
+
+def task_eta(task: Task) -> float | None:
+    """:func:`pace_eta` of a bar's task (0 once it is finished)."""
+    if task.finished:
+        return 0.0
+    return pace_eta(task.elapsed, task.completed, task.total, task.fields.get(REUSED, 0))
+
+
+class PaceRemainingColumn(ProgressColumn):
+    """The bar's ETA, :func:`task_eta` (rich's own estimate counts every step, the reused ones
+    too, and needs two steps within its speed window)."""
+
+    def render(self, task: Task) -> Text:
+        return Text(_clock(task_eta(task)), style="progress.remaining")
 
 
 class WatchedProgress(Progress):
@@ -63,13 +85,19 @@ class WatchedProgress(Progress):
         self._last_line = self.get_time() if every > 0 else -math.inf
         self._wrote = False
 
-    def advance(self, task_id: TaskID, advance: float = 1, note: str | None = None) -> None:
-        """Advance ``task_id`` by ``advance`` steps; ``note`` names what finished (a run's key)."""
-        super().advance(task_id, advance)
-        if self.console.is_terminal:
-            return
+    def advance(
+        self, task_id: TaskID, advance: float = 1, note: str | None = None, reused: bool = False
+    ) -> None:
+        """Advance ``task_id`` by ``advance`` steps; ``note`` names what finished (a run's key).
+        ``reused``: the steps were found already done (a resumed run's): they count as done, not
+        towards the ETA's pace, and write no line of their own."""
         with self._lock:
             task = self._tasks[task_id]
+            if reused:
+                task.fields[REUSED] = task.fields.get(REUSED, 0) + advance
+        super().advance(task_id, advance)
+        if self.console.is_terminal or reused:
+            return
         now = self.get_time()
         due = now - self._last_line >= self.every
         if not (due or (task.finished and (self._wrote or not self.every))):
@@ -79,8 +107,7 @@ class WatchedProgress(Progress):
         name = Text.from_markup(self.title.format(task=task)).plain
         done = f"{task.completed:g}/{task.total:g}" if task.total is not None else f"{task.completed:g}"
         finished = f" ({note})" if note else ""
-        remaining = 0.0 if task.finished else pace_eta(task.elapsed, task.completed, task.total)
-        times = f"{_clock(task.elapsed)} elapsed, eta {_clock(remaining)}"
+        times = f"{_clock(task.elapsed)} elapsed, eta {_clock(task_eta(task))}"
         self.console.print(
             f"{name}: {done} {self.unit} done{finished}, {times}",
             markup=False,
@@ -99,7 +126,7 @@ def progress_bar(
     clock: Callable[[], float] | None = None,
 ) -> WatchedProgress:
     """The progress display of a long command on ``console`` (standard error): rich's bar with
-    done of total, time so far and an ETA (from the pace of the finished steps) on a terminal,
+    done of total, time so far and an ETA (:func:`task_eta`) on a terminal,
     plain lines elsewhere (:class:`WatchedProgress`). ``clock``: seconds, monotonic (default
     :func:`time.monotonic`)."""
     return WatchedProgress(
@@ -108,10 +135,9 @@ def progress_bar(
         MofNCompleteColumn(),
         TimeElapsedColumn(),
         TextColumn("eta"),
-        TimeRemainingColumn(),
+        PaceRemainingColumn(),
         console=console,
         transient=transient,
-        speed_estimate_period=SPEED_WINDOW_SECONDS,
         get_time=clock,
         title=title,
         unit=unit,

@@ -426,11 +426,13 @@ def execute(
     on_finished: Callable[[Run], None] | None = None,
     reuse: dict[str, dict[str, Any]] | None = None,
     ray: bool = True,
+    on_reused: Callable[[Run], None] | None = None,
 ) -> dict[str, dict[str, Any]]:
     """Run every run as a Ray task of ``workers`` threads (as ``fairclip compare``), or, without
     ``ray``, one after the other in this process (a local engine of ``workers`` threads: the same
     numbers); write each as it finishes; return the summaries by key. Runs whose key is in
-    ``reuse`` (finished earlier) are not run again. A run keeps its progress in its folder
+    ``reuse`` (finished earlier) are not run again; ``on_finished`` is called for them too,
+    unless ``on_reused`` is given, which is called instead. A run keeps its progress in its folder
     while it runs and continues from there when started again (``--resume`` of a run that was
     killed: :mod:`fairclip.sims.checkpoint`)."""
     from fairclip.sims.compare import run_checkpoint, save_run, simulate_jobs
@@ -439,8 +441,9 @@ def execute(
     for run in runs:
         if reuse and run.key in reuse:
             summaries[run.key] = reuse[run.key]
-            if on_finished is not None:
-                on_finished(run)
+            announce = on_reused or on_finished
+            if announce is not None:
+                announce(run)
     jobs = [(run, run.raw) for run in runs if run.key not in summaries]
     finished = simulate_jobs(
         jobs,
@@ -751,6 +754,7 @@ def reproduce(
     on_finished: Callable[[Run], None] | None = None,
     on_plan: Callable[[int], None] | None = None,
     ray: bool = True,
+    on_reused: Callable[[Run], None] | None = None,
 ) -> tuple[list[dict[str, Any]], float]:
     """Plan, run and tabulate one setup (only its ``strategies``, where given); returns the
     rows and the wall time in seconds. With ``resume``, runs already finished in ``out`` with
@@ -784,6 +788,7 @@ def reproduce(
             on_finished=on_finished,
             reuse=reuse,
             ray=ray,
+            on_reused=on_reused,
         )
 
     if setup.has_grid:

@@ -577,3 +577,35 @@ def test_progress_writes_plain_lines_where_stderr_is_no_terminal():
         task = terminal.add_task("x", total=2)
         terminal.advance(task, note="first")
     assert "runs done" not in shown.getvalue()  # a terminal gets rich's bar, not the lines
+
+
+def test_the_eta_of_a_resumed_reproduction_counts_only_the_runs_it_ran():
+    """A resumed reproduction finds some runs already done: they count as done, but took no
+    time, so the ETA's pace comes from the runs this process ran (an ETA from all of them was
+    far too short after a resume), on the plain lines and on the terminal's bar alike."""
+    from io import StringIO
+
+    from rich.console import Console
+
+    from fairclip.sims import progress as progress_module
+
+    clock = [0.0]
+    written = StringIO()
+    bar = progress_module.progress_bar(
+        "reproduce x",
+        console=Console(file=written, force_terminal=False),
+        transient=True,
+        clock=lambda: clock[0],
+    )
+    with bar:
+        runs = bar.add_task("x", total=10)
+        for key in range(6):
+            bar.advance(runs, note=f"reused-{key}", reused=True)
+        assert "runs done" not in written.getvalue()  # a reused run writes no line
+        clock[0] += 100.0
+        bar.advance(runs, note="ran-0")  # 100 s a run this time, 3 runs left
+        eta = progress_module.PaceRemainingColumn().render(bar.tasks[0]).plain
+    lines = [line for line in written.getvalue().splitlines() if line.strip()]
+    assert lines == ["reproduce x: 7/10 runs done (ran-0), 0:01:40 elapsed, eta 0:05:00"], lines
+    assert eta == "0:05:00"
+    assert progress_module.pace_eta(100.0, 6, 10, reused=6) is None  # no timed run yet: no pace

@@ -197,6 +197,8 @@ def test_resume_reuses_finished_runs_and_refuses_other_settings(ray_session, cli
     status, stdout, err = cli(*args, "--resume")
     assert status == 0, err
     assert f"Resumed: {len(stamps) - 1} finished runs in this folder were reused" in stdout
+    done = [line for line in err.splitlines() if "runs done" in line]  # the reused runs write no line
+    assert len(done) == 1 and f"{len(stamps)}/{len(stamps)} runs done ({interrupted})" in done[0], err
     assert str(tmp_path) not in (out / "reproduction.md").read_text()  # committed reports name no local path
     after = {path.parent.name: path.stat().st_mtime_ns for path in out.glob("runs/*/summary.json")}
     assert set(after) == set(stamps)
@@ -238,8 +240,15 @@ def test_the_api_runs_here_or_on_ray_with_the_same_numbers(ray_session, cli, tmp
 
     seen: list[str] = []
     again = fairclip.reproduce(out=here.folder, mode="resume", data_dir=DATA_DIR, on_run=seen.append)
-    assert sorted(seen) == sorted(p.parent.name for p in (here.folder / "runs").glob("*/summary.json"))
+    stored = sorted(p.parent.name for p in (here.folder / "runs").glob("*/summary.json"))
+    assert sorted(seen) == stored
     pd.testing.assert_frame_equal(again.table, here.table)
+    ran: list[str] = []
+    reused: list[str] = []
+    fairclip.reproduce(
+        out=here.folder, mode="resume", data_dir=DATA_DIR, on_run=ran.append, on_reused=reused.append
+    )
+    assert ran == [] and sorted(reused) == stored  # on_reused takes the reused runs from on_run
 
     status, _stdout, err = cli(*args, "--backend", "local", "--address", "127.0.0.1:1")
     assert status == 2 and err.strip().count("\n") == 0 and "--backend ray" in err
