@@ -10,9 +10,10 @@ writes ``summary.csv``, ``report.md`` and the plots (:mod:`fairclip.sims.report`
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Generator, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -241,7 +242,7 @@ def simulate_on_ray(
     address: str | None,
     workers: int = 1,
     checkpoints: Callable[[T], Path] | None = None,
-) -> Iterator[tuple[T, dict[str, Any]]]:
+) -> Generator[tuple[T, dict[str, Any]], None, None]:
     """Simulate each (item, raw configuration) as one Ray task of ``workers`` CPUs, each a local
     engine with as many threads (the same result for any ``workers``); yield (item, result) as
     they finish. Many one-CPU tasks use the cores best when there are many runs; give the
@@ -270,9 +271,34 @@ def simulate_on_ray(
         for item, raw in jobs
     }
     remaining = list(futures)
-    while remaining:
-        done, remaining = ray.wait(remaining, num_returns=1)
-        yield futures[done[0]], ray.get(done[0])
+    try:
+        while remaining:
+            done, remaining = ray.wait(remaining, num_returns=1)
+            yield futures[done[0]], ray.get(done[0])
+    except BaseException:  # Ctrl-C, SIGTERM (the CLI's KeyboardInterrupt), an error, close()
+        stop_tasks(remaining)
+        raise
+
+
+CANCEL_GRACE_SECONDS = 60.0
+"""How long :func:`stop_tasks` waits for cancelled runs to write their checkpoints: a run stops
+at its next Python instruction, or after the round it is committing, then writes one file."""
+
+
+def stop_tasks(futures: list[Any], grace: float = CANCEL_GRACE_SECONDS) -> None:
+    """Cancel the Ray tasks ``futures`` and wait up to ``grace`` seconds for them to end.
+
+    A run not started yet is dropped. A running one gets a KeyboardInterrupt (``ray.cancel``
+    without ``force``), which it takes as an interruption: it writes its checkpoint, so that
+    ``--resume`` continues after its last finished round (:func:`fairclip.sims.engine.simulate`),
+    rather than after its last periodic checkpoint. Without this the driver's exit would kill the
+    tasks where they stand. A second Ctrl-C or SIGTERM cuts the wait short."""
+    import ray
+
+    for future in futures:
+        ray.cancel(future)
+    if futures:
+        ray.wait(futures, num_returns=len(futures), timeout=grace)
 
 
 def simulate_jobs(
@@ -283,7 +309,7 @@ def simulate_jobs(
     address: str | None = None,
     workers: int = 1,
     checkpoints: Callable[[T], Path] | None = None,
-) -> Iterator[tuple[T, dict[str, Any]]]:
+) -> Generator[tuple[T, dict[str, Any]], None, None]:
     """Simulate each (item, raw configuration) -- as Ray tasks (:func:`simulate_on_ray`) with
     ``ray``, else one after the other in this process -- and yield (item, result) as each
     finishes; the same numbers either way. ``checkpoints(item)``: the file where an item's run
@@ -347,12 +373,13 @@ def execute(
         jobs, data_dir=data_dir, ray=ray, address=address, workers=workers, checkpoints=checkpoints
     )
     results = {}
-    for run, result in finished:
-        if out is not None:
-            save_run(out / "runs" / run.key, result)
-        results[run.key] = result
-        if on_result is not None:
-            on_result(run, result)
+    with contextlib.closing(finished):  # stopped here, the runs still going stop too
+        for run, result in finished:
+            if out is not None:
+                save_run(out / "runs" / run.key, result)
+            results[run.key] = result
+            if on_result is not None:
+                on_result(run, result)
     return results
 
 

@@ -11,8 +11,12 @@ the driver adds the block sums in block order, so a seed gives the same result o
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import socket
+import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -78,15 +82,35 @@ def ensure_ray(address: str | None = None, num_cpus: int | None = None) -> None:
     os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
     if address:
         check_reachable(address)
-        ray.init(address=address, include_dashboard=False, log_to_driver=False)
-    else:
-        ray.init(
-            address="local",
-            num_cpus=num_cpus or os.cpu_count() or 1,
-            include_dashboard=False,
-            log_to_driver=False,
-            configure_logging=False,
-        )
+    with sigterm_handler_kept():
+        if address:
+            ray.init(address=address, include_dashboard=False, log_to_driver=False)
+        else:
+            ray.init(
+                address="local",
+                num_cpus=num_cpus or os.cpu_count() or 1,
+                include_dashboard=False,
+                log_to_driver=False,
+                configure_logging=False,
+            )
+
+
+@contextlib.contextmanager
+def sigterm_handler_kept() -> Iterator[None]:
+    """Put back, after the block, the SIGTERM handler this process had set in Python before it.
+
+    ``ray.init`` replaces it: its own Python handler exits at once, and its core worker's failure
+    handler (``logging.cc: *** SIGTERM received``) then aborts the process outright. A caller that
+    had chosen what SIGTERM does -- ``fairclip``'s CLI raises KeyboardInterrupt, so that finished
+    results and the runs' checkpoints are written -- keeps its choice. Without a Python handler
+    before (the default action), Ray's stays: it stops the Ray processes it started."""
+    in_main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.getsignal(signal.SIGTERM) if in_main_thread else None
+    try:
+        yield
+    finally:
+        if callable(previous):
+            signal.signal(signal.SIGTERM, previous)
 
 
 def gpu_share(device: str, parallel: int) -> float:

@@ -24,6 +24,7 @@ points (0.02) where the paper gives no error.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
 import time
@@ -453,11 +454,12 @@ def execute(
         workers=workers,
         checkpoints=lambda run: run_checkpoint(out, run.key),
     )
-    for run, result in finished:
-        save_run(out / "runs" / run.key, result)
-        summaries[run.key] = result["summary"]
-        if on_finished is not None:
-            on_finished(run)
+    with contextlib.closing(finished):  # stopped here, the runs still going stop too
+        for run, result in finished:
+            save_run(out / "runs" / run.key, result)
+            summaries[run.key] = result["summary"]
+            if on_finished is not None:
+                on_finished(run)
     return summaries
 
 

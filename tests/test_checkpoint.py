@@ -290,6 +290,29 @@ def test_runs_on_ray_keep_their_checkpoint_where_the_driver_says(ray_session, tm
         assert pd.DataFrame(first[key]["rows"]).equals(pd.DataFrame(_straight(key).rows))
 
 
+def test_runs_on_ray_left_by_their_driver_stop_and_write_their_checkpoint(ray_session, tmp_path):
+    """A driver that stops reading the results (Ctrl-C, an error: the generator is closed)
+    cancels the runs still going; each writes its checkpoint after the rounds it finished."""
+    import psutil
+
+    from fairclip.sims.compare import simulate_jobs
+
+    endless = 100_000
+    long = load_config("demo", None, [*POLICY_SETTINGS["constant"], f"training.rounds={endless}"])
+    paths = {key: tmp_path / key / CHECKPOINT_FILE for key in ("short", "long")}
+    jobs = [("short", _config("constant").as_dict()), ("long", long.as_dict())]
+    results = simulate_jobs(jobs, data_dir=None, ray=True, checkpoints=paths.__getitem__)
+    assert next(results)[0] == "short"
+    time.sleep(10.0)  # the long run is in its rounds (its worker may start later: about 4 s)
+    assert not paths["long"].exists(), "no periodic checkpoint is due yet"
+    results.close()
+    done = rounds_done(paths["long"], long)
+    assert 0 < done < endless
+    workers = psutil.Process().children(recursive=True)  # this test's Ray is started here
+    running = [worker for worker in workers if _title(worker).startswith("ray::run_simulation")]
+    assert not running, "a cancelled run is still going"
+
+
 # ----- a reproduction killed with SIGTERM, then --resume ------------------------------------------
 
 
@@ -368,3 +391,67 @@ def _config_of(run_folder: Path):
     from fairclip.sims.config import validate
 
     return validate(pickle.loads((run_folder / CHECKPOINT_FILE).read_bytes())["config"])
+
+
+RAY_ROUNDS = 20_000
+"""Far more rounds than run before the SIGTERM (about 15 ms a round here)."""
+
+
+@pytest.mark.slow
+def test_a_reproduction_on_ray_killed_writes_the_checkpoints_of_its_running_tasks(tmp_path):
+    """SIGTERM to a reproduction whose runs are Ray tasks: the driver takes it as Ctrl-C (not Ray's
+    own handler, which exits at once), cancels the tasks, and each writes its checkpoint after
+    the rounds it finished; then the driver exits with 143, and the Ray it started is gone."""
+    import psutil
+
+    from fairclip.sims.data import DATASET_FILES
+
+    for relative in DATASET_FILES["adult"]:
+        if not (DATA_DIR / relative).is_file():
+            pytest.skip(f"{DATA_DIR / relative} is absent: set FAIRCLIP_DATA to the benchmark data folder")
+    environment = {**os.environ, "FLWR_TELEMETRY_ENABLED": "0", "FAIRCLIP_DATA": str(DATA_DIR)}
+    out = tmp_path / "killed"
+    command = [
+        sys.executable, "-m", "fairclip", "reproduce", "xu-adult", "--seeds", "1",
+        "--strategies", "none,constant", "--backend", "ray",
+        "--max-rounds", str(RAY_ROUNDS), "--out", str(out),
+    ]  # fmt: skip
+    process = subprocess.Popen(command, env=environment, stderr=subprocess.PIPE, text=True)
+    driver = psutil.Process(process.pid)
+    try:
+        deadline = time.monotonic() + 180
+        while True:  # Ray names a worker after the task it runs
+            started = driver.children(recursive=True)
+            tasks = [p for p in started if _title(p).startswith("ray::run_simulation")]
+            if len(tasks) == 2:
+                break
+            assert process.poll() is None, process.communicate()
+            assert time.monotonic() < deadline, "the two runs did not start on Ray in time"
+            time.sleep(0.2)
+        time.sleep(20.0)  # well into both runs' rounds
+        process.send_signal(signal.SIGTERM)
+        _, err = process.communicate(timeout=120)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == 143, err
+    assert "terminated; finished results were written" in err
+    assert "SIGTERM received" not in err, "Ray's handler, not fairclip's, took the signal"
+    folders = sorted((out / "runs").iterdir()) if (out / "runs").is_dir() else []
+    assert [folder.name for folder in folders] == ["constant__eps-none__seed-0", "none__eps-none__seed-0"]
+    for folder in folders:
+        assert not (folder / "summary.json").exists()
+        done = rounds_done(folder / CHECKPOINT_FILE, _config_of(folder))
+        assert 0 < done < RAY_ROUNDS, f"{folder.name}: {done} rounds in its checkpoint"
+    _, alive = psutil.wait_procs(started, timeout=30)
+    assert not alive, f"Ray processes the driver started are still running: {alive}"
+
+
+def _title(process) -> str:
+    import psutil
+
+    try:
+        command = process.cmdline()
+    except psutil.Error:  # it has just ended
+        return ""
+    return command[0] if command else ""

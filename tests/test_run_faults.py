@@ -25,9 +25,9 @@ LONG_RUN = [
 """A run far longer than any test waits: stopped from outside once it has written rounds."""
 
 
-def _start(out: Path) -> subprocess.Popen:
+def _start(out: Path, *backend: str) -> subprocess.Popen:
     return subprocess.Popen(
-        [sys.executable, "-m", "fairclip", "run", *LONG_RUN, "--out", str(out)],
+        [sys.executable, "-m", "fairclip", "run", *LONG_RUN, *backend, "--out", str(out)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -62,8 +62,11 @@ def _check_consistent(out: Path, status: str) -> dict:
 
 
 @pytest.mark.slow
-def test_sigterm_stops_a_run_like_ctrl_c_and_keeps_every_finished_round(tmp_path):
-    process = _start(tmp_path)
+@pytest.mark.parametrize("backend", [(), ("--backend", "ray", "--actors", "2")], ids=["local", "ray"])
+def test_sigterm_stops_a_run_like_ctrl_c_and_keeps_every_finished_round(tmp_path, backend):
+    """Also on Ray, whose ray.init replaces the CLI's SIGTERM handler (the run then exited with
+    status 15) unless fairclip puts it back."""
+    process = _start(tmp_path, *backend)
     _wait_for_rounds(process, tmp_path)
     process.send_signal(signal.SIGTERM)
     _, err = process.communicate(timeout=60)
