@@ -13,6 +13,8 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import signal
+import threading
 from collections.abc import Callable, Generator, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -235,6 +237,22 @@ def run_simulation(
     return {"rows": result.rows, "summary": result.summary}
 
 
+def run_simulation_task(*args: Any) -> dict[str, Any]:
+    """:func:`run_simulation` as a Ray task that :func:`stop_tasks` can interrupt.
+
+    ``ray.cancel`` interrupts a running task as a SIGINT would (``_thread.interrupt_main``),
+    which does nothing where the worker ignores SIGINT -- and it does whenever the driver was
+    started in the background by a shell without job control (``cmd &`` in a script): Ray's
+    workers inherit that, and Python leaves an ignored SIGINT ignored. Such a run would be
+    killed at the driver's exit without writing its checkpoint, so the task takes Python's
+    default SIGINT handler (KeyboardInterrupt) first."""
+    if threading.current_thread() is threading.main_thread():
+        handler = signal.getsignal(signal.SIGINT)
+        if handler in (signal.SIG_IGN, signal.SIG_DFL, None):
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+    return run_simulation(*args)
+
+
 def simulate_on_ray(
     jobs: list[tuple[T, dict[str, Any]]],
     *,
@@ -263,7 +281,8 @@ def simulate_on_ray(
     from fairclip.sims.ray_engine import gpu_share
 
     device = validate(jobs[0][1]).training.device
-    remote = ray.remote(num_cpus=workers, num_gpus=gpu_share(device, int(cpus // workers)))(run_simulation)
+    share = gpu_share(device, int(cpus // workers))
+    remote = ray.remote(num_cpus=workers, num_gpus=share)(run_simulation_task)
     plugins = ray.put(snapshot())  # once for all tasks: registered datasets may be large
     folder = str(data_dir) if data_dir else None
     futures = {

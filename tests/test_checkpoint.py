@@ -22,6 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from fairclip.sims.checkpoint import CHECKPOINT_FILE, Checkpointing, read, rounds_done
+from fairclip.sims.compare import CANCEL_GRACE_SECONDS
 from fairclip.sims.config import load_config
 from fairclip.sims.engine import RunServer, simulate
 from fairclip.sims.errors import ConfigError
@@ -305,7 +306,9 @@ def test_runs_on_ray_left_by_their_driver_stop_and_write_their_checkpoint(ray_se
     assert next(results)[0] == "short"
     time.sleep(10.0)  # the long run is in its rounds (its worker may start later: about 4 s)
     assert not paths["long"].exists(), "no periodic checkpoint is due yet"
+    closing = time.monotonic()
     results.close()
+    assert time.monotonic() - closing < CANCEL_GRACE_SECONDS, "the long run ignored its cancellation"
     done = rounds_done(paths["long"], long)
     assert 0 < done < endless
     workers = psutil.Process().children(recursive=True)  # this test's Ray is started here
@@ -401,7 +404,8 @@ RAY_ROUNDS = 20_000
 def test_a_reproduction_on_ray_killed_writes_the_checkpoints_of_its_running_tasks(tmp_path):
     """SIGTERM to a reproduction whose runs are Ray tasks: the driver takes it as Ctrl-C (not Ray's
     own handler, which exits at once), cancels the tasks, and each writes its checkpoint after
-    the rounds it finished; then the driver exits with 143, and the Ray it started is gone."""
+    the rounds it finished; then the driver exits with 143, and the Ray it started is gone. Also
+    when it was started with SIGINT ignored, through which Ray cancels a running task."""
     import psutil
 
     from fairclip.sims.data import DATASET_FILES
@@ -416,7 +420,10 @@ def test_a_reproduction_on_ray_killed_writes_the_checkpoints_of_its_running_task
         "--strategies", "none,constant", "--backend", "ray",
         "--max-rounds", str(RAY_ROUNDS), "--out", str(out),
     ]  # fmt: skip
-    process = subprocess.Popen(command, env=environment, stderr=subprocess.PIPE, text=True)
+    # Started as `cmd &` in a script would be: SIGINT ignored, in the driver and Ray's workers.
+    process = subprocess.Popen(
+        command, env=environment, stderr=subprocess.PIPE, text=True, preexec_fn=_ignore_sigint
+    )
     driver = psutil.Process(process.pid)
     try:
         deadline = time.monotonic() + 180
@@ -430,11 +437,14 @@ def test_a_reproduction_on_ray_killed_writes_the_checkpoints_of_its_running_task
             time.sleep(0.2)
         time.sleep(20.0)  # well into both runs' rounds
         process.send_signal(signal.SIGTERM)
+        signalled = time.monotonic()
         _, err = process.communicate(timeout=120)
+        stopping = time.monotonic() - signalled
     finally:
         if process.poll() is None:
             process.kill()
     assert process.returncode == 143, err
+    assert stopping < CANCEL_GRACE_SECONDS, "the tasks ignored their cancellation: the driver waited it out"
     assert "terminated; finished results were written" in err
     assert "SIGTERM received" not in err, "Ray's handler, not fairclip's, took the signal"
     folders = sorted((out / "runs").iterdir()) if (out / "runs").is_dir() else []
@@ -445,6 +455,10 @@ def test_a_reproduction_on_ray_killed_writes_the_checkpoints_of_its_running_task
         assert 0 < done < RAY_ROUNDS, f"{folder.name}: {done} rounds in its checkpoint"
     _, alive = psutil.wait_procs(started, timeout=30)
     assert not alive, f"Ray processes the driver started are still running: {alive}"
+
+
+def _ignore_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def _title(process) -> str:
