@@ -20,10 +20,11 @@ treats as public, as the paper's experiments do.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -232,12 +233,13 @@ def run_search(
     out: Path | None,
     resume: bool,
     data_dir: Path | None,
-    run: Callable[[list[tuple[tuple[str, int], dict[str, Any]]]], Any],
+    run: Callable[[list[tuple[tuple[str, int], dict[str, Any]]]], Generator[Any, None, None]],
     on_start: Callable[[int, int], None] | None = None,
     on_run: Callable[[str, dict[str, Any]], None] | None = None,
 ) -> Tuning:
     """Plan, run and select (module docstring). ``run(jobs)`` yields ((kind, index), result)
-    for each (item, raw configuration) job as it finishes -- in this process or on Ray."""
+    for each (item, raw configuration) job as it finishes -- in this process or on Ray; it is
+    closed when the search stops early (an error, Ctrl-C), so that runs still going stop too."""
     configs = check_spec(spec)
     points = grid_points(spec.grid)
     try:
@@ -267,18 +269,20 @@ def run_search(
                 jobs.append((("grid", j), set_value(configs[j], "seed", base_seed)))
     if on_start is not None:
         on_start(len(drawn) + (len(points) if spec.grid_baseline else 0), len(jobs))
-    for (kind, index), result in run(jobs):
-        summary = result["summary"]
-        point = points[drawn[index]] if kind == "trial" else points[index]
-        seed = base_seed + 1 + index if kind == "trial" else base_seed
-        if spec.metric not in summary.get("overall", {}):
-            raise ConfigError(f"metric {spec.metric} is not among this scenario's results")
-        done[kind].append(result_row(kind, index, point, seed, summary))
-        if out is not None:
-            name = "trials.csv" if kind == "trial" else "grid.csv"
-            write_csv(out / name, sorted(done[kind], key=lambda r: r[kind]))
-        if on_run is not None:
-            on_run(f"{kind}-{index}", result)
+    finished = run(jobs)
+    with contextlib.closing(finished):  # stopped here, the runs still going stop too
+        for (kind, index), result in finished:
+            summary = result["summary"]
+            point = points[drawn[index]] if kind == "trial" else points[index]
+            seed = base_seed + 1 + index if kind == "trial" else base_seed
+            if spec.metric not in summary.get("overall", {}):
+                raise ConfigError(f"metric {spec.metric} is not among this scenario's results")
+            done[kind].append(result_row(kind, index, point, seed, summary))
+            if out is not None:
+                name = "trials.csv" if kind == "trial" else "grid.csv"
+                write_csv(out / name, sorted(done[kind], key=lambda r: r[kind]))
+            if on_run is not None:
+                on_run(f"{kind}-{index}", result)
     trials = pd.DataFrame(sorted(done["trial"], key=lambda r: r["trial"]))
     grid = pd.DataFrame(sorted(done["grid"], key=lambda r: r["grid"])) if spec.grid_baseline else None
     tuning = Tuning(

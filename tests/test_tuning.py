@@ -308,3 +308,30 @@ def test_tuning_curve_runs_one_search_per_strategy_and_epsilon(tmp_path):
         **options,
     )
     pd.testing.assert_frame_equal(again, table)
+
+
+def test_a_search_stopped_early_closes_its_runs_so_those_still_going_stop(tmp_path, monkeypatch):
+    """A search stopped between runs (Ctrl-C, an error) closes the generator of its runs, which
+    on Ray cancels the tasks still going (:func:`fairclip.sims.compare.stop_tasks`)."""
+    from fairclip.sims import compare
+
+    real = compare.simulate_jobs
+    closed = []
+
+    def recording(jobs, **kwargs):
+        try:
+            yield from real(jobs, **kwargs)
+        except GeneratorExit:
+            closed.append(len(jobs))
+            raise
+
+    monkeypatch.setattr(compare, "simulate_jobs", recording)
+
+    def stop(name, result):
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt) as stopped:
+        fairclip.tune("demo", grid=GRID, overrides=SMALL, seed=3, out=tmp_path / "t", on_run=stop)
+    assert stopped.traceback  # the stopped search's frames are still held here
+    assert len(closed) == 1 and closed[0] >= 5  # closed at once, with its trials and 4 grid runs
+    assert len(pd.read_csv(tmp_path / "t" / "trials.csv")) == 1
