@@ -13,8 +13,6 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-import signal
-import threading
 from collections.abc import Callable, Generator, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +22,7 @@ import pandas as pd
 
 from fairclip.sims.config import RunConfig, set_value, validate
 from fairclip.sims.errors import ConfigError
+from fairclip.sims.interrupts import sigint_raises_keyboard_interrupt
 from fairclip.sims.outputs import json_normalised, write_csv, write_json
 
 REFERENCE = "none"
@@ -238,18 +237,10 @@ def run_simulation(
 
 
 def run_simulation_task(*args: Any) -> dict[str, Any]:
-    """:func:`run_simulation` as a Ray task that :func:`stop_tasks` can interrupt.
-
-    ``ray.cancel`` interrupts a running task as a SIGINT would (``_thread.interrupt_main``),
-    which does nothing where the worker ignores SIGINT -- and it does whenever the driver was
-    started in the background by a shell without job control (``cmd &`` in a script): Ray's
-    workers inherit that, and Python leaves an ignored SIGINT ignored. Such a run would be
-    killed at the driver's exit without writing its checkpoint, so the task takes Python's
-    default SIGINT handler (KeyboardInterrupt) first."""
-    if threading.current_thread() is threading.main_thread():
-        handler = signal.getsignal(signal.SIGINT)
-        if handler in (signal.SIG_IGN, signal.SIG_DFL, None):
-            signal.signal(signal.SIGINT, signal.default_int_handler)
+    """:func:`run_simulation` as a Ray task that :func:`stop_tasks` can interrupt, also in a
+    worker that inherited an ignored SIGINT
+    (:func:`fairclip.sims.interrupts.sigint_raises_keyboard_interrupt`)."""
+    sigint_raises_keyboard_interrupt()
     return run_simulation(*args)
 
 

@@ -11,12 +11,8 @@ the driver adds the block sums in block order, so a seed gives the same result o
 
 from __future__ import annotations
 
-import contextlib
 import os
-import signal
 import socket
-import threading
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,6 +22,7 @@ import ray
 
 from fairclip.sims.config import RunConfig, validate
 from fairclip.sims.errors import ConfigError
+from fairclip.sims.interrupts import sigterm_handler_kept
 from fairclip.sims.local_engine import ClientWork, groups_sums, task_device, update_length
 from fairclip.sims.tasks import Task, build_task
 from fairclip.strategies import Policy, build_policy
@@ -93,24 +90,6 @@ def ensure_ray(address: str | None = None, num_cpus: int | None = None) -> None:
                 log_to_driver=False,
                 configure_logging=False,
             )
-
-
-@contextlib.contextmanager
-def sigterm_handler_kept() -> Iterator[None]:
-    """Put back, after the block, the SIGTERM handler this process had set in Python before it.
-
-    ``ray.init`` replaces it: its own Python handler exits at once, and its core worker's failure
-    handler (``logging.cc: *** SIGTERM received``) then aborts the process outright. A caller that
-    had chosen what SIGTERM does -- ``fairclip``'s CLI raises KeyboardInterrupt, so that finished
-    results and the runs' checkpoints are written -- keeps its choice. Without a Python handler
-    before (the default action), Ray's stays: it stops the Ray processes it started."""
-    in_main_thread = threading.current_thread() is threading.main_thread()
-    previous = signal.getsignal(signal.SIGTERM) if in_main_thread else None
-    try:
-        yield
-    finally:
-        if callable(previous):
-            signal.signal(signal.SIGTERM, previous)
 
 
 def gpu_share(device: str, parallel: int) -> float:
