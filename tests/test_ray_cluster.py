@@ -115,3 +115,40 @@ def test_an_address_other_than_the_connected_cluster_is_refused(cluster):
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert f"refused: --address {cluster}: this process is already connected" in done.stdout
+
+
+def test_with_token_authentication_the_cluster_runs_fairclip_and_refuses_a_driver_without_it(
+    tmp_path, monkeypatch
+):
+    """The README's advice for a network you do not trust. Ray's servers listen on every
+    interface and take any caller unless token authentication is on; with the same
+    ``RAY_AUTH_MODE=token`` and ``RAY_AUTH_TOKEN`` on both nodes and the driver, fairclip runs on
+    the cluster as before, and a driver without the token is refused in one error line, having
+    written nothing."""
+    import secrets
+
+    from fairclip.sims.local_cluster import ClusterError, local_cluster
+
+    monkeypatch.setenv("RAY_AUTH_MODE", "token")  # read by the nodes and the drivers started here
+    monkeypatch.setenv("RAY_AUTH_TOKEN", secrets.token_hex(32))
+    try:
+        with local_cluster(nodes=2, cpus_per_node=1) as address:
+            on_cluster = ["run", *SCENARIO, "--backend", "ray", "--address", address]
+            _fairclip(*on_cluster, "--out", str(tmp_path / "with"))
+            without = {k: v for k, v in _env().items() if not k.startswith("RAY_AUTH")}
+            stranger = subprocess.run(
+                [sys.executable, "-m", "fairclip", *on_cluster, "--out", str(tmp_path / "without")],
+                capture_output=True,
+                text=True,
+                env=without,
+                timeout=600,
+            )
+    except ClusterError as error:
+        pytest.skip(f"no local Ray cluster: {error}")
+    summary = json.loads((tmp_path / "with" / "summary.json").read_text())
+    assert summary["status"] == "finished" and summary["rounds_completed"] == ROUNDS
+    assert summary["provenance"]["execution"]["nodes"] == 2  # actors on both nodes, each with the token
+    assert stranger.returncode == 1, stranger.stderr[-2000:]
+    last = stranger.stderr.strip().splitlines()[-1]
+    assert last.startswith("fairclip: error: Failed to connect to Ray cluster"), last
+    assert not (tmp_path / "without" / "summary.json").exists()
