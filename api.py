@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from fairclip.sims.checkpoint import DEFAULT_EVERY_SECONDS
+from fairclip.sims.checkpoint import DEFAULT_EVERY_SECONDS, share_computed_earlier
 
 
 @dataclass(frozen=True)
@@ -568,6 +568,7 @@ def reproduce(
     on_plan: Callable[[int], None] | None = None,
     on_run: Callable[[str], None] | None = None,
     on_reused: Callable[[str], None] | None = None,
+    on_continued: Callable[[str, float], None] | None = None,
 ) -> Reproduction:
     """Reproduce a seed paper's experiment (a built-in setup, see ``fairclip reproduce --list``);
     what ``fairclip reproduce`` does.
@@ -586,7 +587,10 @@ def reproduce(
     with ``ray`` (or the ``address`` of a Ray cluster), as parallel Ray tasks of ``workers`` CPUs:
     the same numbers either way. ``on_plan(runs)`` is called when the number of runs is known,
     ``on_run(key)`` per finished (or reused) run; ``on_reused(key)``, where given, is called
-    instead of ``on_run`` for a run found finished in the folder (``resume``, ``extend``).
+    instead of ``on_run`` for a run found finished in the folder (``resume``, ``extend``);
+    ``on_continued(key, share)``, before ``on_run``, for a run this call finished from the
+    checkpoint of an earlier one, with the share of its rounds computed before (0 < share < 1:
+    a progress display counts it as done earlier, not towards its pace).
     """
     from fairclip.sims import reproduce as repro
     from fairclip.sims import sweep_folder
@@ -627,6 +631,19 @@ def reproduce(
     resolved_data = resolve_data_dir(data_dir)
     folder = folder or Path("runs") / f"reproduce-{name}"
     check_output_folder(folder)
+
+    def finished(run: repro.Run, summary: dict[str, Any]) -> None:
+        share = share_computed_earlier(summary)
+        if on_continued is not None and share > 0:
+            on_continued(run.key, share)
+        if on_run is not None:
+            on_run(run.key)
+
+    def reused(run: repro.Run, _summary: dict[str, Any]) -> None:
+        announce = on_reused or on_run
+        if announce is not None:
+            announce(run.key)
+
     with sweep_folder.locked(folder):
         spec = sweep_folder.settle(
             folder,
@@ -650,8 +667,8 @@ def reproduce(
             address=address,
             workers=workers,
             resume=mode in ("resume", "extend"),
-            on_finished=None if on_run is None else (lambda run: on_run(run.key)),
-            on_reused=None if on_reused is None else (lambda run: on_reused(run.key)),
+            on_finished=finished,
+            on_reused=reused,
             on_plan=on_plan,
             ray=ray or address is not None,
         )

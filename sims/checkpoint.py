@@ -78,6 +78,20 @@ def rounds_done(path: Path, config: RunConfig) -> int:
     return 0 if stored is None else int(stored["snapshot"]["rounds_completed"])
 
 
+def share_computed_earlier(summary: dict[str, Any]) -> float:
+    """The share of a finished run's rounds that earlier processes computed before it was
+    continued from its checkpoint: 0 for a run computed in one go. Read from the summary's
+    ``provenance.pieces`` (:meth:`fairclip.sims.engine.RunServer.snapshot`), whose last piece is
+    the process that finished the run; progress displays count that share as done earlier, not
+    towards their pace (:mod:`fairclip.sims.progress`)."""
+    pieces = (summary.get("provenance") or {}).get("pieces") or []
+    if not pieces:
+        return 0.0
+    last = pieces[-1]
+    total = int(last["last_round"])
+    return (int(last["first_round"]) - 1) / total if total > 0 else 0.0
+
+
 @dataclass
 class Checkpointing:
     """Keeps run ``config``'s progress in ``path``: :meth:`resume` a server from it, then

@@ -22,6 +22,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from fairclip.sims.checkpoint import share_computed_earlier
 from fairclip.sims.config import builtin_scenarios, load_config, read_toml
 from fairclip.sims.data import DataError
 from fairclip.sims.errors import ConfigError
@@ -269,7 +270,7 @@ def compare(
 
     def finished_run(key: str, result: dict) -> None:
         log_finished_run(tensorboard, mlflow, key, result)
-        progress.advance(progress.task_ids[0], note=key)
+        progress.advance(progress.task_ids[0], note=key, reused=share_computed_earlier(result["summary"]))
 
     try:
         comparison = compare_strategies(
@@ -369,6 +370,7 @@ def reproduce(
     mode = sweep_folder.mode_of(resume, extend, replace)
     subset = None if strategies is None else [s.strip() for s in strategies.split(",") if s.strip()]
     title = name or (out.name if out is not None else "")
+    continued: dict[str, float] = {}  # run key: the share of its rounds an earlier invocation computed
     # transient: an error (a --resume conflict, say) stays the only line on stderr
     with progress_bar(f"[bold]reproduce[/bold] {title}", console=console, transient=True) as progress:
         bar = progress.add_task(title, total=None)
@@ -388,8 +390,9 @@ def reproduce(
             address=address,
             workers=workers,
             on_plan=lambda total: progress.update(bar, total=total),
-            on_run=lambda key: progress.advance(bar, note=key),
-            on_reused=lambda key: progress.advance(bar, note=key, reused=True),
+            on_run=lambda key: progress.advance(bar, note=key, reused=continued.pop(key, 0.0)),
+            on_reused=lambda key: progress.advance(bar, note=key, reused=1),
+            on_continued=continued.__setitem__,
         )
     typer.echo((reproduction.folder / "reproduction.md").read_text())
     typer.echo(f"wall time {reproduction.wall_seconds:.1f} s ({reproduction.name})")

@@ -8,7 +8,10 @@ finishes (for a run's rounds: none in its first ``every`` seconds, then at most 
 the ETA.
 
 Both ETAs come from the pace of the steps this process did: steps found already done (a resumed
-reproduction's finished runs) count as done but not towards the pace, since they took no time.
+reproduction's finished runs) count as done but not towards the pace, since they took no time; so
+does the share of a run's rounds that an earlier process computed before this one continued it
+from its checkpoint (:func:`fairclip.sims.checkpoint.share_computed_earlier`). Without that, a
+run resumed one round before its end would set a pace of a minute a run.
 """
 
 from __future__ import annotations
@@ -86,17 +89,20 @@ class WatchedProgress(Progress):
         self._wrote = False
 
     def advance(
-        self, task_id: TaskID, advance: float = 1, note: str | None = None, reused: bool = False
+        self, task_id: TaskID, advance: float = 1, note: str | None = None, reused: float = 0.0
     ) -> None:
         """Advance ``task_id`` by ``advance`` steps; ``note`` names what finished (a run's key).
-        ``reused``: the steps were found already done (a resumed run's): they count as done, not
-        towards the ETA's pace, and write no line of their own."""
+        ``reused``: how much of those steps was found already done (all of a run finished
+        earlier; the share an earlier process computed of a run continued from its checkpoint):
+        it counts as done, not towards the ETA's pace. Steps found done whole write no line."""
+        if not 0 <= reused <= advance:
+            raise ValueError(f"reused must lie in [0, {advance:g}] (got {reused:g})")
         with self._lock:
             task = self._tasks[task_id]
             if reused:
-                task.fields[REUSED] = task.fields.get(REUSED, 0) + advance
+                task.fields[REUSED] = task.fields.get(REUSED, 0) + reused
         super().advance(task_id, advance)
-        if self.console.is_terminal or reused:
+        if self.console.is_terminal or reused == advance:
             return
         now = self.get_time()
         due = now - self._last_line >= self.every

@@ -424,18 +424,18 @@ def execute(
     data_dir: Path | None,
     address: str | None = None,
     workers: int = 1,
-    on_finished: Callable[[Run], None] | None = None,
+    on_finished: Callable[[Run, dict[str, Any]], None] | None = None,
     reuse: dict[str, dict[str, Any]] | None = None,
     ray: bool = True,
-    on_reused: Callable[[Run], None] | None = None,
+    on_reused: Callable[[Run, dict[str, Any]], None] | None = None,
 ) -> dict[str, dict[str, Any]]:
     """Run every run as a Ray task of ``workers`` threads (as ``fairclip compare``), or, without
     ``ray``, one after the other in this process (a local engine of ``workers`` threads: the same
-    numbers); write each as it finishes; return the summaries by key. Runs whose key is in
-    ``reuse`` (finished earlier) are not run again; ``on_finished`` is called for them too,
-    unless ``on_reused`` is given, which is called instead. A run keeps its progress in its folder
-    while it runs and continues from there when started again (``--resume`` of a run that was
-    killed: :mod:`fairclip.sims.checkpoint`)."""
+    numbers); write each as it finishes, then call ``on_finished(run, summary)``; return the
+    summaries by key. Runs whose key is in ``reuse`` (finished earlier) are not run again;
+    ``on_finished`` is called for them too, unless ``on_reused`` is given, which is called
+    instead. A run keeps its progress in its folder while it runs and continues from there when
+    started again (``--resume`` of a run that was killed: :mod:`fairclip.sims.checkpoint`)."""
     from fairclip.sims.compare import run_checkpoint, save_run, simulate_jobs
 
     summaries: dict[str, dict[str, Any]] = {}
@@ -444,7 +444,7 @@ def execute(
             summaries[run.key] = reuse[run.key]
             announce = on_reused or on_finished
             if announce is not None:
-                announce(run)
+                announce(run, reuse[run.key])
     jobs = [(run, run.raw) for run in runs if run.key not in summaries]
     finished = simulate_jobs(
         jobs,
@@ -459,7 +459,7 @@ def execute(
             save_run(out / "runs" / run.key, result)
             summaries[run.key] = result["summary"]
             if on_finished is not None:
-                on_finished(run)
+                on_finished(run, result["summary"])
     return summaries
 
 
@@ -753,10 +753,10 @@ def reproduce(
     address: str | None = None,
     workers: int = 1,
     resume: bool = False,
-    on_finished: Callable[[Run], None] | None = None,
+    on_finished: Callable[[Run, dict[str, Any]], None] | None = None,
     on_plan: Callable[[int], None] | None = None,
     ray: bool = True,
-    on_reused: Callable[[Run], None] | None = None,
+    on_reused: Callable[[Run, dict[str, Any]], None] | None = None,
 ) -> tuple[list[dict[str, Any]], float]:
     """Plan, run and tabulate one setup (only its ``strategies``, where given); returns the
     rows and the wall time in seconds. With ``resume``, runs already finished in ``out`` with

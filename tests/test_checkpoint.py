@@ -21,7 +21,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fairclip.sims.checkpoint import CHECKPOINT_FILE, Checkpointing, read, rounds_done
+from fairclip.sims.checkpoint import CHECKPOINT_FILE, Checkpointing, read, rounds_done, share_computed_earlier
 from fairclip.sims.compare import CANCEL_GRACE_SECONDS
 from fairclip.sims.config import load_config
 from fairclip.sims.engine import RunServer, simulate
@@ -362,6 +362,8 @@ def test_a_reproduction_killed_in_a_run_continues_that_run_with_resume(tmp_path)
 
     again = tmp_path / "again"
     shutil.copytree(out, again)
+    from_python = tmp_path / "from-python"
+    shutil.copytree(out, from_python)
     resumed = subprocess.run(_reproduce(out, "--resume"), env=environment, capture_output=True, text=True)
     assert resumed.returncode == 0, resumed.stderr
     assert not (unfinished / CHECKPOINT_FILE).exists(), "the run's files supersede its checkpoint"
@@ -370,6 +372,24 @@ def test_a_reproduction_killed_in_a_run_continues_that_run_with_resume(tmp_path)
     assert [(p["first_round"], p["last_round"]) for p in pieces] == [
         (1, done),
         (done + 1, ROUNDS_OF_A_REPRODUCTION),
+    ]
+    assert share_computed_earlier(summary) == done / ROUNDS_OF_A_REPRODUCTION
+
+    # fairclip.reproduce tells a progress display which share of that run was computed before
+    calls: list[tuple] = []
+    fairclip.reproduce(
+        out=from_python,
+        mode="resume",
+        data_dir=DATA_DIR,
+        on_run=lambda key: calls.append(("run", key)),
+        on_reused=lambda key: calls.append(("reused", key)),
+        on_continued=lambda key, share: calls.append(("continued", key, share)),
+    )
+    [kept] = [folder.name for folder in runs.iterdir() if folder != unfinished]
+    assert calls == [
+        ("reused", kept),
+        ("continued", unfinished.name, done / ROUNDS_OF_A_REPRODUCTION),
+        ("run", unfinished.name),
     ]
 
     # the same reproduction without --resume computes every run again, from its first round
@@ -381,10 +401,8 @@ def test_a_reproduction_killed_in_a_run_continues_that_run_with_resume(tmp_path)
         max_rounds=ROUNDS_OF_A_REPRODUCTION,
         data_dir=DATA_DIR,
     )
-    assert (
-        "pieces"
-        not in json.loads((again / "runs" / unfinished.name / "summary.json").read_text())["provenance"]
-    )
+    in_one_go = json.loads((again / "runs" / unfinished.name / "summary.json").read_text())
+    assert "pieces" not in in_one_go["provenance"] and share_computed_earlier(in_one_go) == 0
     expected = pd.read_csv(again / "runs" / unfinished.name / "rounds.csv")
     pd.testing.assert_frame_equal(pd.read_csv(unfinished / "rounds.csv"), expected)
     assert (out / "reproduction.csv").read_text() == (again / "reproduction.csv").read_text()

@@ -609,3 +609,56 @@ def test_the_eta_of_a_resumed_reproduction_counts_only_the_runs_it_ran():
     assert lines == ["reproduce x: 7/10 runs done (ran-0), 0:01:40 elapsed, eta 0:05:00"], lines
     assert eta == "0:05:00"
     assert progress_module.pace_eta(100.0, 6, 10, reused=6) is None  # no timed run yet: no pace
+
+
+def test_the_eta_counts_only_the_rounds_a_continued_run_computed_here(cli, monkeypatch, tmp_path):
+    """A run continued from its checkpoint was mostly computed by an earlier invocation: only the
+    share of its rounds computed here counts towards the pace. Before, a run resumed one round
+    before its end set a pace of seconds a run (a reproduction of 14 hours showed eta 0:12:00)."""
+    from io import StringIO
+
+    from rich.console import Console
+
+    import fairclip.api
+    from fairclip.sims import cli as cli_module
+    from fairclip.sims import progress as progress_module
+
+    clock = [0.0]
+    written = StringIO()
+    console = Console(file=written, force_terminal=False)
+    bar = progress_module.progress_bar("reproduce x", console=console, transient=True, clock=lambda: clock[0])
+    with bar:
+        runs = bar.add_task("x", total=4)
+        bar.advance(runs, note="reused", reused=1)
+        clock[0] += 10.0
+        bar.advance(runs, note="continued", reused=0.75)  # a quarter of a run in 10 s: 40 s a run
+        clock[0] += 40.0
+        bar.advance(runs, note="ran")  # 1.25 runs in 50 s
+        for wrong in (1.5, -0.1):
+            with pytest.raises(ValueError, match="reused must lie in"):
+                bar.advance(runs, reused=wrong)
+    lines = [line for line in written.getvalue().splitlines() if line.strip()]
+    assert lines == [
+        "reproduce x: 2/4 runs done (continued), 0:00:10 elapsed, eta 0:01:20",
+        "reproduce x: 3/4 runs done (ran), 0:00:50 elapsed, eta 0:00:40",
+    ], lines
+
+    # `fairclip reproduce` passes the share that fairclip.reproduce reports (on_continued) to its bar
+    def reproduce(name, *, on_plan, on_run, on_reused, on_continued, **_options):
+        folder = tmp_path / "reproduction"
+        folder.mkdir()
+        (folder / "reproduction.md").write_text("report\n")
+        on_plan(3)
+        on_reused("a")
+        clock[0] += 30.0
+        on_continued("b", 0.75)  # a quarter of a run in 30 s: 120 s a run, 1 left
+        on_run("b")
+        return fairclip.api.Reproduction(name=name, table=None, wall_seconds=30.0, folder=folder)
+
+    clock[0] = 0.0
+    real_bar = progress_module.progress_bar
+    monkeypatch.setattr(cli_module, "progress_bar", lambda *a, **k: real_bar(*a, clock=lambda: clock[0], **k))
+    monkeypatch.setattr(fairclip.api, "reproduce", reproduce)
+    status, _stdout, err = cli("reproduce", "x", "--out", str(tmp_path / "reproduction"))
+    assert status == 0, err
+    assert "reproduce x: 2/3 runs done (b), 0:00:30 elapsed, eta 0:02:00" in err, err
