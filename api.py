@@ -589,7 +589,7 @@ def reproduce(
     ``on_run(key)`` per finished (or reused) run; ``on_reused(key)``, where given, is called
     instead of ``on_run`` for a run found finished in the folder (``resume``, ``extend``);
     ``on_continued(key, share)``, before ``on_run``, for a run this call finished from the
-    checkpoint of an earlier one, with the share of its rounds computed before (0 < share < 1:
+    checkpoint of an earlier one, with the share of its rounds computed before (0 < share <= 1:
     a progress display counts it as done earlier, not towards its pace).
     """
     from fairclip.sims import reproduce as repro

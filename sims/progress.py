@@ -11,7 +11,7 @@ Both ETAs come from the pace of the steps this process did: steps found already 
 reproduction's finished runs) count as done but not towards the pace, since they took no time; so
 does the share of a run's rounds that an earlier process computed before this one continued it
 from its checkpoint (:func:`fairclip.sims.checkpoint.share_computed_earlier`). Without that, a
-run resumed one round before its end would set a pace of a minute a run.
+run resumed one round before its end would set a pace of seconds a run.
 """
 
 from __future__ import annotations
