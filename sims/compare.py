@@ -257,7 +257,8 @@ def simulate_on_ray(
     they finish. Many one-CPU tasks use the cores best when there are many runs; give the
     threads to the few runs of a long reproduction. ``checkpoints(item)`` is the file where an
     item's run keeps its progress (:func:`run_simulation`): on a cluster, a folder every node
-    sees."""
+    sees. Jobs the caller appends to ``jobs`` between two results are submitted before the
+    next wait."""
     import ray
 
     from fairclip.sims.ray_engine import ensure_ray
@@ -276,13 +277,16 @@ def simulate_on_ray(
     remote = ray.remote(num_cpus=workers, num_gpus=share)(run_simulation_task)
     plugins = ray.put(snapshot())  # once for all tasks: registered datasets may be large
     folder = str(data_dir) if data_dir else None
-    futures = {
-        remote.remote(raw, folder, workers, plugins, _checkpoint_of(item, checkpoints)): item
-        for item, raw in jobs
-    }
-    remaining = list(futures)
+    futures: dict[Any, T] = {}
+    remaining: list[Any] = []
     try:
-        while remaining:
+        while True:
+            for item, raw in jobs[len(futures) :]:  # the first call submits all, later ones the appended
+                future = remote.remote(raw, folder, workers, plugins, _checkpoint_of(item, checkpoints))
+                futures[future] = item
+                remaining.append(future)
+            if not remaining:
+                return
             done, remaining = ray.wait(remaining, num_returns=1)
             yield futures[done[0]], ray.get(done[0])
     except BaseException:  # Ctrl-C, SIGTERM (the CLI's KeyboardInterrupt), an error, close()
@@ -322,17 +326,29 @@ def simulate_jobs(
 ) -> Generator[tuple[T, dict[str, Any]], None, None]:
     """Simulate each (item, raw configuration) -- as Ray tasks (:func:`simulate_on_ray`) with
     ``ray``, else one after the other in this process -- and yield (item, result) as each
-    finishes; the same numbers either way. ``checkpoints(item)``: the file where an item's run
-    keeps its progress and continues from (:mod:`fairclip.sims.checkpoint`)."""
+    finishes; the same numbers either way. Jobs the caller appends to ``jobs`` between two
+    results are simulated too (a reproduction's final runs, once the grid runs they depend on
+    have finished). ``checkpoints(item)``: the file where an item's run keeps its progress and
+    continues from (:mod:`fairclip.sims.checkpoint`)."""
     if ray:
         return simulate_on_ray(
             jobs, data_dir=data_dir, address=address, workers=workers, checkpoints=checkpoints
         )
+    return _simulate_here(jobs, data_dir, workers, checkpoints)
+
+
+def _simulate_here(
+    jobs: list[tuple[T, dict[str, Any]]],
+    data_dir: Path | None,
+    workers: int,
+    checkpoints: Callable[[T], Path] | None,
+) -> Generator[tuple[T, dict[str, Any]], None, None]:
     folder = str(data_dir) if data_dir else None
-    return (
-        (item, run_simulation(raw, folder, workers, checkpoint=_checkpoint_of(item, checkpoints)))
-        for item, raw in jobs
-    )
+    index = 0
+    while index < len(jobs):  # len() each time: the caller may have appended jobs
+        item, raw = jobs[index]
+        index += 1
+        yield item, run_simulation(raw, folder, workers, checkpoint=_checkpoint_of(item, checkpoints))
 
 
 def _checkpoint_of(item: T, checkpoints: Callable[[T], Path] | None) -> str | None:

@@ -14,9 +14,10 @@ that its update is Δ_i = −∇ℓ_i and the paper's learning rate is the serve
 Setups with a ``[grid]`` (Zhao et al.) choose, per strategy and target ε, the grid point with the
 best overall accuracy on a *validation split* of the training rows (``scenario.evaluate_on =
 "validation"``, one seed); the test set is never used to select. The chosen settings then run on
-the test split with every seed. Every run is one Ray task (like ``fairclip compare``), written
-atomically into ``DIR/runs/<key>/`` as it finishes; ``DIR/reproduction.csv`` and
-``DIR/reproduction.md`` are written at the end.
+the test split with every seed: a strategy's final runs at an ε start as soon as its own grid runs
+there have finished, while the rest of the grid still runs. Every run is one Ray task (like
+``fairclip compare``), written atomically into ``DIR/runs/<key>/`` as it finishes;
+``DIR/reproduction.csv`` and ``DIR/reproduction.md`` are written at the end.
 
 A fairclip mean is flagged when it lies outside the paper's mean ± 2 standard errors, or ± 2
 points (0.02) where the paper gives no error.
@@ -389,15 +390,25 @@ class Planner:
         return runs
 
     def final_runs(self, seeds: int, chosen: dict[tuple[str, float | None], dict[str, Any]]) -> list[Run]:
-        runs = []
+        """Every strategy's and target ε's runs on the test set, ``seeds`` each, at the grid point
+        ``chosen`` for it (none where it has no entry)."""
+        return [
+            run
+            for strategy in self.setup.strategies
+            for epsilon in self.setup.epsilons
+            for run in self.final_runs_of(strategy, epsilon, seeds, chosen.get((strategy.name, epsilon), {}))
+        ]
+
+    def final_runs_of(
+        self, strategy: StrategySetup, epsilon: float | None, seeds: int, point: dict[str, Any]
+    ) -> list[Run]:
+        """One strategy's runs at one target ε on the test set, ``seeds`` of them, at ``point``."""
         first = int(self.base.get("seed", 0))
-        for strategy in self.setup.strategies:
-            for epsilon in self.setup.epsilons:
-                point = chosen.get((strategy.name, epsilon), {})
-                for seed in range(first, first + seeds):
-                    key = f"{strategy.name}__eps-{_epsilon_text(epsilon) or 'none'}__seed-{seed}"
-                    raw = self.raw(strategy, point, epsilon, seed, validation=False)
-                    runs.append(Run(key, strategy.name, epsilon, seed, raw, point))
+        runs = []
+        for seed in range(first, first + seeds):
+            key = f"{strategy.name}__eps-{_epsilon_text(epsilon) or 'none'}__seed-{seed}"
+            raw = self.raw(strategy, point, epsilon, seed, validation=False)
+            runs.append(Run(key, strategy.name, epsilon, seed, raw, point))
         return runs
 
 
@@ -424,43 +435,97 @@ def execute(
     data_dir: Path | None,
     address: str | None = None,
     workers: int = 1,
-    on_finished: Callable[[Run, dict[str, Any]], None] | None = None,
-    reuse: dict[str, dict[str, Any]] | None = None,
+    resume: bool = False,
     ray: bool = True,
+    on_finished: Callable[[Run, dict[str, Any]], None] | None = None,
     on_reused: Callable[[Run, dict[str, Any]], None] | None = None,
+    then: Callable[[Run, dict[str, Any]], list[Run]] | None = None,
 ) -> dict[str, dict[str, Any]]:
     """Run every run as a Ray task of ``workers`` threads (as ``fairclip compare``), or, without
     ``ray``, one after the other in this process (a local engine of ``workers`` threads: the same
-    numbers); write each as it finishes, then call ``on_finished(run, summary)``; return the
-    summaries by key. Runs whose key is in ``reuse`` (finished earlier) are not run again;
-    ``on_finished`` is called for them too, unless ``on_reused`` is given, which is called
-    instead. A run keeps its progress in its folder while it runs and continues from there when
-    started again (``--resume`` of a run that was killed: :mod:`fairclip.sims.checkpoint`)."""
-    from fairclip.sims.compare import run_checkpoint, save_run, simulate_jobs
+    numbers); write each as it finishes; return the summaries by key.
+
+    With ``resume``, a run finished in ``out`` with the same configuration is reused, not run
+    again (:func:`finished`), and an unfinished one continues from the progress it kept in its
+    folder (:mod:`fairclip.sims.checkpoint`); without, those checkpoints are deleted first and
+    every run starts from its first round. ``on_finished(run, summary)`` is called for each run
+    computed, once it is written, and for each reused run unless ``on_reused`` is given, which
+    is called instead. Then ``then(run, summary)``, for every run, returns the runs that can
+    start now that it has finished (a setup's final runs, once the grid runs they choose between
+    have): they are run, or reused, in the same way, while the rest still runs."""
+    from fairclip.sims.compare import discard_checkpoints, run_checkpoint, save_run, simulate_jobs
 
     summaries: dict[str, dict[str, Any]] = {}
-    for run in runs:
-        if reuse and run.key in reuse:
-            summaries[run.key] = reuse[run.key]
-            announce = on_reused or on_finished
-            if announce is not None:
-                announce(run, reuse[run.key])
-    jobs = [(run, run.raw) for run in runs if run.key not in summaries]
-    finished = simulate_jobs(
-        jobs,
+    jobs: list[tuple[Run, dict[str, Any]]] = []
+
+    def add(new: list[Run]) -> None:
+        reuse = finished(new, out) if resume else {}
+        if not resume:
+            discard_checkpoints(out, (run.key for run in new))
+        # first the runs to compute, then the reused ones, whose follow-ups queue behind them:
+        # grid runs still to compute free more final runs than a final run frees
+        jobs.extend((run, run.raw) for run in new if run.key not in reuse)
+        for run in new:
+            if run.key in reuse:
+                done(run, reuse[run.key], reused=True)
+
+    def done(run: Run, summary: dict[str, Any], reused: bool) -> None:
+        summaries[run.key] = summary
+        announce = (on_reused or on_finished) if reused else on_finished
+        if announce is not None:
+            announce(run, summary)
+        if then is not None:
+            add(then(run, summary))
+
+    add(runs)
+    results = simulate_jobs(
+        jobs,  # add() appends to it while it runs
         data_dir=data_dir,
         ray=ray,
         address=address,
         workers=workers,
         checkpoints=lambda run: run_checkpoint(out, run.key),
     )
-    with contextlib.closing(finished):  # stopped here, the runs still going stop too
-        for run, result in finished:
+    with contextlib.closing(results):  # stopped here, the runs still going stop too
+        for run, result in results:
             save_run(out / "runs" / run.key, result)
-            summaries[run.key] = result["summary"]
-            if on_finished is not None:
-                on_finished(run, result["summary"])
+            done(run, result["summary"], reused=False)
     return summaries
+
+
+class FinalsAfterGrid:
+    """``then`` of :func:`execute` for a setup with a grid: once the last grid run of a strategy
+    at a target ε has finished, choose its grid point (:func:`choose`, into ``chosen``) and
+    return that strategy's final runs at that ε, which start while the rest of the grid runs."""
+
+    def __init__(
+        self,
+        planner: Planner,
+        grid: list[Run],
+        seeds: int,
+        metric: str,
+        chosen: dict[tuple[str, float | None], dict[str, Any]],
+    ):
+        self.planner = planner
+        self.seeds = seeds
+        self.metric = metric
+        self.chosen = chosen
+        self.groups: dict[tuple[str, float | None], list[Run]] = {}
+        for run in grid:
+            self.groups.setdefault((run.strategy, run.target_epsilon), []).append(run)
+        self.grid_keys = {run.key for run in grid}
+        self.summaries: dict[str, dict[str, Any]] = {}
+
+    def __call__(self, run: Run, summary: dict[str, Any]) -> list[Run]:
+        if run.key not in self.grid_keys:
+            return []  # a final run
+        self.summaries[run.key] = summary
+        group = (run.strategy, run.target_epsilon)
+        if any(other.key not in self.summaries for other in self.groups[group]):
+            return []
+        self.chosen.update(choose(self.groups[group], self.summaries, self.metric))
+        strategy = next(s for s in self.planner.setup.strategies if s.name == run.strategy)
+        return self.planner.final_runs_of(strategy, run.target_epsilon, self.seeds, self.chosen[group])
 
 
 def overall_metric(summary: dict[str, Any], metric: str = "accuracy") -> float:
@@ -762,7 +827,8 @@ def reproduce(
     rows and the wall time in seconds. With ``resume``, runs already finished in ``out`` with
     the same configuration are reused and unfinished ones continue from their checkpoints;
     without, every run is computed from its first round. Runs are Ray tasks, or (not ``ray``)
-    run one after the other in this process (:func:`execute`)."""
+    run one after the other in this process (:func:`execute`); with a grid, a strategy's final
+    runs at an ε start once its grid runs there have finished (:class:`FinalsAfterGrid`)."""
     started = time.perf_counter()
     full_setup = load_setup(name)
     setup = select_strategies(full_setup, strategies)
@@ -773,41 +839,39 @@ def reproduce(
     reused = 0
     chosen: dict[tuple[str, float | None], dict[str, Any]] = {}
 
-    def run(runs: list[Run]) -> dict[str, dict[str, Any]]:
+    def count_reused(run: Run, summary: dict[str, Any]) -> None:
         nonlocal reused
-        reuse = finished(runs, out) if resume else {}
-        if not resume:
-            from fairclip.sims.compare import discard_checkpoints
+        reused += 1
+        announce = on_reused or on_finished
+        if announce is not None:
+            announce(run, summary)
 
-            discard_checkpoints(out, (run.key for run in runs))
-        reused += len(reuse)
-        return execute(
-            runs,
-            out,
-            data_dir=data_dir,
-            address=address,
-            workers=workers,
-            on_finished=on_finished,
-            reuse=reuse,
-            ray=ray,
-            on_reused=on_reused,
-        )
-
-    if setup.has_grid:
-        grid = planner.grid_runs(full_grid, grid_limit)
-        final_count = len(setup.strategies) * len(setup.epsilons) * seeds
-        if on_plan is not None:
-            on_plan(len(grid) + final_count)
-        summaries = run(grid)
-        chosen = choose(grid, summaries, setup.select_by)
+    grid = planner.grid_runs(full_grid, grid_limit) if setup.has_grid else []
+    final_count = len(setup.strategies) * len(setup.epsilons) * seeds
+    if on_plan is not None:
+        on_plan(len(grid) + final_count)
+    # with a grid, each strategy's final runs at an ε start once its grid runs there have finished
+    summaries = execute(
+        grid or planner.final_runs(seeds, chosen),
+        out,
+        data_dir=data_dir,
+        address=address,
+        workers=workers,
+        resume=resume,
+        ray=ray,
+        on_finished=on_finished,
+        on_reused=count_reused,
+        then=FinalsAfterGrid(planner, grid, seeds, setup.select_by, chosen) if grid else None,
+    )
+    final = planner.final_runs(seeds, chosen)
+    missing = [run.key for run in final if run.key not in summaries]
+    if missing:  # cannot happen: every grid group finishes, or execute raises
+        raise RuntimeError(f"reproduce {name}: final runs that never ran: {', '.join(missing)}")
+    if grid:
         extra.append(
             f"Grid search: {'the paper grid' if full_grid else 'the reduced default grid'}, "
-            f"{len(grid)} runs on the validation split (seed {grid[0].seed if grid else '-'})."
+            f"{len(grid)} runs on the validation split (seed {grid[0].seed})."
         )
-    final = planner.final_runs(seeds, chosen)
-    if on_plan is not None and not setup.has_grid:
-        on_plan(len(final))
-    summaries = run(final)
     rows = table_rows(setup, final, summaries)
     wall = time.perf_counter() - started
     if reused:
@@ -839,7 +903,8 @@ def reproduce(
     if limits:
         extra.append(f"Smoke run (not a reproduction): {'; '.join(limits)}.")
     write_outputs(out, setup, rows, wall, extra, paired_rows(setup, final, summaries))
-    write_json(out / "chosen.json", {f"{s}@{_epsilon_text(e) or 'none'}": p for (s, e), p in chosen.items()})
+    in_order = [(s.name, e) for s in setup.strategies for e in setup.epsilons if (s.name, e) in chosen]
+    write_json(out / "chosen.json", {f"{s}@{_epsilon_text(e) or 'none'}": chosen[s, e] for s, e in in_order})
     return rows, wall
 
 

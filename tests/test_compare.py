@@ -266,3 +266,18 @@ def test_resume_accepts_a_run_that_stored_the_value_a_machine_dependent_default_
     )
     with pytest.raises(ConfigError, match="another configuration"):  # stored unset, i.e. 32 here
         finished_summary(tmp_path, explicit)
+
+
+@pytest.mark.parametrize("ray", [True, False], ids=["ray", "here"])
+def test_jobs_appended_while_results_come_in_are_simulated_too(ray_session, tmp_path, ray):
+    """What ``fairclip reproduce`` relies on to start a strategy's final runs once its grid has
+    finished: a job appended to the list between two results runs as well, on Ray as here."""
+    raw = apply_overrides(scenario_source("demo", None), ["training.rounds=2", "federation.num_clients=200"])
+    jobs = [("first", raw)]
+    seen = []
+    results = sweep.simulate_jobs(jobs, data_dir=None, ray=ray)
+    for item, result in results:
+        seen.append((item, result["summary"]["seed"], result["summary"]["rounds_completed"]))
+        if item == "first":
+            jobs.append(("appended", apply_overrides(raw, ["seed=7"])))
+    assert seen == [("first", raw.get("seed", 0), 2), ("appended", 7, 2)]

@@ -726,3 +726,55 @@ def test_a_refused_set_fails_before_the_output_folder_is_written(cli, tmp_path):
         "fairclip: error: --set training.server_lr: the setup's grid varies it, so each grid point sets it"
     ]
     assert not out.exists()
+
+
+def test_a_strategys_final_runs_start_once_its_own_grid_has_finished(ray_session, tmp_path, monkeypatch):
+    """A strategy's final runs at an ε are queued as soon as its grid runs there have finished,
+    while other grid runs still run: the tail of the grid leaves no core idle. Continued with
+    one strategy's grid finished, the grid runs still to compute are queued before that
+    strategy's final runs; the table and the chosen points are the uninterrupted run's."""
+    from fairclip.sims import compare
+
+    setup = repro.load_setup("zhao-dutch")
+    skip_without_data(setup)
+    queued_at_each_result: list[tuple[str, list[str]]] = []
+    real = compare.simulate_jobs
+
+    def recording(jobs, **options):
+        for run, result in real(jobs, **options):
+            queued_at_each_result.append((run.key, [queued.key for queued, _raw in jobs]))
+            yield run, result
+
+    monkeypatch.setattr(compare, "simulate_jobs", recording)
+    smoke = {"seeds": 1, "grid_limit": 1, "max_rounds": 1, "max_batch": 64, "data_dir": DATA_DIR}
+    out = tmp_path / "dutch"
+    rows, _wall = repro.reproduce("zhao-dutch", out=out, **smoke)
+    grid = [key for key, _queued in queued_at_each_result if key.startswith("grid__")]
+    assert len(grid) == len(queued_at_each_result) // 2 == len(setup.strategies) * len(setup.epsilons)
+    first_final_queued = next(
+        index
+        for index, (_key, queued) in enumerate(queued_at_each_result)
+        if not queued[-1].startswith("grid__")
+    )
+    assert first_final_queued < len(grid) - 1  # queued with grid runs still to finish
+
+    grid_order = queued_at_each_result[0][1]  # all the grid, queued before its first result
+    assert sorted(grid_order) == sorted(grid)
+    chosen = (out / "chosen.json").read_text()
+    kept = [key for key, _queued in queued_at_each_result if key.startswith("grid__constant__")]
+    computed_again = [key for key, _queued in queued_at_each_result if key not in kept]
+    for key in computed_again:
+        shutil.rmtree(out / "runs" / key)
+    queued_at_each_result.clear()
+    reused: list[str] = []
+    again, _wall = repro.reproduce(
+        "zhao-dutch", out=out, resume=True, on_reused=lambda run, _summary: reused.append(run.key), **smoke
+    )
+    assert sorted(reused) == sorted(kept) and len(kept) == len(setup.epsilons)
+    assert sorted(key for key, _queued in queued_at_each_result) == sorted(computed_again)
+    others_grid = [key for key in grid_order if key in computed_again]
+    constant_finals = {key for key in computed_again if key.startswith("constant__")}
+    queued_first = queued_at_each_result[0][1]  # constant's final runs were ready from the start,
+    assert queued_first[: len(others_grid)] == others_grid  # but the grid runs to compute go first
+    assert set(queued_first[len(others_grid) :]) == constant_finals
+    assert again == rows and (out / "chosen.json").read_text() == chosen
