@@ -585,8 +585,10 @@ def reproduce(
 
     Runs go one after the other in this process (a local engine of ``workers`` threads), or,
     with ``ray`` (or the ``address`` of a Ray cluster), as parallel Ray tasks of ``workers`` CPUs:
-    the same numbers either way. ``on_plan(runs)`` is called when the number of runs is known,
-    ``on_run(key)`` per finished (or reused) run; ``on_reused(key)``, where given, is called
+    the same numbers either way. A setup with a grid runs a strategy's final runs at an ε as
+    soon as its own grid runs there have finished, while the rest of the grid runs.
+    ``on_plan(runs)`` is called when the number of runs is known, ``on_run(key)`` per finished
+    (or reused) run, in the order they finish; ``on_reused(key)``, where given, is called
     instead of ``on_run`` for a run found finished in the folder (``resume``, ``extend``);
     ``on_continued(key, share)``, before ``on_run``, for a run this call finished from the
     checkpoint of an earlier one, with the share of its rounds computed before (0 < share <= 1:
