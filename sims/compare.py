@@ -281,7 +281,7 @@ def simulate_on_ray(
     remaining: list[Any] = []
     try:
         while True:
-            for item, raw in jobs[len(futures) :]:  # the first call submits all, later ones the appended
+            for item, raw in jobs[len(futures) :]:  # all at first; later, those appended since
                 future = remote.remote(raw, folder, workers, plugins, _checkpoint_of(item, checkpoints))
                 futures[future] = item
                 remaining.append(future)
