@@ -851,8 +851,9 @@ def reproduce(
     if on_plan is not None:
         on_plan(len(grid) + final_count)
     # with a grid, each strategy's final runs at an ε start once its grid runs there have finished
+    first = grid or planner.final_runs(seeds, chosen)
     summaries = execute(
-        grid or planner.final_runs(seeds, chosen),
+        first,
         out,
         data_dir=data_dir,
         address=address,
@@ -863,7 +864,7 @@ def reproduce(
         on_reused=count_reused,
         then=FinalsAfterGrid(planner, grid, seeds, setup.select_by, chosen) if grid else None,
     )
-    final = planner.final_runs(seeds, chosen)
+    final = planner.final_runs(seeds, chosen) if grid else first  # in the setup's order
     missing = [run.key for run in final if run.key not in summaries]
     if missing:  # cannot happen: every grid group finishes, or execute raises
         raise RuntimeError(f"reproduce {name}: final runs that never ran: {', '.join(missing)}")
