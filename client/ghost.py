@@ -39,7 +39,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from fairclip.client.models import image_layout, load_vector
+from fairclip.client.models import batch_statistics_layers, image_layout, load_vector
 from fairclip.client.training import weighted_losses
 
 
@@ -218,7 +218,13 @@ class _UnsupportedError(Exception):
 def ghost_layers(model: nn.Module) -> list[nn.Module] | None:
     """The model's parameterised layers, in the order of ``model.parameters()``, where every one
     is a ``Linear`` or an ordinary ``Conv2d`` (one group, zero padding given as numbers) that
-    owns its weight and bias; ``None`` otherwise."""
+    owns its weight and bias; ``None`` otherwise, and ``None`` where a layer mixes the examples of
+    a batch (:func:`fairclip.client.models.batch_statistics_layers`): this path puts many clients'
+    examples in one batch, so such a layer would make each client's norm and clipped update depend
+    on the others' data (simulations refuse such models from the start,
+    :func:`fairclip.sims.classification.checked_model`)."""
+    if batch_statistics_layers(model):
+        return None
     layers = []
     for module in model.modules():
         if not list(module.parameters(recurse=False)):

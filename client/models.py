@@ -153,6 +153,24 @@ class ZeroLogit(nn.Module):
         return torch.cat([torch.zeros_like(scores), scores], dim=1)
 
 
+def batch_statistics_layers(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """The layers of ``model`` (name, module) that no client-level DP guarantee covers: batch
+    normalisation (every ``BatchNorm*``, ``SyncBatchNorm`` and their lazy forms) normalises each
+    example with the statistics of its whole batch, and batch or instance normalisation with
+    ``track_running_stats`` keeps running statistics of the examples it sees in buffers that are
+    neither clipped nor noised. Where one batch holds many clients' examples (the one-step path,
+    :func:`fairclip.client.ghost.one_step_gradients`) a client's clipped update would then depend
+    on the other clients' data, and its sensitivity would no longer be the bound the noise is
+    calibrated to. Opacus refuses the same layers (``opacus.validators.ModuleValidator``);
+    ``GroupNorm`` and ``LayerNorm`` normalise each example on its own and are fine."""
+    return [
+        (name, module)
+        for name, module in model.named_modules()
+        if isinstance(module, nn.modules.batchnorm._BatchNorm)
+        or (isinstance(module, nn.modules.instancenorm._InstanceNorm) and module.track_running_stats)
+    ]
+
+
 def model_to_vector(model: nn.Module) -> np.ndarray:
     """The model's parameters as one float64 vector (in logical order, whatever their memory
     format or device)."""

@@ -19,7 +19,13 @@ import torch
 from torch import nn
 
 from fairclip.client.ghost import OneStepGradients, one_step_gradients
-from fairclip.client.models import MODELS, build_model, model_to_vector, resolve_device
+from fairclip.client.models import (
+    MODELS,
+    batch_statistics_layers,
+    build_model,
+    model_to_vector,
+    resolve_device,
+)
 from fairclip.client.training import (
     LocalTraining,
     local_update,
@@ -91,11 +97,18 @@ def model_factory(reference: str) -> str | Callable[[tuple[int, ...], int], nn.M
 
 
 def checked_model(model: object) -> nn.Module:
-    """What a model factory returned, if it is a torch module with parameters."""
+    """What a model factory returned, if it is a torch module with parameters and without layers
+    that batch or running statistics of the clients' data pass through
+    (:func:`fairclip.client.models.batch_statistics_layers`)."""
     if not isinstance(model, nn.Module):
         raise ValueError(f"the model factory returned {type(model).__name__}, not a torch.nn.Module")
     if not any(True for _ in model.parameters()):
         raise ValueError("the model factory returned a module without parameters")
+    for name, layer in batch_statistics_layers(model)[:1]:
+        raise ValueError(
+            f"the model's layer {name!r} is a {type(layer).__name__}: it normalises with batch or "
+            "running statistics of the clients' data, which DP does not cover; use GroupNorm or LayerNorm"
+        )
     return model
 
 

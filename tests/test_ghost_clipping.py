@@ -204,6 +204,38 @@ def test_models_it_cannot_take_fall_back_to_materialised_gradients(model, featur
     assert np.isfinite(one_step_updates(model, theta, features, torch.arange(5) % 4, lr=0.1)).all()
 
 
+def test_a_batch_normalised_model_is_not_clipped_from_one_batch_of_clients():
+    """Batch normalisation in training mode normalises each example with its batch's statistics:
+    one forward pass over many clients' examples would make client 0's norm (and so its clipped
+    update) move with the other clients' data, so the norms path refuses such a model."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8, affine=False), nn.Linear(8, 2))
+    assert ghost_layers(model) is None
+    theta = model_to_vector(model)
+    features, labels = torch.randn(5, 4), torch.tensor([0, 1, 0, 1, 1])
+    assert one_step_gradients(model, theta, features, labels, lr=0.1) is None
+
+
+@settings(max_examples=15, deadline=None)
+@given(
+    model_name=st.sampled_from(["logistic", "mlp", "tanh-cnn", "esipova-cnn", "zhao-cnn", "xu-cnn"]),
+    seed=st.integers(0, 2**16),
+)
+def test_a_clients_norm_does_not_depend_on_the_other_clients_in_its_batch(model_name, seed):
+    """The sensitivity of the clipped sum is the bound only if client i's contribution is a
+    function of client i's example alone: its norm from a batch of clients equals its norm alone,
+    whatever the other clients hold."""
+    torch.manual_seed(seed)
+    shape = (1, 28, 28) if "cnn" in model_name else (6,)
+    model = build_model(model_name, shape, 10)
+    theta = model_to_vector(model)
+    features, labels = torch.randn(4, *shape), torch.randint(0, 10, (4,))
+    alone = one_step_gradients(model, theta, features[:1], labels[:1], lr=0.5).norms[0]
+    others = torch.randn(3, *shape) * 5
+    batched = one_step_gradients(model, theta, torch.cat([features[:1], others]), labels, lr=0.5).norms[0]
+    np.testing.assert_allclose(batched, alone, rtol=1e-5)
+
+
 def test_a_non_finite_gradient_adds_nothing_and_is_counted():
     """An example whose gradient overflows is a non-finite update: factor 0, no contribution,
     no report, counted in ``nonfinite``; the other examples' sums are untouched."""

@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+import torch
 
 import fairclip
 from fairclip import plugins
@@ -40,6 +41,17 @@ RESEARCH = textwrap.dedent(
     def make_mlp(input_shape, num_classes):
         return nn.Sequential(
             nn.Flatten(), nn.Linear(int(np.prod(input_shape)), 8), nn.ReLU(), nn.Linear(8, num_classes)
+        )
+
+
+    def make_batchnorm_mlp(input_shape, num_classes):
+        """Batch normalisation mixes the examples of a batch: fairclip refuses it."""
+        return nn.Sequential(
+            nn.Flatten(),
+            nn.Linear(int(np.prod(input_shape)), 8),
+            nn.BatchNorm1d(8),
+            nn.ReLU(),
+            nn.Linear(8, num_classes),
         )
 
 
@@ -251,6 +263,7 @@ PLUGIN_ERRORS = [
     (["strategy.name=my_research:Missing"], "has no attribute 'Missing'"),
     (["strategy.name=my_research:make_mlp"], "not a subclass of fairclip's Policy"),
     (["scenario.model=my_research:nope"], "has no attribute 'nope'"),
+    (["scenario.model=my_research:make_batchnorm_mlp"], "layer '2' is a BatchNorm1d"),
     (["scenario.dataset=my_research:make_mlp"], "dataset loader 'my_research:make_mlp' failed"),
     (["scenario.options.colour=1"], "unexpected keyword argument 'colour'"),
 ]
@@ -277,6 +290,58 @@ def test_a_model_factory_must_return_a_module(research):
     bad = fairclip.Scenario("bad-model", dataset=research.load(30, 0), model=lambda shape, classes: "mlp")
     with pytest.raises(ConfigError, match=r"returned str, not a torch\.nn\.Module"):
         fairclip.simulate(bad)
+
+
+@pytest.mark.parametrize(
+    ("layer", "refused"),
+    [
+        (lambda: torch.nn.BatchNorm1d(8, affine=False), "BatchNorm1d"),
+        (lambda: torch.nn.LazyBatchNorm1d(), "LazyBatchNorm1d"),
+        (
+            lambda: torch.nn.Sequential(
+                torch.nn.Unflatten(1, (2, 4)),
+                torch.nn.InstanceNorm1d(2, track_running_stats=True),
+                torch.nn.Flatten(),
+            ),
+            "InstanceNorm1d",
+        ),
+        (lambda: torch.nn.GroupNorm(2, 8), None),
+        (lambda: torch.nn.LayerNorm(8), None),
+    ],
+    ids=["batch-norm", "lazy-batch-norm", "instance-norm-running-stats", "group-norm", "layer-norm"],
+)
+@pytest.mark.parametrize("examples_per_client", [1, 12])
+def test_a_model_whose_layers_see_batch_statistics_is_refused(research, layer, refused, examples_per_client):
+    """Batch normalisation makes one example's output depend on the rest of its batch, which
+    holds other clients' examples on the one-step path; running statistics keep the clients'
+    data outside the clipped and noised parameters. Layers that normalise each example alone
+    train."""
+
+    def factory(shape, classes):
+        return torch.nn.Sequential(
+            torch.nn.Flatten(), torch.nn.Linear(int(np.prod(shape)), 8), layer(), torch.nn.Linear(8, classes)
+        )
+
+    run = fairclip.Scenario(
+        "normalised",
+        dataset=research.load,
+        model=factory,
+        num_clients=30,
+        sample_rate=0.5,
+        rounds=2,
+        options={"examples_per_client": examples_per_client},
+        settings={"seed": 4, "privacy.noise_multiplier": 0.5},
+    )
+    if refused is None:
+        result = fairclip.simulate(run)
+        assert len(result.rounds) == 2 and np.isfinite(result.rounds["accuracy"]).all()
+        assert result.model.shape == (4 * 8 + 8 + 16 + 8 * 2 + 2,)
+    else:
+        name = "2.1" if refused == "InstanceNorm1d" else "2"
+        with pytest.raises(
+            ConfigError, match=rf"'normalised': the model's layer '{name}' is a {refused}: .*GroupNorm"
+        ):
+            fairclip.simulate(run)
 
 
 def test_the_property_helper_checks_plugins_and_catches_broken_ones(research):
