@@ -6,8 +6,8 @@ Across runs (seeds 003/004), for cohort k against the `none` reference of the sa
     max_{a,b} |π_a − π_b|                       privacy-cost gap (per run, then over seeds)
     R_k = loss_k(private) − loss_k(none)        excessive risk, and its gap likewise
 
-Every figure is a mean over seeds of numbers measured in the runs, with its 95 % percentile
-bootstrap interval over the seeds (:mod:`fairclip.sims.statistics`); ``statistics.csv`` holds
+Every figure is a mean over seeds of numbers measured in the runs, with its 95 % Student t
+interval over the seeds (:mod:`fairclip.sims.statistics`); ``statistics.csv`` holds
 each mean with its standard error and interval, and ``paired_tests.csv`` every pair of strategies
 compared on the same seeds (paired t-test, significant at 5 % or not), which ``report.md``
 summarises. Binary tasks whose cohorts partition the test set add Fairlearn's group metrics of
@@ -32,7 +32,7 @@ the lower end of the two-sided 95 % t interval of the paired (same seed) differe
 
 
 def _interval(values: pd.Series, digits: int = 3) -> str:
-    """``mean [low, high]``: the mean over seeds and its 95 % bootstrap interval (the mean
+    """``mean [low, high]``: the mean over seeds and its 95 % t interval (the mean
     alone for one seed, or where every seed gave the same value)."""
     values = values.dropna()
     if values.empty:
@@ -40,7 +40,7 @@ def _interval(values: pd.Series, digits: int = 3) -> str:
     mean = float(values.mean())
     if math.isinf(mean):
         return "∞"
-    low, high = statistics.bootstrap_interval(values.to_numpy())
+    low, high = statistics.mean_interval(values.to_numpy())
     if math.isnan(low) or low == high:
         return f"{mean:.{digits}f}"
     return f"{mean:.{digits}f} [{low:.{digits}f}, {high:.{digits}f}]"
@@ -120,7 +120,7 @@ def per_run_quantities(table: pd.DataFrame) -> pd.DataFrame:
 
 
 def statistics_tables(table: pd.DataFrame) -> tuple[list[dict], list[dict]]:
-    """(every mean with its standard error and bootstrap interval, every paired test) per
+    """(every mean with its standard error and t interval, every paired test) per
     target ε: the rows of ``statistics.csv`` and ``paired_tests.csv``. The reference ``none``
     is tested against the others at every ε."""
     per_run = per_run_quantities(table)
@@ -179,7 +179,7 @@ def best_for_worst_cohort(per_run: pd.DataFrame, seeds: int) -> str:
 def markdown_report(
     table: pd.DataFrame, title: str, left_out: dict[str, str] | None = None, tests: list[dict] | None = None
 ) -> str:
-    """``report.md``: one section per target ε with each mean's bootstrap interval, the paired
+    """``report.md``: one section per target ε with each mean's t interval, the paired
     tests of ``tests`` (:func:`statistics_tables`), the best strategy for the worst cohort (or
     the tie, :func:`best_for_worst_cohort`) and the plots, with the reason for any left out."""
     cohorts = list(dict.fromkeys(table["cohort"]))
@@ -191,7 +191,7 @@ def markdown_report(
         "demographic_parity_difference" in per_run and per_run["demographic_parity_difference"].notna().any()
     )
     lines += [
-        f"Mean over {seeds} seed(s) [95 % bootstrap interval over the seeds; standard errors are in "
+        f"Mean over {seeds} seed(s) [95 % t interval over the seeds; standard errors are in "
         "`statistics.csv`]. Privacy cost π = accuracy(none) − accuracy; "
         "excessive risk R = loss − loss(none); gaps are max − min over cohorts within a run. "
         "ε is the value spent (δ, accountant and noise multipliers are in `summary.csv`).",

@@ -192,11 +192,29 @@ def load_setup(name: str) -> Setup:
         )
         if setup.select_by not in SELECTION_METRICS:
             raise ConfigError(f"{where}: setup.select_by must be one of {', '.join(SELECTION_METRICS)}")
+        _refuse_per_run_keys(setup, where)
         if setup.relative_to is not None and setup.relative_to not in {s.name for s in strategies}:
             raise ConfigError(f"{where}: setup.relative_to names no strategy of the setup")
     except KeyError as error:
         raise ConfigError(f"{where}: required key {error.args[0]!r} is missing") from None
     return setup
+
+
+def _refuse_per_run_keys(setup: Setup, where: str) -> None:
+    """A :class:`ConfigError` where the setup's settings, a strategy's settings or a grid set a
+    key the reproduction sets for each run (:data:`_PER_RUN_KEYS`): it would be overwritten, or
+    would win where it must not (a final run evaluated on the validation split)."""
+    tables = {"settings": setup.settings, "grid": setup.grid, "full_grid": setup.full_grid}
+    for strategy in setup.strategies:
+        for part in ("settings", "grid", "full_grid"):
+            tables[f"strategies.{strategy.name}.{part}"] = getattr(strategy, part)
+    for place, table in tables.items():
+        for key in table:
+            if key in _PER_RUN_KEYS:
+                why = _PER_RUN_KEYS[key]
+                raise ConfigError(
+                    f"{where}: {place} sets {key}, which a reproduction sets for each run ({why})"
+                )
 
 
 def _strategy(name: str, table: dict[str, Any], where: str) -> StrategySetup:
@@ -696,18 +714,20 @@ def paired_lines(tests: list[dict[str, Any]]) -> list[str]:
     lines = [
         "## Paired tests between strategies (same seeds)",
         "",
-        "Mean over seeds of A − B with its 95 % bootstrap interval, and the two-sided paired "
-        "t-test's p (`paired_tests.csv`); **significant** where p < 0.05. With 2-3 seeds these "
-        "tests have little power: a difference that is not significant is not shown to be zero.",
+        "Mean over seeds of A − B with the 95 % t interval and p of the two-sided paired t-test "
+        "(`paired_tests.csv`): the interval leaves out 0 exactly where p < 0.05, **significant**. "
+        "With 2-3 seeds these tests have little power: a difference that is not significant is "
+        "not shown to be zero.",
         "",
         "| ε | metric | A − B | seeds | mean difference [95 % interval] | p | |",
         "|---|---|---|---|---|---|---|",
     ]
     for test in shown:
+        low, high = test["interval_low"], test["interval_high"]
+        interval = "[—]" if math.isnan(low) else f"[{low:+.4f}, {high:+.4f}]"
         lines.append(
             f"| {test['target_epsilon']} | {test['quantity']} | `{test['first']}` − `{test['second']}` | "
-            f"{test['seeds']} | {test['mean_difference']:+.4f} [{test['interval_low']:+.4f}, "
-            f"{test['interval_high']:+.4f}] | {test['p_value']:.3g} | "
+            f"{test['seeds']} | {test['mean_difference']:+.4f} {interval} | {test['p_value']:.3g} | "
             f"{'**significant**' if test['significant'] else ''} |"
         )
     return [*lines, ""]

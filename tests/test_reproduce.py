@@ -778,3 +778,29 @@ def test_a_strategys_final_runs_start_once_its_own_grid_has_finished(ray_session
     assert queued_first[: len(others_grid)] == others_grid  # but the grid runs to compute go first
     assert set(queued_first[len(others_grid) :]) == constant_finals
     assert again == rows and (out / "chosen.json").read_text() == chosen
+
+
+@pytest.mark.parametrize(
+    ("table", "line"),
+    [
+        ("[settings]", '"scenario.evaluate_on" = "validation"'),
+        ("[settings]", '"training.rounds" = 3'),
+        ("[strategies.constant]", 'settings = { "scenario.evaluate_on" = "validation" }'),
+    ],
+)
+def test_a_setup_may_not_set_what_the_reproduction_sets_for_each_run(tmp_path, monkeypatch, table, line):
+    """A setup (or one of its strategies) that set ``scenario.evaluate_on`` would have had its
+    final runs scored on the validation split; one that set ``training.rounds`` saw it replaced
+    by the setup's epochs. Both are refused in one line, naming where."""
+    from fairclip.sims.errors import ConfigError
+
+    text = repro.builtin_setups()["zhao-adult"].read_text()
+    assert text.count(table + "\n") == 1
+    text = text.replace(table + "\n", f"{table}\n{line}\n")
+    (tmp_path / "zhao-adult.toml").write_text(text)
+    monkeypatch.setattr(repro, "SETUP_DIR", tmp_path)
+    key = line.split('"')[1]
+    with pytest.raises(
+        ConfigError, match=rf"reproduction zhao-adult: .*sets {key}, which a reproduction sets"
+    ):
+        repro.load_setup("zhao-adult")

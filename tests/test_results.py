@@ -45,6 +45,34 @@ def test_every_recorded_report_carries_its_setups_current_notes(tmp_path, capsys
     assert "holds no reproduction.md" in capsys.readouterr().err
 
 
+def test_every_recorded_paired_test_shows_the_interval_of_its_own_t_test():
+    """A recorded paired test's 95 % interval leaves out 0 exactly where its p < 0.05 (one
+    t-test gives both), and the report's paired section is what ``paired_tests.csv`` renders to.
+    The percentile-bootstrap intervals recorded before were the seeds' range: 234 of 723 left
+    out 0 beside a p of 0.05 or more."""
+    import math
+
+    import pandas as pd
+
+    from fairclip.sims.reproduce import paired_lines
+
+    folders = sorted(p for p in results.RESULTS_DIR.iterdir() if (p / "paired_tests.csv").is_file())
+    if not folders:
+        pytest.skip("no results folder here (an installed copy): nothing recorded to check")
+    for folder in folders:
+        tests = pd.read_csv(folder / "paired_tests.csv", dtype={"target_epsilon": str}).to_dict("records")
+        for test in tests:
+            where = f"{folder.name}: {test['first']} − {test['second']}, {test['quantity']}"
+            if math.isnan(test["p_value"]):
+                assert math.isnan(test["interval_low"]) and math.isnan(test["interval_high"]), where
+                continue
+            assert test["interval_low"] <= test["mean_difference"] <= test["interval_high"], where
+            outside = test["interval_low"] > 0 or test["interval_high"] < 0
+            assert outside == (test["p_value"] < 0.05) == test["significant"], where
+        report = (folder / "reproduction.md").read_text()
+        assert "\n".join(paired_lines(tests)) in report, f"{folder.name}: the paired section is stale"
+
+
 def test_kept_runs_are_committed_beside_their_progress():
     """Every ``results/in-progress/<setup>/progress.json`` counts finished runs whose summaries
     git tracks, so ``--resume`` from a fresh clone finds them (an ignore pattern ``runs/`` once

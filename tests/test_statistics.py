@@ -1,4 +1,4 @@
-"""Bootstrap intervals and paired tests across seeds; group fairness with Fairlearn."""
+"""t intervals and paired tests across seeds; group fairness with Fairlearn."""
 
 from __future__ import annotations
 
@@ -7,33 +7,70 @@ import math
 import numpy as np
 import pandas as pd
 import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
 from scipy import stats
 
 from fairclip.server.fairness import group_fairness, partition
 from fairclip.sims import statistics
 
 
-def test_bootstrap_interval_covers_the_mean_and_is_reproducible():
+def test_mean_interval_is_students_t_interval():
     values = [0.80, 0.82, 0.79, 0.85, 0.81]
-    low, high = statistics.bootstrap_interval(values)
-    assert low < np.mean(values) < high
-    assert min(values) <= low and high <= max(values)
-    assert statistics.bootstrap_interval(values) == (low, high)  # a fixed generator
-    assert statistics.bootstrap_interval([0.5, 0.5, 0.5]) == (0.5, 0.5)
-    assert all(math.isnan(v) for v in statistics.bootstrap_interval([0.7]))
-    assert statistics.bootstrap_interval([0.7, math.nan, 0.9])[0] >= 0.7  # NaN ignored
+    low, high = statistics.mean_interval(values)
+    half = stats.t.ppf(0.975, 4) * np.std(values, ddof=1) / math.sqrt(5)
+    assert (low, high) == pytest.approx((np.mean(values) - half, np.mean(values) + half))
+    assert statistics.mean_interval([0.5, 0.5, 0.5]) == (0.5, 0.5)
+    assert all(math.isnan(v) for v in statistics.mean_interval([0.7]))
+    assert statistics.mean_interval([0.7, math.nan, 0.9]) == pytest.approx(
+        statistics.mean_interval([0.7, 0.9])
+    )
 
 
-def test_bootstrap_interval_has_about_its_coverage():
-    """Over many samples of 20 seeds from N(0, 1), the 95 % percentile interval holds the true
-    mean about 95 % of the time (percentile intervals run a little short for small n)."""
+@pytest.mark.parametrize("seeds", [2, 3, 20])
+def test_mean_interval_has_its_coverage_with_few_seeds_too(seeds):
+    """Over many samples of n seeds from N(0, 1), the 95 % interval holds the true mean about
+    95 % of the time, with 2 and 3 seeds as with 20. A percentile bootstrap of 2 or 3 values is
+    their range: it held the mean about half the time with 2 seeds and about 3/4 with 3."""
     generator = np.random.default_rng(7)
-    trials = 200
-    covered = 0
-    for _ in range(trials):
-        low, high = statistics.bootstrap_interval(generator.normal(size=20), resamples=500)
-        covered += low <= 0.0 <= high
-    assert 0.86 <= covered / trials <= 0.99
+    trials = 2000
+    covered = sum(
+        low <= 0.0 <= high
+        for low, high in (statistics.mean_interval(generator.normal(size=seeds)) for _ in range(trials))
+    )
+    assert 0.93 <= covered / trials <= 0.97
+
+
+def test_two_seeds_that_agree_in_sign_are_not_a_sure_lead():
+    """Differences +0.001 and +0.009 (p = 0.23): the interval holds 0, as the p says. The
+    bootstrap interval was [+0.001, +0.009]."""
+    (test,) = statistics.paired_tests(_runs({"a": [0.801, 0.809], "b": [0.8, 0.8]}), "q")
+    assert test.p_value == pytest.approx(stats.ttest_1samp([0.001, 0.009], 0.0).pvalue)
+    assert test.p_value > 0.05 and not test.significant
+    assert test.interval_low < 0 < test.interval_high
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.floats(0, 1, allow_subnormal=False), st.floats(0, 1, allow_subnormal=False)),
+        min_size=2,
+        max_size=8,
+    )
+)
+def test_a_paired_interval_leaves_out_zero_exactly_where_the_test_is_significant(pairs):
+    """The interval and the p come from one t-test: 0 lies outside the interval iff p < 0.05
+    (NaN together, where every difference is the same non-zero number)."""
+    per_run = _runs({"a": [a for a, _ in pairs], "b": [b for _, b in pairs]})
+    (test,) = statistics.paired_tests(per_run, "q")
+    if math.isnan(test.p_value):
+        assert math.isnan(test.interval_low) and math.isnan(test.interval_high)
+        return
+    assert test.interval_low <= test.mean_difference * (1 + 1e-12) + 1e-15
+    assume(abs(test.p_value - statistics.SIGNIFICANCE) > 1e-9)
+    assume(min(abs(test.interval_low), abs(test.interval_high)) > 1e-12)
+    outside = test.interval_low > 0 or test.interval_high < 0
+    assert outside == test.significant
 
 
 def _runs(values: dict[str, list[float]]) -> pd.DataFrame:
