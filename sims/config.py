@@ -127,6 +127,9 @@ class ClassificationSpec(_ScenarioBase):
     """How Adult's numeric columns are scaled, with the training rows' statistics: ``standardize``
     (mean 0, standard deviation 1) or ``minmax`` (into [0, 1], as seed 004 does)."""
     test_fraction: Annotated[float, Field(gt=0, lt=1)] = 0.2
+    """Share of the rows held out for testing where the dataset has no fixed test set (``adult``,
+    ``dutch``: a seeded split), and share of the training rows held out with ``evaluate_on =
+    "validation"``."""
     evaluate_on: Literal["test", "validation"] = "test"
     """``validation``: hold out ``test_fraction`` of the training rows (seeded) and evaluate on them
     instead of the test set, which is then not used (hyper-parameter selection, real datasets)."""

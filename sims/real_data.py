@@ -49,7 +49,7 @@ def load(spec: ClassificationSpec, data_dir: Path | None, seed: int) -> Dataset:
             protected=spec.protected,
         )
     elif spec.dataset == "dutch":
-        dataset = load_dutch(directory, seed=seed, protected=spec.protected)
+        dataset = load_dutch(directory, seed=seed, test_fraction=spec.test_fraction, protected=spec.protected)
     else:
         dataset = load_dataset(spec.dataset, directory, seed=seed)
     if spec.skew_class is not None:

@@ -13,7 +13,9 @@ that its update is Δ_i = −∇ℓ_i and the paper's learning rate is the serve
 
 Setups with a ``[grid]`` (Zhao et al.) choose, per strategy and target ε, the grid point with the
 best overall accuracy on a *validation split* of the training rows (``scenario.evaluate_on =
-"validation"``, one seed); the test set is never used to select. The chosen settings then run on
+"validation"``, the first seed); that seed's test rows are never used to select (where a seed
+splits the rows anew, Adult and Dutch, later seeds' test rows can hold some of its validation
+and training rows: the setups' notes say how many). The chosen settings then run on
 the test split with every seed: a strategy's final runs at an ε start as soon as its own grid runs
 there have finished, while the rest of the grid still runs. Every run is one Ray task (like
 ``fairclip compare``), written atomically into ``DIR/runs/<key>/`` as it finishes;

@@ -177,6 +177,17 @@ def _multiset_of_rows(dataset, split: str) -> Counter:
     return Counter(row.tobytes() for row in np.column_stack([x, y, g]))
 
 
+@pytest.mark.parametrize("scenario", ["adult", "dutch"])
+def test_the_test_fraction_sets_the_split_of_the_tabular_datasets(scenario):
+    """``scenario.test_fraction`` splits Adult and Dutch alike (Dutch used to ignore it and stay at
+    80/20 while a validation split took the fraction given)."""
+    data_dir = data_dir_for(scenario)
+    spec = scenario_spec(scenario).model_copy(update={"test_fraction": 0.3})
+    dataset = load(spec, data_dir, seed=0)
+    total = len(dataset.y_train) + len(dataset.y_test)
+    assert abs(len(dataset.y_test) - 0.3 * total) <= 1
+
+
 def test_validation_split_holds_out_training_rows_and_drops_the_test_set():
     data_dir = data_dir_for("adult")
     spec = scenario_spec("adult")
