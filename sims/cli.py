@@ -581,7 +581,8 @@ def _cpu_count() -> int:
 
 def _check_cluster(address: str | None, workers: int) -> None:
     """Before any work: a cluster ``address`` must answer (in seconds, not Ray's minutes of
-    retries), and without one ``--workers`` must fit the CPUs Ray would start with here."""
+    retries), and without one ``--workers`` must fit the CPUs of the Ray this process already
+    runs, or else of the Ray it would start here."""
     if address:
         from fairclip.sims.ray_engine import check_reachable
 
@@ -589,7 +590,11 @@ def _check_cluster(address: str | None, workers: int) -> None:
         return
     import ray
 
-    if not ray.is_initialized() and workers > _cpu_count():
+    if ray.is_initialized():
+        cpus = ray.cluster_resources().get("CPU", 0)
+        if workers > cpus:
+            raise ConfigError(f"--workers {workers} is more than the Ray cluster's {cpus:g} CPUs")
+    elif workers > _cpu_count():
         raise ConfigError(
             f"--workers {workers} is more than the {_cpu_count()} CPUs Ray would start with here"
         )

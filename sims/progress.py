@@ -134,7 +134,11 @@ def progress_bar(
     """The progress display of a long command on ``console`` (standard error): rich's bar with
     done of total, time so far and an ETA (:func:`task_eta`) on a terminal,
     plain lines elsewhere (:class:`WatchedProgress`). ``clock``: seconds, monotonic (default
-    :func:`time.monotonic`)."""
+    :func:`time.monotonic`).
+
+    A ``transient`` bar leaves nothing behind. Off a terminal, rich would still end it with an
+    empty line, so an error raised inside it would be the second line on standard error, not the
+    only one: there the bar is not drawn at all (``disable``), and only the plain lines are written."""
     return WatchedProgress(
         TextColumn(title),
         BarColumn(),
@@ -144,6 +148,7 @@ def progress_bar(
         PaceRemainingColumn(),
         console=console,
         transient=transient,
+        disable=transient and not console.is_terminal,
         get_time=clock,
         title=title,
         unit=unit,

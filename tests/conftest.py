@@ -21,6 +21,8 @@ def cli(capsys):
         except SystemExit as done:
             status = int(done.code or 0)
         captured = capsys.readouterr()
+        if status == 2:  # bad input: its line comes first, with nothing (a display's blank line) before it
+            assert captured.err.startswith("fairclip: error: "), captured.err
         return status, captured.out, captured.err
 
     return invoke

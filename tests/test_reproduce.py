@@ -47,7 +47,7 @@ def test_list_names_every_setup(cli):
 def test_unknown_setup_is_one_line_and_exit_2(cli):
     status, _out, err = cli("reproduce", "no-such-setup")
     assert status == 2
-    assert err.strip().count("\n") == 0
+    assert err.count("\n") == 1 and err.startswith("fairclip: error: ")  # no blank line before it
     assert "unknown reproduction 'no-such-setup'" in err and "esipova-adult" in err
 
 
