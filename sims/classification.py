@@ -104,7 +104,9 @@ def checked_model(model: object) -> nn.Module:
         raise ValueError(f"the model factory returned {type(model).__name__}, not a torch.nn.Module")
     if not any(True for _ in model.parameters()):
         raise ValueError("the model factory returned a module without parameters")
-    for name, layer in batch_statistics_layers(model)[:1]:
+    refused = batch_statistics_layers(model)
+    if refused:
+        name, layer = refused[0]
         raise ValueError(
             f"the model's layer {name!r} is a {type(layer).__name__}: it normalises with batch or "
             "running statistics of the clients' data, which DP does not cover; use GroupNorm or LayerNorm"
