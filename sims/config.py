@@ -537,7 +537,10 @@ def load_config(scenario: str | None, config_file: Path | None, assignments: lis
 
 
 def _first_error(error: ValidationError) -> str:
-    first = error.errors()[0]
+    """The line of a failed validation. An unknown key comes first: a misspelled section
+    (``[federaton]``) also leaves the real one missing, and the misspelling is what to fix."""
+    errors = error.errors()
+    first = next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])
     location = ".".join(str(part) for part in first["loc"]) or "config"
     message = first["msg"].removeprefix("Value error, ")
     if first["type"] == "extra_forbidden":

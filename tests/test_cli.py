@@ -7,6 +7,7 @@ import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -368,6 +369,16 @@ def test_bad_input_gives_one_line_and_status_2(cli, tmp_path, args):
     assert lines[0].startswith("fairclip: error: ")
     assert "Traceback" not in err
     assert not (tmp_path / "x").exists()
+
+
+def test_a_misspelled_section_is_named(cli, tmp_path):
+    """``[federaton]`` leaves ``federation`` missing too; the line names the misspelling."""
+    good = (Path(__file__).resolve().parents[1] / "sims" / "scenarios" / "demo.toml").read_text()
+    assert good.count("[federation]") == 1
+    typo = tmp_path / "typo.toml"
+    typo.write_text(good.replace("[federation]", "[federaton]"))
+    status, _, err = cli("run", "--config", str(typo), "--out", str(tmp_path / "x"))
+    assert status == 2 and err == "fairclip: error: federaton: unknown key\n", err
 
 
 def test_malformed_config_file_is_one_line(cli, tmp_path):
