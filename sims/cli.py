@@ -591,9 +591,9 @@ def _check_cluster(address: str | None, workers: int) -> None:
     import ray
 
     if ray.is_initialized():
-        cpus = ray.cluster_resources().get("CPU", 0)
-        if workers > cpus:
-            raise ConfigError(f"--workers {workers} is more than the Ray cluster's {cpus:g} CPUs")
+        from fairclip.sims.compare import workers_fit_ray
+
+        workers_fit_ray(workers)
     elif workers > _cpu_count():
         raise ConfigError(
             f"--workers {workers} is more than the {_cpu_count()} CPUs Ray would start with here"

@@ -244,6 +244,17 @@ def run_simulation_task(*args: Any) -> dict[str, Any]:
     return run_simulation(*args)
 
 
+def workers_fit_ray(workers: int) -> float:
+    """The CPUs of the Ray this process is connected to; a :class:`ConfigError` where a task of
+    ``workers`` CPUs would not fit them (it would wait forever)."""
+    import ray
+
+    cpus = ray.cluster_resources().get("CPU", 0)
+    if workers > cpus:
+        raise ConfigError(f"--workers {workers} is more than the Ray cluster's {cpus:g} CPUs")
+    return cpus
+
+
 def simulate_on_ray(
     jobs: list[tuple[T, dict[str, Any]]],
     *,
@@ -266,9 +277,7 @@ def simulate_on_ray(
     if not jobs:
         return
     ensure_ray(address)
-    cpus = ray.cluster_resources().get("CPU", 0)
-    if workers > cpus:  # such a task would wait forever
-        raise ConfigError(f"--workers {workers} is more than the Ray cluster's {cpus:g} CPUs")
+    cpus = workers_fit_ray(workers)
     from fairclip.plugins import snapshot
     from fairclip.sims.ray_engine import gpu_share
 
