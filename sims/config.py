@@ -101,6 +101,10 @@ class ClassificationCohortSpec(_Section):
     """How this cohort's examples are generated (dataset ``synthetic``)."""
 
 
+ROW_SPLIT_DATASETS = ("adult", "dutch")
+"""Datasets whose rows a seed splits into training and test rows (the others have a fixed test set)."""
+
+
 class ClassificationSpec(_ScenarioBase):
     """A classification task over a real or synthetic dataset."""
 
@@ -130,6 +134,11 @@ class ClassificationSpec(_ScenarioBase):
     """Share of the rows held out for testing where the dataset has no fixed test set (``adult``,
     ``dutch``: a seeded split), and share of the training rows held out with ``evaluate_on =
     "validation"``."""
+    split_seed: Annotated[int, Field(ge=0)] | None = None
+    """The seed of the split of the rows into training and test rows (``adult``, ``dutch``; and of
+    Adult's balancing sample) instead of the run's ``seed``, which still seeds everything else: runs
+    with different seeds then share one test set (a reproduction with a grid fixes it at its first
+    seed, so that no seed's test rows were seen by the selection)."""
     evaluate_on: Literal["test", "validation"] = "test"
     """``validation``: hold out ``test_fraction`` of the training rows (seeded) and evaluate on them
     instead of the test set, which is then not used (hyper-parameter selection, real datasets)."""
@@ -174,6 +183,10 @@ class ClassificationSpec(_ScenarioBase):
             raise ValueError("protected = age applies to the adult dataset only (its age column)")
         if self.protected == "marital-status" and self.dataset != "dutch":
             raise ValueError("protected = marital-status applies to the dutch dataset only")
+        if self.split_seed is not None and self.dataset not in ROW_SPLIT_DATASETS:
+            raise ValueError(
+                "split_seed applies to the adult and dutch datasets only (the others have a fixed test set)"
+            )
         if self.feature_scaling != "standardize" and self.dataset != "adult":
             raise ValueError("feature_scaling applies to the adult dataset only (its numeric columns)")
         return self

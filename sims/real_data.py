@@ -37,19 +37,23 @@ from fairclip.strategies.randomness import Stream, rng
 
 
 def load(spec: ClassificationSpec, data_dir: Path | None, seed: int) -> Dataset:
-    """The dataset of a scenario, skewed if the scenario says so."""
+    """The dataset of a scenario, skewed if the scenario says so. ``seed`` seeds the split into
+    training and test rows too, unless the scenario fixes that with ``split_seed``."""
     directory = resolve_data_dir(data_dir)
+    rows_seed = seed if spec.split_seed is None else spec.split_seed
     if spec.dataset == "adult":
         dataset = load_adult(
             directory,
-            seed=seed,
+            seed=rows_seed,
             balance=spec.balance,
             test_fraction=spec.test_fraction,
             scaling=spec.feature_scaling,
             protected=spec.protected,
         )
     elif spec.dataset == "dutch":
-        dataset = load_dutch(directory, seed=seed, test_fraction=spec.test_fraction, protected=spec.protected)
+        dataset = load_dutch(
+            directory, seed=rows_seed, test_fraction=spec.test_fraction, protected=spec.protected
+        )
     else:
         dataset = load_dataset(spec.dataset, directory, seed=seed)
     if spec.skew_class is not None:

@@ -13,9 +13,10 @@ that its update is Δ_i = −∇ℓ_i and the paper's learning rate is the serve
 
 Setups with a ``[grid]`` (Zhao et al.) choose, per strategy and target ε, the grid point with the
 best overall accuracy on a *validation split* of the training rows (``scenario.evaluate_on =
-"validation"``, the first seed); that seed's test rows are never used to select (where a seed
-splits the rows anew, Adult and Dutch, later seeds' test rows can hold some of its validation
-and training rows: the setups' notes say how many). The chosen settings then run on
+"validation"``, the first seed); the test rows are never used to select: where a seed splits
+the rows into training and test rows (Adult, Dutch), every run of such a setup splits them as the
+first seed does (``scenario.split_seed``), and the other seeds vary the rest (initialisation,
+batches, noise). The chosen settings then run on
 the test split with every seed: a strategy's final runs at an ε start as soon as its own grid runs
 there have finished, while the rest of the grid still runs. Every run is one Ray task (like
 ``fairclip compare``), written atomically into ``DIR/runs/<key>/`` as it finishes;
@@ -39,6 +40,7 @@ from typing import Any
 import numpy as np
 
 from fairclip.sims.config import (
+    ROW_SPLIT_DATASETS,
     apply_overrides,
     check_overrides_used,
     parse_override,
@@ -204,16 +206,17 @@ def load_setup(name: str) -> Setup:
 
 def _refuse_per_run_keys(setup: Setup, where: str) -> None:
     """A :class:`ConfigError` where the setup's settings, a strategy's settings or a grid set a
-    key the reproduction sets for each run (:data:`_PER_RUN_KEYS`): it would be overwritten, or
+    key the reproduction sets for each run (:func:`per_run_keys`): it would be overwritten, or
     would win where it must not (a final run evaluated on the validation split)."""
+    refused = per_run_keys(setup)
     tables = {"settings": setup.settings, "grid": setup.grid, "full_grid": setup.full_grid}
     for strategy in setup.strategies:
         for part in ("settings", "grid", "full_grid"):
             tables[f"strategies.{strategy.name}.{part}"] = getattr(strategy, part)
     for place, table in tables.items():
         for key in table:
-            if key in _PER_RUN_KEYS:
-                why = _PER_RUN_KEYS[key]
+            if key in refused:
+                why = refused[key]
                 raise ConfigError(
                     f"{where}: {place} sets {key}, which a reproduction sets for each run ({why})"
                 )
@@ -323,6 +326,16 @@ _PER_RUN_KEYS = {
 }
 """Keys a reproduction sets for each run itself, so a ``--set`` of them is refused, with why."""
 
+SPLIT_SEED_REASON = "a setup with a grid splits every seed's rows as its first seed does"
+
+
+def per_run_keys(setup: Setup) -> dict[str, str]:
+    """:data:`_PER_RUN_KEYS`, and ``scenario.split_seed`` where the setup has a grid: its runs all
+    share the first seed's test rows, which the selection on that seed never saw."""
+    if setup.has_grid:
+        return {**_PER_RUN_KEYS, "scenario.split_seed": SPLIT_SEED_REASON}
+    return _PER_RUN_KEYS
+
 
 def checked_overrides(setup: Setup, overrides: list[str]) -> dict[str, Any]:
     """The ``--set`` assignments by dotted key, less ``seed`` (the first seed); a
@@ -336,8 +349,10 @@ def checked_overrides(setup: Setup, overrides: list[str]) -> dict[str, Any]:
     for assignment in overrides:
         path, value = parse_override(assignment)
         key = ".".join(path)
-        if key in _PER_RUN_KEYS:
-            raise ConfigError(f"--set {key}: a reproduction sets it for each run ({_PER_RUN_KEYS[key]})")
+        if key in per_run_keys(setup):
+            raise ConfigError(
+                f"--set {key}: a reproduction sets it for each run ({per_run_keys(setup)[key]})"
+            )
         if key in ("privacy.target_epsilon", "privacy.noise_multiplier") and any(
             e is not None for e in setup.epsilons
         ):  # each run's target ε is set, and it calibrates the noise multiplier
@@ -383,6 +398,8 @@ class Planner:
         if epsilon is not None:
             base = set_value(base, "privacy.target_epsilon", epsilon)
         raw = _strategy_raw(base, strategy, point, self.overrides)
+        if self.setup.has_grid and raw.get("scenario", {}).get("dataset") in ROW_SPLIT_DATASETS:
+            raw = set_value(raw, "scenario.split_seed", int(self.base.get("seed", 0)))
         check_overrides_used(raw, self.overrides)
         marker = (seed, validation)
         if marker not in self._counts:

@@ -188,6 +188,21 @@ def test_the_test_fraction_sets_the_split_of_the_tabular_datasets(scenario):
     assert abs(len(dataset.y_test) - 0.3 * total) <= 1
 
 
+@pytest.mark.parametrize("scenario", ["adult", "dutch"])
+def test_a_split_seed_gives_every_seed_the_same_test_rows(scenario):
+    """With ``scenario.split_seed`` the rows are split (and Adult's balancing sample drawn) as that
+    seed does, whatever the run's seed; without it each seed splits them anew."""
+    data_dir = data_dir_for(scenario)
+    spec = scenario_spec(scenario)
+    first = load(spec, data_dir, seed=0)
+    fixed = spec.model_copy(update={"split_seed": 0})
+    for seed in (1, 2):
+        same = load(fixed, data_dir, seed=seed)
+        for field in ("x_train", "y_train", "g_train", "x_test", "y_test", "g_test"):
+            np.testing.assert_array_equal(getattr(same, field), getattr(first, field))
+        assert _multiset_of_rows(load(spec, data_dir, seed=seed), "test") != _multiset_of_rows(first, "test")
+
+
 def test_validation_split_holds_out_training_rows_and_drops_the_test_set():
     data_dir = data_dir_for("adult")
     spec = scenario_spec("adult")

@@ -717,6 +717,33 @@ def test_set_wins_over_the_strategy_settings_and_refuses_what_each_run_sets():
         )
 
 
+def test_a_setup_with_a_grid_splits_every_seeds_rows_as_its_first_seed_does():
+    """Selection runs on a validation split of the first seed's training rows. Were the rows of
+    Adult and Dutch split anew for each seed, a later seed's test rows would hold some of those
+    validation rows (and grid-training rows); so in a setup with a grid every run splits them as
+    the first seed does (``scenario.split_seed``), while the seed still varies the rest. A setup
+    without a grid, and a dataset with a fixed test set, keep the split of each run's own seed."""
+    from fairclip.sims.errors import ConfigError
+
+    def runs(name: str, *overrides: str) -> list[repro.Run]:
+        planner = repro.Planner(
+            repro.load_setup(name), None, list(overrides), None, examples=lambda *_: 28_000
+        )
+        return planner.grid_runs(False, 1) + planner.final_runs(3, {})
+
+    for name, first in (("zhao-adult", 0), ("zhao-dutch", 0), ("zhao-adult", 4)):
+        planned = runs(name, f"seed={first}")
+        assert {run.seed for run in planned} == {first, first + 1, first + 2}
+        assert {validate(run.raw).scenario.split_seed for run in planned} == {first}
+    for name in ("esipova-adult", "zhao-skewed-mnist"):
+        assert {validate(run.raw).scenario.split_seed for run in runs(name)} == {None}
+    with pytest.raises(ConfigError, match=re.escape("--set scenario.split_seed: a reproduction sets it")):
+        runs("zhao-adult", "scenario.split_seed=1")
+    assert {
+        validate(run.raw).scenario.split_seed for run in runs("esipova-adult", "scenario.split_seed=1")
+    } == {1}
+
+
 def test_a_refused_set_fails_before_the_output_folder_is_written(cli, tmp_path):
     out = tmp_path / "zhao"
     args = ["reproduce", "zhao-skewed-mnist", "--set", "training.server_lr=1", "--out", str(out)]
@@ -786,6 +813,7 @@ def test_a_strategys_final_runs_start_once_its_own_grid_has_finished(ray_session
         ("[settings]", '"scenario.evaluate_on" = "validation"'),
         ("[settings]", '"training.rounds" = 3'),
         ("[strategies.constant]", 'settings = { "scenario.evaluate_on" = "validation" }'),
+        ("[settings]", '"scenario.split_seed" = 1'),
     ],
 )
 def test_a_setup_may_not_set_what_the_reproduction_sets_for_each_run(tmp_path, monkeypatch, table, line):

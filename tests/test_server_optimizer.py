@@ -45,6 +45,8 @@ def test_a_run_with_weight_decay_shrinks_the_model():
         ("scenario.feature_scaling=minmax", "adult dataset only"),
         ("scenario.protected=age", "adult dataset only"),
         ("scenario.protected=marital-status", "dutch dataset only"),
+        ("scenario.split_seed=0", "adult and dutch datasets only"),
+        ("scenario.split_seed=-1", "split_seed"),
         ("training.server_optimizer=rmsprop", "server_optimizer"),
         ("training.server_beta2=1.0", "server_beta2"),
         ("training.server_optimizer=adam", "server_momentum is SGD's"),
