@@ -626,7 +626,10 @@ def table_rows(setup: Setup, runs: list[Run], summaries: dict[str, dict[str, Any
                 continue
             found = [summaries[run.key] for run in mine]
             spent = [float(s["epsilon"]) if s["epsilon"] != "inf" else math.inf for s in found]
-            shown = epsilon if epsilon is not None else float(np.mean(spent))
+            if any(math.isinf(value) for value in spent):  # not private, whatever the target
+                shown = math.inf
+            else:
+                shown = epsilon if epsilon is not None else float(np.mean(spent))
             text = _epsilon_text(epsilon)
             reference = None
             if setup.relative_to is not None and strategy.name != setup.relative_to:

@@ -180,6 +180,34 @@ def test_table_rows_flag_constructed_summaries():
         calibrate(0.1, 1.0, 40, 1e-5, "rdp", releases_reports=False)
 
 
+def test_a_non_private_strategy_is_shown_at_infinite_epsilon_beside_a_target():
+    """In a setup with a target ε (softadaclip-adult: 8), the non-private ``none`` runs are not
+    at that ε: their rows, and the list of flags, say ε inf (they used to say 8.0)."""
+    setup = repro.select_strategies(repro.load_setup("softadaclip-adult"), ["none", "dpsgd-c0.1"])
+    runs, summaries = [], {}
+    for strategy in ("none", "dpsgd-c0.1"):
+        for seed in (0, 1):
+            key = f"{strategy}-{seed}"
+            runs.append(repro.Run(key, strategy, 8.0, seed, {}))
+            sigma = 0.0 if strategy == "none" else 1.0
+            summaries[key] = {
+                "epsilon": "inf" if strategy == "none" else 7.99,
+                "overall": {"accuracy": 0.5, "f1": 0.5},
+                "cohorts": {"male": {"accuracy": 0.5}, "female": {"accuracy": 0.5}},
+                "privacy": {
+                    "effective_noise_multiplier": sigma,
+                    "sample_rate": 0.005,
+                    "rounds": 400,
+                    "delta": 1e-5,
+                },
+            }
+    rows = repro.table_rows(setup, runs, summaries)
+    assert {(r["strategy"], r["epsilon"]) for r in rows} == {("none", "inf"), ("dpsgd-c0.1", 8.0)}
+    report = repro.markdown(setup, rows, 1.0, [])
+    assert "| `none` | inf | inf / inf | accuracy |" in report
+    assert "`none` accuracy (ε inf)" in report and "`dpsgd-c0.1` accuracy (ε 8.0)" in report
+
+
 def test_resume_reuses_finished_runs_and_refuses_other_settings(ray_session, cli, tmp_path):
     setup = repro.load_setup("esipova-dutch")
     skip_without_data(setup)
