@@ -29,6 +29,7 @@ from fairclip.sims.data import (
     load_dataset,
     load_dutch,
     per_example,
+    refit_adult_scaling,
     resolve_data_dir,
     skew_class,
 )
@@ -61,7 +62,8 @@ def load(spec: ClassificationSpec, data_dir: Path | None, seed: int) -> Dataset:
             dataset, cls=spec.skew_class, keep=spec.skew_keep, seed=seed, count=spec.skew_count
         )
     if spec.evaluate_on == "validation":
-        dataset = validation_split(dataset, spec.test_fraction, seed)
+        scaling = spec.feature_scaling if spec.dataset == "adult" else None
+        dataset = validation_split(dataset, spec.test_fraction, seed, scaling=scaling)
     if spec.test_limit is not None:
         dataset = limit_test_rows(dataset, spec.test_limit, seed)
     return dataset
@@ -85,15 +87,19 @@ def _rows(
     return x[index], y[index], None if g is None else g[index]
 
 
-def validation_split(dataset: Dataset, fraction: float, seed: int) -> Dataset:
+def validation_split(dataset: Dataset, fraction: float, seed: int, scaling: str | None = None) -> Dataset:
     """The training rows split into training and validation rows; the validation rows take the
-    place of the test set, which is dropped (selection never sees it)."""
+    place of the test set, which is dropped (selection never sees it). ``scaling`` (Adult's
+    ``feature_scaling``): its numeric columns are scaled again by the statistics of the kept
+    training rows alone, so that the validation rows feed no preprocessing either."""
     order = rng(seed, Stream.DATA, 3).permutation(len(dataset.y_train))
     cut = round(fraction * len(order))
     held, kept = np.sort(order[:cut]), np.sort(order[cut:])
     train = (dataset.x_train, dataset.y_train, dataset.g_train)
     x_train, y_train, g_train = _rows(train, kept)
     x_test, y_test, g_test = _rows(train, held)
+    if scaling is not None:
+        x_train, x_test = refit_adult_scaling(x_train, (x_test,), dataset.feature_names, scaling)
     return dataclasses.replace(
         dataset,
         x_train=x_train,

@@ -22,6 +22,7 @@ import pytest
 
 from fairclip.sims.config import load_config
 from fairclip.sims.data import DATASET_FILES, SHA256
+from fairclip.sims.data.datasets import ADULT_NUMERIC
 from fairclip.sims.engine import simulate
 from fairclip.sims.real_data import cohort_test_weights, load, partition
 from fairclip.sims.tasks import build_task
@@ -209,9 +210,50 @@ def test_validation_split_holds_out_training_rows_and_drops_the_test_set():
     whole = load(spec, data_dir, seed=1)
     split = load(spec.model_copy(update={"evaluate_on": "validation"}), data_dir, seed=1)
     assert len(split.y_test) == round(spec.test_fraction * len(whole.y_train))
-    assert _multiset_of_rows(split, "train") + _multiset_of_rows(split, "test") == _multiset_of_rows(
-        whole, "train"
-    )
+    # the numeric columns are scaled again (the test below), the others are the training rows'
+    numeric = [whole.feature_names.index(name) for name in ADULT_NUMERIC]
+
+    def rest(dataset, part):
+        x, y, g = (getattr(dataset, f"{field}_{part}") for field in ("x", "y", "g"))
+        return Counter(row.tobytes() for row in np.column_stack([np.delete(x, numeric, axis=1), y, g]))
+
+    assert rest(split, "train") + rest(split, "test") == rest(whole, "train")
+
+
+@pytest.mark.parametrize("scaling", ["standardize", "minmax"])
+def test_a_validation_split_scales_adult_by_the_kept_training_rows_alone(scaling):
+    """The validation rows feed no preprocessing: Adult's numeric columns are scaled again by the
+    statistics of the training rows a grid run keeps (they used to keep the scaling of all the
+    training rows, the validation rows among them). The other columns are untouched."""
+    from fairclip.sims.real_data import validation_split
+
+    data_dir = data_dir_for("adult")
+    spec = scenario_spec("adult").model_copy(update={"feature_scaling": scaling})
+    whole = load(spec, data_dir, seed=1)
+    numeric = [whole.feature_names.index(name) for name in ADULT_NUMERIC]
+    others = [i for i in range(whole.x_train.shape[1]) if i not in numeric]
+    as_loaded = validation_split(whole, spec.test_fraction, 1)
+    refit = validation_split(whole, spec.test_fraction, 1, scaling=scaling)
+    loaded = load(spec.model_copy(update={"evaluate_on": "validation"}), data_dir, seed=1)
+    for field in ("x_train", "y_train", "g_train", "x_test", "y_test", "g_test"):
+        np.testing.assert_array_equal(getattr(loaded, field), getattr(refit, field))
+    before = as_loaded.x_train[:, numeric].astype(np.float64)
+    if scaling == "standardize":
+        shift, spread = before.mean(axis=0), before.std(axis=0)
+    else:
+        shift, spread = before.min(axis=0), before.max(axis=0) - before.min(axis=0)
+    for part in ("train", "test"):
+        old, new = getattr(as_loaded, f"x_{part}"), getattr(refit, f"x_{part}")
+        np.testing.assert_array_equal(new[:, others], old[:, others])
+        np.testing.assert_allclose(new[:, numeric], (old[:, numeric] - shift) / spread, atol=1e-5)
+    kept = refit.x_train[:, numeric].astype(np.float64)
+    if scaling == "standardize":
+        np.testing.assert_allclose(kept.mean(axis=0), 0.0, atol=1e-5)
+        np.testing.assert_allclose(kept.std(axis=0), 1.0, atol=1e-5)
+        assert np.abs(before.mean(axis=0)).max() > 1e-3  # what the validation rows had shifted
+    else:
+        np.testing.assert_allclose(kept.min(axis=0), 0.0, atol=1e-6)
+        np.testing.assert_allclose(kept.max(axis=0), 1.0, atol=1e-6)
 
 
 @pytest.mark.parametrize("evaluate_on", ["test", "validation"])

@@ -11,6 +11,7 @@ from .datasets import (
     load_dutch,
     load_fashion_mnist,
     load_mnist,
+    refit_adult_scaling,
     skew_class,
 )
 from .errors import DataError
@@ -48,6 +49,7 @@ __all__ = [
     "load_fashion_mnist",
     "load_mnist",
     "per_example",
+    "refit_adult_scaling",
     "resolve_data_dir",
     "skew_class",
     "verified_path",

@@ -38,7 +38,9 @@ Adult (:func:`load_adult`; Esipova et al. 2023, appendix B.1, and their code ``f
       standardised with the mean and (population, ddof=0) standard deviation of the *training*
       rows (Esipova et al. used the whole table's statistics, before the split); or, with
       ``scaling="minmax"``, mapped into [0, 1] by the training rows' minimum and maximum (seed
-      004's "scaled to [0, 1]"; a test row may fall slightly outside);
+      004's "scaled to [0, 1]"; a test row may fall slightly outside). A validation split held
+      out of the training rows scales them again by the kept rows' statistics alone
+      (:func:`refit_adult_scaling`);
     * ``race`` binarised: 0 White, 1 any other value;
     * ``sex``: 0 male, 1 female (the protected attribute is also an input feature, as in
       ``fair-dp``; pass ``include_protected=False`` to leave it out);
@@ -442,14 +444,7 @@ def load_adult(
     columns: list[np.ndarray] = []
     names: list[str] = []
     numeric = frame[list(ADULT_NUMERIC)].to_numpy(dtype=np.float64)
-    if scaling == "standardize":
-        shift, spread = numeric[train].mean(axis=0), numeric[train].std(axis=0)
-    elif scaling == "minmax":
-        shift = numeric[train].min(axis=0)
-        spread = numeric[train].max(axis=0) - shift
-    else:
-        raise ValueError(f"scaling must be standardize or minmax, not {scaling!r}")
-    spread[spread == 0] = 1.0
+    shift, spread = _scaling(numeric[train], scaling)
     columns.append(((numeric - shift) / spread).astype(np.float32))
     names.extend(ADULT_NUMERIC)
     columns.append((frame["race"] != "White").to_numpy(dtype=np.float32)[:, None])
@@ -463,6 +458,38 @@ def load_adult(
         names.extend(labels)
     x = np.concatenate(columns, axis=1)
     return _tabular(x, y, g, train, test, "adult", names, group_names)
+
+
+def _scaling(fit: np.ndarray, scaling: str) -> tuple[np.ndarray, np.ndarray]:
+    """(shift, spread) per column of the rows ``fit``: mean and population standard deviation
+    (``standardize``) or minimum and range (``minmax``); a constant column keeps spread 1."""
+    values = fit.astype(np.float64)
+    if scaling == "standardize":
+        shift, spread = values.mean(axis=0), values.std(axis=0)
+    elif scaling == "minmax":
+        shift = values.min(axis=0)
+        spread = values.max(axis=0) - shift
+    else:
+        raise ValueError(f"scaling must be standardize or minmax, not {scaling!r}")
+    spread[spread == 0] = 1.0
+    return shift, spread
+
+
+def refit_adult_scaling(
+    fit: np.ndarray, others: tuple[np.ndarray, ...], feature_names: tuple[str, ...], scaling: str
+) -> tuple[np.ndarray, ...]:
+    """``fit`` and ``others`` (Adult's feature rows) with the numeric columns scaled again by the
+    statistics of the rows ``fit`` alone: a validation split held out of the training rows then
+    feeds none of them. Both scalings are affine per column, so scaling the scaled values again
+    is scaling the raw values by ``fit``'s statistics (up to float32 rounding)."""
+    columns = [feature_names.index(name) for name in ADULT_NUMERIC]
+    shift, spread = _scaling(fit[:, columns], scaling)
+    rescaled = []
+    for x in (fit, *others):
+        x = x.copy()
+        x[:, columns] = ((x[:, columns].astype(np.float64) - shift) / spread).astype(np.float32)
+        rescaled.append(x)
+    return tuple(rescaled)
 
 
 # ----------------------------------------------------------------------------------------------
