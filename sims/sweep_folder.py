@@ -32,6 +32,8 @@ from fairclip.sims.outputs import json_normalised, write_json
 
 SPEC_FILE = "sweep.json"
 LOCK_FILE = ".fairclip.lock"
+TUNE_SPEC_FILE = "tuning.json"
+"""Where ``fairclip tune`` stores its search: a folder holding it is a search, not a sweep."""
 
 
 class Mode(StrEnum):
@@ -104,8 +106,18 @@ def settle(
     number of seeds) and ``--extend --seeds N`` adds seeds to the stored strategies (not to all
     of them). Where nothing is stored, ``given`` (complete) starts the sweep.
     """
+    if (out / TUNE_SPEC_FILE).is_file():
+        raise ConfigError(
+            f"{out} holds a `fairclip tune` search ({TUNE_SPEC_FILE}), not a sweep: "
+            "`fairclip tune --resume` continues it; use another --out"
+        )
     stored = stored_spec(out)
     given = json_normalised(given)
+    if stored is not None and mode is not Mode.REPLACE and stored.get("command") != given.get("command"):
+        raise ConfigError(
+            f"{out} holds a `fairclip {stored.get('command')}` sweep ({describe(stored)}), which "
+            f"`fairclip {given.get('command')}` can neither continue nor extend: use another --out"
+        )
     if mode is Mode.EXTEND and stored is not None and explicit is not None:
         given = {**stored, **json_normalised(explicit)}
     if mode is Mode.RESUME:

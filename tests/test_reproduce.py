@@ -420,6 +420,10 @@ def test_a_reproduction_is_stored_and_resumed_extended_or_replaced(tmp_path):
         settle(tmp_path, spec(explicit_only=True, max_rounds=4), Mode.RESUME)
     with pytest.raises(ConfigError, match="holds another sweep"):
         settle(tmp_path, spec(seeds=3, max_rounds=3), Mode.NEW)
+    for mode in (Mode.NEW, Mode.RESUME, Mode.EXTEND):  # another command's folder: named, not "differ"
+        other = {**spec(explicit_only=mode is Mode.RESUME), "command": "tune"}
+        with pytest.raises(ConfigError, match=r"holds a `fairclip reproduce` sweep .* `fairclip tune` can"):
+            settle(tmp_path, other, mode, merge=repro.merge_specs)
     extended = settle(tmp_path, spec(seeds=3, max_rounds=3), Mode.EXTEND, merge=repro.merge_specs)
     assert extended["seeds"] == 3
     with pytest.raises(ConfigError, match="max_rounds differ"):

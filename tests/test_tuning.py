@@ -335,3 +335,24 @@ def test_a_search_stopped_early_closes_its_runs_so_those_still_going_stop(tmp_pa
     assert stopped.traceback  # the stopped search's frames are still held here
     assert len(closed) == 1 and closed[0] >= 5  # closed at once, with its trials and 4 grid runs
     assert len(pd.read_csv(tmp_path / "t" / "trials.csv")) == 1
+
+
+@pytest.mark.parametrize("command", ["tune", "compare", "compare --resume", "compare --extend"])
+def test_a_search_and_a_sweep_never_share_a_folder(cli, tmp_path, command):
+    """``compare`` into a folder holding a ``tune`` search, or ``tune`` into one holding a sweep,
+    would mix two commands' outputs (``compare`` used to write its report beside the search's,
+    and ``compare --resume`` suggested ``--extend``): one line naming the other command, exit 2,
+    and nothing written."""
+    out = tmp_path / "folder"
+    out.mkdir()
+    held = "sweep.json" if command == "tune" else "tuning.json"
+    (out / held).write_text(json.dumps({"command": "compare", "scenario": "demo"}))
+    before = sorted(p.name for p in out.iterdir())
+    name, *mode = command.split()
+    tune = ["--grid", "training.client_lr=0.1", "--backend", "local"]
+    args = tune if name == "tune" else ["--strategies", "constant"]
+    status, _, err = cli(name, "--scenario", "demo", *args, *mode, "--out", str(out))
+    assert status == 2
+    other = "a sweep (sweep.json" if name == "tune" else "a `fairclip tune` search (tuning.json)"
+    assert f"holds {other}" in err and err.count("\n") == 1, err
+    assert sorted(p.name for p in out.iterdir() if p.name != ".fairclip.lock") == before
