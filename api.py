@@ -546,7 +546,8 @@ class Reproduction:
     """Wall time of this call (runs reused from the folder cost nothing)."""
     folder: Path
     """The reproduction's folder: ``reproduction.md``, ``reproduction.csv``, ``paired_tests.csv``,
-    ``chosen.json``, the stored specification and ``runs/<key>/`` of every run."""
+    ``chosen.json``, ``runs.json`` (the keys of its runs), the stored specification and
+    ``runs/<key>/`` of every run."""
 
 
 def reproduce(
@@ -652,7 +653,7 @@ def reproduce(
             given,
             sweep_folder.Mode(mode),
             merge=repro.merge_specs,
-            results=("runs", "reproduction.csv", "reproduction.md", "chosen.json"),
+            results=("runs", "reproduction.csv", "reproduction.md", "chosen.json", repro.RUN_KEYS_FILE),
             explicit=explicit,
         )
         rows, wall = repro.reproduce(

@@ -945,6 +945,7 @@ def reproduce(
         limits.append(f"only the first {grid_limit} values of each grid axis")
     if limits:
         extra.append(f"Smoke run (not a reproduction): {'; '.join(limits)}.")
+    write_json(out / RUN_KEYS_FILE, {"grid": [run.key for run in grid], "final": [run.key for run in final]})
     write_outputs(out, setup, rows, wall, extra, paired_rows(setup, final, summaries))
     in_order = [(s.name, e) for s in setup.strategies for e in setup.epsilons if (s.name, e) in chosen]
     write_json(out / "chosen.json", {f"{s}@{_epsilon_text(e) or 'none'}": chosen[s, e] for s, e in in_order})
@@ -952,6 +953,10 @@ def reproduce(
 
 
 DEFAULT_SEEDS = 2
+
+RUN_KEYS_FILE = "runs.json"
+"""The keys of a finished reproduction's grid and final runs (``runs/<key>/``), written with its
+tables: other runs in the folder (a grid the setup had before, say) are not its runs."""
 
 
 def reproduce_spec(

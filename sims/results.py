@@ -58,7 +58,7 @@ def record(out: Path, dest: Path, command: str) -> dict[str, Any]:
         raise FileNotFoundError(f"{out} holds no {missing[0]}: the reproduction has not finished")
     spec = json.loads((out / "sweep.json").read_text()) if (out / "sweep.json").is_file() else {}
     refuse_smoke_run(out, spec)
-    summaries = [json.loads(path.read_text()) for path in sorted((out / "runs").glob("*/summary.json"))]
+    summaries = [json.loads(path.read_text()) for path in _summary_paths(out)]
     table = pd.read_csv(out / "reproduction.csv", keep_default_na=False)
     started = [s["provenance"]["started"] for s in summaries if "provenance" in s]
     runs = _runs_provenance(summaries)
@@ -81,6 +81,24 @@ def record(out: Path, dest: Path, command: str) -> dict[str, Any]:
         shutil.copyfile(out / name, dest / name)
     write_json(dest / "record.json", entry)
     return entry
+
+
+def _summary_paths(out: Path) -> list[Path]:
+    """The ``summary.json`` of each run of the reproduction in ``out``: those its ``runs.json``
+    names (a :class:`FileNotFoundError` for one missing), or, in a folder written before
+    ``runs.json`` was, every run in the folder."""
+    from fairclip.sims.reproduce import RUN_KEYS_FILE
+
+    if not (out / RUN_KEYS_FILE).is_file():
+        return sorted((out / "runs").glob("*/summary.json"))
+    listed = json.loads((out / RUN_KEYS_FILE).read_text())
+    paths = [out / "runs" / key / "summary.json" for key in [*listed["grid"], *listed["final"]]]
+    for path in paths:
+        if not path.is_file():
+            raise FileNotFoundError(
+                f"{out}: run {path.parent.name}, named in {RUN_KEYS_FILE}, has no summary.json"
+            )
+    return paths
 
 
 def _runs_provenance(summaries: list[dict[str, Any]]) -> dict[str, Any]:

@@ -218,6 +218,8 @@ def test_resume_reuses_finished_runs_and_refuses_other_settings(ray_session, cli
     assert status == 0, err
     stamps = {path.parent.name: path.stat().st_mtime_ns for path in out.glob("runs/*/summary.json")}
     assert len(stamps) == len(setup.strategies)
+    listed = json.loads((out / "runs.json").read_text())  # the runs `results record` counts
+    assert listed["grid"] == [] and sorted(listed["final"]) == sorted(stamps)
     table = (out / "reproduction.csv").read_text()
     interrupted = sorted(stamps)[0]
     shutil.rmtree(out / "runs" / interrupted)  # as if the invocation had stopped during that run

@@ -164,6 +164,26 @@ def test_a_finished_reproduction_is_recorded_and_rendered(tmp_path):
     assert results.results_markdown(store) == "No reproduction has been recorded yet."
 
 
+def test_only_the_reproductions_own_runs_are_recorded(tmp_path):
+    """A run left in the folder that the reproduction did not plan (a grid point its setup had
+    before, say) is not counted: ``runs.json`` names the reproduction's runs."""
+    out = tmp_path / "run"
+    _finished(out)
+    stale = out / "runs" / "grid__constant__eps-1__199"
+    stale.mkdir()
+    (stale / "summary.json").write_text(
+        json.dumps({"provenance": {"started": "2026-11-20T00:00:00+00:00", "wall_seconds": 9e3}})
+    )
+    assert results.record(out, tmp_path / "all", "c")["runs"] == 3  # a folder from before runs.json
+    (out / "runs.json").write_text(json.dumps({"grid": [], "final": ["run-0", "run-1"]}))
+    entry = results.record(out, tmp_path / "own", "c")
+    assert entry["runs"] == 2 and entry["compute_seconds"] == 150.5
+    assert entry["first_run_started"] == "2026-11-25T12:00:00+00:00"
+    (out / "runs.json").write_text(json.dumps({"grid": ["run-9"], "final": ["run-0", "run-1"]}))
+    with pytest.raises(FileNotFoundError, match=r"run run-9, named in runs\.json, has no summary\.json"):
+        results.record(out, tmp_path / "missing", "c")
+
+
 def test_runs_made_on_two_machines_are_recorded_as_two(tmp_path):
     """A reproduction continued on another machine (a GPU's) names each machine with its runs,
     run time and training device, so the run time is not read as one machine's."""
