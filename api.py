@@ -480,6 +480,7 @@ def tune_curve(
     the i-th search (strategies outer, ε inner) draws its trials as ``search_index`` i.
     Returns the table of ``curve.csv``.
     """
+    from fairclip.sims import sweep_folder
     from fairclip.sims import tune as search
     from fairclip.sims.errors import ConfigError
     from fairclip.sims.outputs import atomic_write_text, write_csv
@@ -496,6 +497,7 @@ def tune_curve(
         if key in (overrides or {}):
             raise ConfigError(f"--set {key}: the curve sets it for each search (--strategies, --epsilons)")
     folder = Path(out)
+    sweep_folder.refuse_another_commands_folder(folder, search.CURVE_FILE)
     metric = options.get("metric", "macro_accuracy")
     try:
         law = TrialCount(options.get("distribution", "tnb"), float(options.get("eta", 1.0)),

@@ -41,6 +41,7 @@ import numpy as np
 
 from fairclip.sims.config import (
     ROW_SPLIT_DATASETS,
+    ClassificationSpec,
     apply_overrides,
     check_overrides_used,
     parse_override,
@@ -133,6 +134,11 @@ class Setup:
     and sampling), as seed 004 reports accuracy change against non-private SGD. The reference's
     own rows hold its absolute values, named ``COHORT/METRIC``."""
 
+    selects: bool = False
+    """Whether the setup, with all its strategies, has a grid (reduced or full) to select from:
+    then every run splits Adult's and Dutch's rows as the first seed does, whichever strategies
+    an invocation runs (:func:`per_run_keys`)."""
+
     @property
     def has_grid(self) -> bool:
         return bool(self.grid) or any(s.grid for s in self.strategies)
@@ -194,6 +200,8 @@ def load_setup(name: str) -> Setup:
             select_by=head.get("select_by", "accuracy"),
             relative_to=head.get("relative_to"),
         )
+        grids = [setup.grid, setup.full_grid, *(t for s in strategies for t in (s.grid, s.full_grid))]
+        setup = replace(setup, selects=any(grids))
         if setup.select_by not in SELECTION_METRICS:
             raise ConfigError(f"{where}: setup.select_by must be one of {', '.join(SELECTION_METRICS)}")
         _refuse_per_run_keys(setup, where)
@@ -332,7 +340,7 @@ SPLIT_SEED_REASON = "a setup with a grid splits every seed's rows as its first s
 def per_run_keys(setup: Setup) -> dict[str, str]:
     """:data:`_PER_RUN_KEYS`, and ``scenario.split_seed`` where the setup has a grid: its runs all
     share the first seed's test rows, which the selection on that seed never saw."""
-    if setup.has_grid:
+    if setup.selects:
         return {**_PER_RUN_KEYS, "scenario.split_seed": SPLIT_SEED_REASON}
     return _PER_RUN_KEYS
 
@@ -398,7 +406,12 @@ class Planner:
         if epsilon is not None:
             base = set_value(base, "privacy.target_epsilon", epsilon)
         raw = _strategy_raw(base, strategy, point, self.overrides)
-        if self.setup.has_grid and raw.get("scenario", {}).get("dataset") in ROW_SPLIT_DATASETS:
+        scenario = validate(raw).scenario
+        if (
+            self.setup.selects
+            and isinstance(scenario, ClassificationSpec)
+            and scenario.dataset in ROW_SPLIT_DATASETS
+        ):
             raw = set_value(raw, "scenario.split_seed", int(self.base.get("seed", 0)))
         check_overrides_used(raw, self.overrides)
         marker = (seed, validation)
@@ -945,8 +958,8 @@ def reproduce(
         limits.append(f"only the first {grid_limit} values of each grid axis")
     if limits:
         extra.append(f"Smoke run (not a reproduction): {'; '.join(limits)}.")
-    write_json(out / RUN_KEYS_FILE, {"grid": [run.key for run in grid], "final": [run.key for run in final]})
     write_outputs(out, setup, rows, wall, extra, paired_rows(setup, final, summaries))
+    write_json(out / RUN_KEYS_FILE, {"grid": [run.key for run in grid], "final": [run.key for run in final]})
     in_order = [(s.name, e) for s in setup.strategies for e in setup.epsilons if (s.name, e) in chosen]
     write_json(out / "chosen.json", {f"{s}@{_epsilon_text(e) or 'none'}": chosen[s, e] for s, e in in_order})
     return rows, wall

@@ -33,7 +33,23 @@ from fairclip.sims.outputs import json_normalised, write_json
 SPEC_FILE = "sweep.json"
 LOCK_FILE = ".fairclip.lock"
 TUNE_SPEC_FILE = "tuning.json"
-"""Where ``fairclip tune`` stores its search: a folder holding it is a search, not a sweep."""
+"""Where ``fairclip tune`` stores a search."""
+TUNE_CURVE_FILE = "curve.csv"
+"""Where ``fairclip tune --strategies ... --epsilons ...`` stores its curve (one search per
+subfolder)."""
+_HELD_BY = {
+    SPEC_FILE: "a sweep (`fairclip compare` or `reproduce`)",
+    TUNE_SPEC_FILE: "a `fairclip tune` search",
+    TUNE_CURVE_FILE: "a `fairclip tune` curve",
+}
+
+
+def refuse_another_commands_folder(out: Path, mine: str) -> None:
+    """A :class:`ConfigError` where ``out`` holds what another kind of command wrote (a sweep,
+    a search, a curve: their reports share names), for the command whose own file is ``mine``."""
+    for name, what in _HELD_BY.items():
+        if name != mine and (out / name).is_file():
+            raise ConfigError(f"{out} holds {what} ({name}), not this command's: use another --out")
 
 
 class Mode(StrEnum):
@@ -106,11 +122,7 @@ def settle(
     number of seeds) and ``--extend --seeds N`` adds seeds to the stored strategies (not to all
     of them). Where nothing is stored, ``given`` (complete) starts the sweep.
     """
-    if (out / TUNE_SPEC_FILE).is_file():
-        raise ConfigError(
-            f"{out} holds a `fairclip tune` search ({TUNE_SPEC_FILE}), not a sweep: "
-            "`fairclip tune --resume` continues it; use another --out"
-        )
+    refuse_another_commands_folder(out, SPEC_FILE)
     stored = stored_spec(out)
     given = json_normalised(given)
     if stored is not None and mode is not Mode.REPLACE and stored.get("command") != given.get("command"):

@@ -35,8 +35,7 @@ import pandas as pd
 from fairclip.sims.config import check_overrides_used, set_value, validate
 from fairclip.sims.errors import ConfigError
 from fairclip.sims.outputs import atomic_write_text, write_csv, write_json
-from fairclip.sims.sweep_folder import SPEC_FILE as SWEEP_SPEC_FILE
-from fairclip.sims.sweep_folder import TUNE_SPEC_FILE as SPEC_FILE
+from fairclip.sims.sweep_folder import TUNE_CURVE_FILE, TUNE_SPEC_FILE, refuse_another_commands_folder
 from fairclip.strategies.errors import PolicyConfigError
 from fairclip.strategies.tuning import TrialCount, trial_rdp, tuning_epsilon
 
@@ -55,6 +54,7 @@ METRICS = {
 REPORTED = ("accuracy", "macro_accuracy", "worst_cohort_accuracy", "cohort_accuracy_gap")
 TUNING_STREAM = 0x74756E65
 """Seeds the draw of K and of the trials' grid points apart from every run's own streams."""
+SPEC_FILE = TUNE_SPEC_FILE
 
 
 @dataclass(frozen=True)
@@ -308,11 +308,7 @@ def _settle_folder(out: Path, stored: dict[str, Any], resume: bool) -> dict[str,
     """Store the search's plan in ``out`` (a new folder), or with ``resume`` check it is the one
     stored and return the runs already there."""
     spec_file = out / SPEC_FILE
-    if (out / SWEEP_SPEC_FILE).is_file():
-        raise ConfigError(
-            f"{out} holds a sweep ({SWEEP_SPEC_FILE}: `fairclip compare` or `reproduce`), not a search; "
-            "use another --out"
-        )
+    refuse_another_commands_folder(out, SPEC_FILE)
     if not spec_file.exists():
         if resume:
             raise ConfigError(f"{out} holds no search to resume ({SPEC_FILE} is missing)")
@@ -385,7 +381,7 @@ def markdown_table(table: pd.DataFrame) -> str:
 
 # ----- a tuning curve: one search per strategy and target ε (seed 000, Figure 4) --------------
 
-CURVE_FILE = "curve.csv"
+CURVE_FILE = TUNE_CURVE_FILE
 CURVE_PLOT = "tuning_curve.png"
 
 

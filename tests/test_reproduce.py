@@ -751,7 +751,7 @@ def test_set_wins_over_the_strategy_settings_and_refuses_what_each_run_sets():
         )
 
 
-def test_a_setup_with_a_grid_splits_every_seeds_rows_as_its_first_seed_does():
+def test_a_setup_with_a_grid_splits_every_seeds_rows_as_its_first_seed_does(tmp_path, monkeypatch):
     """Selection runs on a validation split of the first seed's training rows. Were the rows of
     Adult and Dutch split anew for each seed, a later seed's test rows would hold some of those
     validation rows (and grid-training rows); so in a setup with a grid every run splits them as
@@ -776,6 +776,17 @@ def test_a_setup_with_a_grid_splits_every_seeds_rows_as_its_first_seed_does():
     assert {
         validate(run.raw).scenario.split_seed for run in runs("esipova-adult", "scenario.split_seed=1")
     } == {1}
+    # a setup whose only grids are strategies' splits every run alike, whichever strategies run
+    text = repro.builtin_setups()["zhao-adult"].read_text()
+    for table in ("[grid]", "[full_grid]"):
+        start = text.index(table + "\n")
+        text = text[:start] + text[text.index("\n\n", start) + 2 :]
+    (tmp_path / "zhao-adult.toml").write_text(text)
+    monkeypatch.setattr(repro, "SETUP_DIR", tmp_path)
+    only_adaptive = repro.select_strategies(repro.load_setup("zhao-adult"), ["adaptive"])
+    assert not only_adaptive.has_grid and only_adaptive.selects
+    planner = repro.Planner(only_adaptive, None, [], None, examples=lambda *_: 28_000)
+    assert {validate(run.raw).scenario.split_seed for run in planner.final_runs(2, {})} == {0}
 
 
 def test_a_refused_set_fails_before_the_output_folder_is_written(cli, tmp_path):

@@ -337,22 +337,38 @@ def test_a_search_stopped_early_closes_its_runs_so_those_still_going_stop(tmp_pa
     assert len(pd.read_csv(tmp_path / "t" / "trials.csv")) == 1
 
 
-@pytest.mark.parametrize("command", ["tune", "compare", "compare --resume", "compare --extend"])
-def test_a_search_and_a_sweep_never_share_a_folder(cli, tmp_path, command):
-    """``compare`` into a folder holding a ``tune`` search, or ``tune`` into one holding a sweep,
-    would mix two commands' outputs (``compare`` used to write its report beside the search's,
-    and ``compare --resume`` suggested ``--extend``): one line naming the other command, exit 2,
+@pytest.mark.parametrize(
+    ("command", "held"),
+    [
+        ("tune", "sweep.json"),
+        ("tune", "curve.csv"),
+        ("tune-curve", "sweep.json"),
+        ("tune-curve", "tuning.json"),
+        ("compare", "tuning.json"),
+        ("compare --resume", "tuning.json"),
+        ("compare --extend", "curve.csv"),
+        ("reproduce --resume", "curve.csv"),
+    ],
+)
+def test_a_search_a_curve_and_a_sweep_never_share_a_folder(cli, tmp_path, command, held):
+    """``compare`` into a folder holding a ``tune`` search or curve, or ``tune`` into one
+    holding a sweep or another kind of search, would mix two commands' outputs (their reports
+    are all ``report.md``; ``compare`` used to write its report beside the search's, and
+    ``compare --resume`` suggested ``--extend``): one line naming what the folder holds, exit 2,
     and nothing written."""
     out = tmp_path / "folder"
     out.mkdir()
-    held = "sweep.json" if command == "tune" else "tuning.json"
     (out / held).write_text(json.dumps({"command": "compare", "scenario": "demo"}))
     before = sorted(p.name for p in out.iterdir())
     name, *mode = command.split()
     tune = ["--grid", "training.client_lr=0.1", "--backend", "local"]
-    args = tune if name == "tune" else ["--strategies", "constant"]
-    status, _, err = cli(name, "--scenario", "demo", *args, *mode, "--out", str(out))
+    args = {
+        "tune": ["tune", "--scenario", "demo", *tune],
+        "tune-curve": ["tune", "--scenario", "demo", *tune, "--strategies", "constant", "--epsilons", "1"],
+        "compare": ["compare", "--scenario", "demo", "--strategies", "constant"],
+        "reproduce": ["reproduce", "zhao-adult"],
+    }[name]
+    status, _, err = cli(*args, *mode, "--out", str(out))
     assert status == 2
-    other = "a sweep (sweep.json" if name == "tune" else "a `fairclip tune` search (tuning.json)"
-    assert f"holds {other}" in err and err.count("\n") == 1, err
+    assert "holds a" in err and f"({held}), not this command's" in err and err.count("\n") == 1, err
     assert sorted(p.name for p in out.iterdir() if p.name != ".fairclip.lock") == before
