@@ -608,6 +608,8 @@ def reproduce(
     if mode not in MODES:
         raise ConfigError(f"mode must be one of {', '.join(MODES)} (got {mode!r})")
     folder = Path(out) if out is not None else None
+    if folder is not None:  # a tune search or curve there: named first, not a missing NAME or data
+        sweep_folder.refuse_another_commands_folder(folder, sweep_folder.SPEC_FILE)
     if name is None and mode in ("resume", "extend") and folder is not None:  # the folder names its setup
         stored = sweep_folder.stored_spec(folder)
         if stored is not None and stored.get("command") == "reproduce":

@@ -348,6 +348,7 @@ def test_a_search_stopped_early_closes_its_runs_so_those_still_going_stop(tmp_pa
         ("compare --resume", "tuning.json"),
         ("compare --extend", "curve.csv"),
         ("reproduce --resume", "curve.csv"),
+        ("reproduce-unnamed --resume", "tuning.json"),
     ],
 )
 def test_a_search_a_curve_and_a_sweep_never_share_a_folder(cli, tmp_path, command, held):
@@ -367,6 +368,7 @@ def test_a_search_a_curve_and_a_sweep_never_share_a_folder(cli, tmp_path, comman
         "tune-curve": ["tune", "--scenario", "demo", *tune, "--strategies", "constant", "--epsilons", "1"],
         "compare": ["compare", "--scenario", "demo", "--strategies", "constant"],
         "reproduce": ["reproduce", "zhao-adult"],
+        "reproduce-unnamed": ["reproduce"],  # --resume takes the setup from the folder
     }[name]
     status, _, err = cli(*args, *mode, "--out", str(out))
     assert status == 2
