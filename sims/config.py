@@ -184,8 +184,9 @@ class ClassificationSpec(_ScenarioBase):
         if self.protected == "marital-status" and self.dataset != "dutch":
             raise ValueError("protected = marital-status applies to the dutch dataset only")
         if self.split_seed is not None and self.dataset not in ROW_SPLIT_DATASETS:
+            named = " and ".join(ROW_SPLIT_DATASETS)
             raise ValueError(
-                "split_seed applies to the adult and dutch datasets only (the others have a fixed test set)"
+                f"split_seed applies to the {named} datasets only (the others have a fixed test set)"
             )
         if self.feature_scaling != "standardize" and self.dataset != "adult":
             raise ValueError("feature_scaling applies to the adult dataset only (its numeric columns)")

@@ -183,6 +183,7 @@ def load_setup(name: str) -> Setup:
                 )
             metrics[metric] = (cohort, value)
         strategies = [_strategy(key, table, where) for key, table in raw["strategies"].items()]
+        grid, full_grid = _axes(raw.get("grid", {})), _axes(raw.get("full_grid", {}))
         setup = Setup(
             name=name,
             title=head["title"],
@@ -193,15 +194,14 @@ def load_setup(name: str) -> Setup:
             settings=dict(raw.get("settings", {})),
             strategies=strategies,
             epsilons=[float(e) for e in head.get("epsilons", [])] or [None],
-            grid=_axes(raw.get("grid", {})),
-            full_grid=_axes(raw.get("full_grid", {})),
+            grid=grid,
+            full_grid=full_grid,
             paper_epsilon=head.get("paper_epsilon"),
             notes=head.get("notes", ""),
             select_by=head.get("select_by", "accuracy"),
             relative_to=head.get("relative_to"),
+            selects=any([grid, full_grid, *(t for s in strategies for t in (s.grid, s.full_grid))]),
         )
-        grids = [setup.grid, setup.full_grid, *(t for s in strategies for t in (s.grid, s.full_grid))]
-        setup = replace(setup, selects=any(grids))
         if setup.select_by not in SELECTION_METRICS:
             raise ConfigError(f"{where}: setup.select_by must be one of {', '.join(SELECTION_METRICS)}")
         _refuse_per_run_keys(setup, where)
@@ -353,14 +353,13 @@ def checked_overrides(setup: Setup, overrides: list[str]) -> dict[str, Any]:
     for strategy in setup.strategies:
         for key in [*strategy.grid, *strategy.full_grid]:
             varied.setdefault(key, f"strategy {strategy.name}'s grid")
+    refused = per_run_keys(setup)
     checked = {}
     for assignment in overrides:
         path, value = parse_override(assignment)
         key = ".".join(path)
-        if key in per_run_keys(setup):
-            raise ConfigError(
-                f"--set {key}: a reproduction sets it for each run ({per_run_keys(setup)[key]})"
-            )
+        if key in refused:
+            raise ConfigError(f"--set {key}: a reproduction sets it for each run ({refused[key]})")
         if key in ("privacy.target_epsilon", "privacy.noise_multiplier") and any(
             e is not None for e in setup.epsilons
         ):  # each run's target ε is set, and it calibrates the noise multiplier
@@ -412,11 +411,13 @@ class Planner:
             and isinstance(scenario, ClassificationSpec)
             and scenario.dataset in ROW_SPLIT_DATASETS
         ):
-            raw = set_value(raw, "scenario.split_seed", int(self.base.get("seed", 0)))
+            first = int(self.base.get("seed", 0))
+            raw = set_value(raw, "scenario.split_seed", first)
+            scenario = scenario.model_copy(update={"split_seed": first})
         check_overrides_used(raw, self.overrides)
         marker = (seed, validation)
         if marker not in self._counts:
-            self._counts[marker] = self.examples(validate(raw).scenario, self.data_dir, seed)
+            self._counts[marker] = self.examples(scenario, self.data_dir, seed)
         count = self._counts[marker]
         sample_level = sample_level_settings(self.setup, count, self.max_rounds, self.max_batch)
         raw = _apply(raw, sample_level)

@@ -172,9 +172,10 @@ def test_attribute_cohorts_hold_only_their_sex(scenario):
     np.testing.assert_array_equal(weights["female"] + weights["male"], np.ones(dataset.num_test))
 
 
-def _multiset_of_rows(dataset, split: str) -> Counter:
-    """The multiset of a split's rows (features, label, group)."""
+def _multiset_of_rows(dataset, split: str, left_out: list[int] | None = None) -> Counter:
+    """The multiset of a split's rows (features less the columns ``left_out``, label, group)."""
     x, y, g = (getattr(dataset, f"{field}_{split}") for field in ("x", "y", "g"))
+    x = np.delete(x, left_out or [], axis=1)
     return Counter(row.tobytes() for row in np.column_stack([x, y, g]))
 
 
@@ -213,11 +214,9 @@ def test_validation_split_holds_out_training_rows_and_drops_the_test_set():
     # the numeric columns are scaled again (the test below), the others are the training rows'
     numeric = [whole.feature_names.index(name) for name in ADULT_NUMERIC]
 
-    def rest(dataset, part):
-        x, y, g = (getattr(dataset, f"{field}_{part}") for field in ("x", "y", "g"))
-        return Counter(row.tobytes() for row in np.column_stack([np.delete(x, numeric, axis=1), y, g]))
-
-    assert rest(split, "train") + rest(split, "test") == rest(whole, "train")
+    assert _multiset_of_rows(split, "train", numeric) + _multiset_of_rows(
+        split, "test", numeric
+    ) == _multiset_of_rows(whole, "train", numeric)
 
 
 @pytest.mark.parametrize("scaling", ["standardize", "minmax"])
