@@ -35,7 +35,9 @@ class ServerOptimizer(Protocol):
 
 @dataclass
 class ServerSGD:
-    """SGD with momentum ``momentum`` and learning rate ``lr`` on update estimates."""
+    """SGD with momentum ``momentum`` and learning rate ``lr`` on update estimates. Without
+    momentum (β = 0) v_{t+1} = d_t: no velocity is kept, so a run's checkpoint
+    (:mod:`fairclip.sims.checkpoint`) holds no dead copy of the model's size."""
 
     lr: float
     momentum: float = 0.0
@@ -46,6 +48,9 @@ class ServerSGD:
         """The next model from the current one and this round's Δ̂."""
         if self.weight_decay:
             estimate = estimate - self.weight_decay * model
+        if not self.momentum:
+            self.velocity = None  # one restored from a checkpoint written before it was dropped
+            return model + self.lr * lr_factor * estimate
         self.velocity = estimate if self.velocity is None else self.momentum * self.velocity + estimate
         return model + self.lr * lr_factor * self.velocity
 

@@ -29,6 +29,30 @@ def test_weight_decay_adds_the_penalty_gradient_to_the_released_estimate():
     np.testing.assert_allclose(two, one + 0.1 * velocity)
 
 
+@settings(max_examples=50, deadline=None)
+@given(
+    values=st.lists(st.floats(-1e3, 1e3), min_size=6, max_size=6),
+    lr=st.floats(0.01, 10.0),
+    factor=st.floats(0.1, 2.0),
+    decay=st.sampled_from([0.0, 0.01]),
+)
+def test_sgd_without_momentum_steps_along_the_estimate_and_keeps_no_velocity(values, lr, factor, decay):
+    """β = 0: θ_{t+1} = θ_t + η ρ d_t, bit for bit the step that kept v_{t+1} = 0·v_t + d_t, and
+    nothing of the model's size is left on the optimizer (a checkpoint pickles it whole), also
+    after a step from one restored with an old checkpoint's velocity."""
+    theta, first, second = (np.array(values[i : i + 2]) for i in (0, 2, 4))
+    optimizer = ServerSGD(lr, weight_decay=decay)
+    one = optimizer.step(theta, first, lr_factor=factor)
+    d_one = first - decay * theta if decay else first
+    np.testing.assert_array_equal(one, theta + lr * factor * d_one)
+    assert optimizer.velocity is None
+    optimizer.velocity = d_one  # what a checkpoint of the earlier code held
+    two = optimizer.step(one, second)
+    d_two = second - decay * one if decay else second
+    np.testing.assert_array_equal(two, one + lr * (0.0 * d_one + d_two))
+    assert optimizer.velocity is None
+
+
 def test_a_run_with_weight_decay_shrinks_the_model():
     settings = ["strategy.name=constant", "training.rounds=6", "seed=3", "training.server_lr=2.0"]
     norms = {}
