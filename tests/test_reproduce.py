@@ -693,6 +693,25 @@ def test_a_setup_runs_a_policy_variant_under_its_own_label(tmp_path):
         repro._strategy("variant", {"policy": 3}, "reproduction x")
 
 
+def test_a_lower_bound_above_the_initial_bound_raises_the_initial_bound():
+    """Zhao et al.'s grid puts C_LB above the shared C_0 = 1 (3.18 here, up to 50 in the full
+    grid), which ``bounded`` refuses (C_0 < C_LB): a reproduction's run starts at C_0 = C_LB
+    there and keeps C_0 = 1 where C_LB is below it; constant's and adaptive's C_0 are untouched."""
+    setup = repro.load_setup("zhao-skewed-mnist")
+    planner = repro.Planner(setup, None, [], max_rounds=3, examples=lambda *_: 48_000)
+    bounds = set()
+    for run in planner.grid_runs(full=False, limit=None):
+        params = validate(run.raw).strategy.params
+        bounds.add((run.strategy, params.get("lower_bound"), params["initial_bound"]))
+    assert bounds == {
+        ("constant", None, 0.216),
+        ("constant", None, 3.18),
+        ("adaptive", None, 1.0),
+        ("bounded", 0.216, 1.0),
+        ("bounded", 3.18, 3.18),
+    }
+
+
 def test_grid_runs_evaluate_after_their_last_round_only():
     """A grid run's one product is its final validation metric, so it is evaluated once, after
     its last round, unless the user sets ``training.eval_every``; the final runs keep their curve."""
