@@ -9,8 +9,10 @@ A reply is accepted only if it carries exactly what the round asked for, and not
 - the contribution's L2 norm at most the bound the server sent that client, with no slack: the
   noise is calibrated to that bound, and an honest client's final projection already lands
   2e-9 inside it (:mod:`fairclip.strategies.clipping`);
-- a report an honest client of the policy could send (:meth:`Policy.report_is_valid`: a {0, 1}
-  bit, a one-hot count in the client's own cohort, a unit-or-zero direction);
+- a report of L2 norm at most 1 (the sensitivity its noise assumes, whatever a plug-in policy's
+  own check accepts) that an honest client of the policy could send
+  (:meth:`Policy.report_is_valid`: a {0, 1} bit, a one-hot count in the client's own cohort, a
+  unit-or-zero direction);
 - the simulation-only diagnostics record only where the run enables it (``simulation-diagnostics``).
 
 Arrays are read without trusting their payload: the declared dtype, shape and serialisation
@@ -127,6 +129,8 @@ def check_reply(
             raise ReplyError(f"contribution norm {norm!r} exceeds the bound {bound!r} it was sent")
     if REPORTS in expected:
         reports = read_float_vector(record[REPORTS], report_size, "reports")
+        if report_size and not float(row_norms(reports[None, :])[0]) <= 1.0:  # the noise's sensitivity
+            raise ReplyError("report vector has norm above 1")
         if not policy.report_is_valid(reports, cohort):
             raise ReplyError(f"report vector is not one an honest {policy.name!r} client sends")
     diagnostics = None

@@ -72,8 +72,9 @@ class RoundServer:
 
     def broadcast(self) -> Broadcast:
         """The policy's public parameters of the coming exchange (for example C_t; after
-        :meth:`release_counts`, the bounds its counts set for this round)."""
-        return self.policy.broadcast(self.pending.counts.state if self.pending else self.state)
+        :meth:`release_counts`, the bounds its counts set for this round), checked against the
+        sensitivity of the state that clips with them (:meth:`Policy.checked_broadcast`)."""
+        return self.policy.checked_broadcast(self.pending.counts.state if self.pending else self.state)
 
     def release_counts(self, round_number: int, sums: RoundSums) -> np.ndarray:
         """The first exchange of a counts-first round: noise the report sum, keep the state that

@@ -27,10 +27,25 @@ Notation (docs/design.md, section 2)::
 The engines (in-process, Ray, Flower) call exactly these two methods with flattened update
 vectors; no engine re-implements any part of a policy.
 
-Two invariants are guaranteed here, not in each policy: every contribution leaves
-:meth:`Policy.client_side` with norm at most its sensitivity (a final guarded projection,
-:func:`fairclip.strategies.clipping.clip_rows_with_norms`), and non-finite updates are replaced by zero
-contributions, so a diverged client can never break the bound.
+The invariants that DP rests on are enforced here, at run time, on every path -- not left to
+each policy, and not to a plug-in author remembering :func:`fairclip.policies.check_policy`:
+
+* every round's public parameters come from :meth:`Policy.checked_broadcast`, which refuses
+  (:class:`PolicyError`, naming both numbers) a state whose client bounds
+  (:meth:`Policy.contribution_bounds`) exceed the sensitivity its noise is calibrated to
+  (:meth:`Policy.sensitivity`), or whose sensitivity is not a finite number > 0;
+* every contribution leaves :meth:`Policy.client_side` (and :meth:`Policy.scaled_client_side`,
+  the one-step path) with norm at most its client's bound -- a final guarded projection,
+  :func:`fairclip.strategies.clipping.clip_rows_with_norms` -- and so at most the sensitivity;
+* every report vector leaves them with norm at most 1, the sensitivity its noise assumes
+  (:func:`fairclip.strategies.clipping.project_reports`);
+* a client whose update, contribution or report is not finite sends zeros, so a diverged client
+  (or a plug-in's NaN) can never break the bound;
+* a private policy may not override the steps that do this (:data:`GUARDED_METHODS`, checked
+  by :func:`fairclip.strategies.registry.check_policy_class` wherever a policy is accepted).
+
+The server of the Flower path checks each reply against the same bounds
+(:func:`fairclip.server.replies.check_reply`).
 """
 
 from __future__ import annotations
@@ -49,9 +64,10 @@ from fairclip.strategies.clipping import (
     clip_rows_with_norms,
     guard_scales,
     hard_clip,
+    project_reports,
     row_norms,
 )
-from fairclip.strategies.errors import PolicyConfigError
+from fairclip.strategies.errors import PolicyConfigError, PolicyError
 from fairclip.strategies.params import PolicyParams
 
 State = Any
@@ -62,6 +78,19 @@ Broadcast = dict[str, Any]
 
 BOUND_FLOOR = 1e-30
 """Smallest bound any geometric update may reach, so a bound never underflows to zero."""
+
+GUARDED_METHODS = (
+    "client_side",
+    "scaled_client_side",
+    "row_scaling",
+    "checked_broadcast",
+    "count_side",
+    "server_side",
+)
+"""What a private policy may not override: the steps of :class:`Policy` that project every
+contribution and report, check the bounds against the sensitivity, and noise with it. A policy
+defines its transform (:meth:`Policy.scales` or :meth:`Policy.transform`), bounds, sensitivity
+and state update; these run it."""
 
 BOUND_CEILING = 1e30
 """Largest value a multiplicative update may take a bound to (unless it started above), so that
@@ -286,6 +315,37 @@ class Policy(ABC):
     def broadcast(self, state: State) -> Broadcast:
         """Public parameters that clients need to transform their updates in this round."""
 
+    def checked_broadcast(self, state: State) -> Broadcast:
+        """:meth:`broadcast` of ``state``, the parameters that clip a round, once it is checked
+        that they keep the sensitivity the round's noise uses: for a private policy,
+        ``sensitivity(state)`` must be a finite number > 0 and every cohort's client bound
+        (:meth:`contribution_bounds` of these parameters) must lie in [0, sensitivity(state)];
+        otherwise :class:`PolicyError` names the policy and both numbers. Every engine, the
+        ServerApp and the Flower wrapper send only what this returns
+        (:meth:`fairclip.server.round_server.RoundServer.broadcast`)."""
+        params = self.broadcast(state)
+        if not self.private:
+            return params
+        name = getattr(self, "name", type(self).__name__)
+        sensitivity = float(self.sensitivity(state))
+        if not (math.isfinite(sensitivity) and sensitivity > 0):
+            raise PolicyError(f"policy {name!r} has sensitivity {sensitivity!r}, not a finite number > 0")
+        cohorts = np.arange(self.num_cohorts)
+        bounds = np.asarray(self.contribution_bounds(params, cohorts), dtype=np.float64)
+        if bounds.shape != cohorts.shape:
+            raise PolicyError(
+                f"policy {name!r}: contribution_bounds gave {bounds.shape[0] if bounds.ndim else 1} "
+                f"bounds for {cohorts.shape[0]} cohort(s)"
+            )
+        outside = ~((bounds >= 0) & (bounds <= sensitivity))
+        if outside.any():
+            bound = float(bounds[np.flatnonzero(outside)[0]])
+            raise PolicyError(
+                f"policy {name!r} lets a client contribute up to {bound!r} but its noise is calibrated "
+                f"to sensitivity {sensitivity!r}: contribution_bounds() must lie in [0, sensitivity()]"
+            )
+        return params
+
     @abstractmethod
     def sensitivity(self, state: State) -> float:
         """s_t: the largest norm any contribution can have under ``broadcast(state)``."""
@@ -406,10 +466,16 @@ class Policy(ABC):
             norms = np.where(nonfinite, 0.0, norms)
         contributions, reports, exceeded = self.transform(safe, norms, cohorts, params)
         contributions, contribution_norms = clip_rows_with_norms(
-            contributions, self.contribution_bounds(params, cohorts)
+            contributions, self._client_bounds(params, cohorts)
         )
-        reports = reports.copy()
+        broken = ~np.isfinite(contribution_norms)  # a transform's NaN or ∞ (the norms tell)
+        if broken.any():  # sends zeros, as a non-finite update does
+            nonfinite = nonfinite | broken
+            contributions = np.where(nonfinite[:, None], 0.0, contributions)
+            contribution_norms = np.where(nonfinite, 0.0, contribution_norms)
+        reports = np.array(reports, dtype=np.float64)
         reports[nonfinite] = 0.0
+        reports = project_reports(reports)  # norm <= 1; a non-finite report becomes zero
         return ClientReports(
             contributions=contributions,
             reports=reports,
@@ -439,13 +505,14 @@ class Policy(ABC):
         nonfinite = ~np.isfinite(norms)
         norms = np.where(nonfinite, 0.0, norms)
         row = self.scales(norms, cohorts, params)
-        contribution = guard_scales(row.factors(norms), norms, self.contribution_bounds(params, cohorts))
+        contribution = guard_scales(row.factors(norms), norms, self._client_bounds(params, cohorts))
         contribution[nonfinite] = 0.0
         report_scales = None
         reports_out = None
         if row.report_scales is None:
             reports_out = np.array(row.reports, dtype=np.float64)
             reports_out[nonfinite] = 0.0
+            reports_out = project_reports(reports_out)
         else:
             report_scales = guard_scales(row.report_scales, norms, np.ones_like(norms))
             report_scales[nonfinite] = 0.0
@@ -458,6 +525,12 @@ class Policy(ABC):
             norms=norms,
             contribution_norms=np.abs(contribution) * norms,
         )
+
+    def _client_bounds(self, params: Broadcast, cohorts: np.ndarray) -> np.ndarray:
+        """The bound each client's contribution is projected to: :meth:`contribution_bounds`,
+        with a bound that is not a number taken as 0 (nothing gets through it)."""
+        bounds = np.asarray(self.contribution_bounds(params, cohorts), dtype=np.float64)
+        return np.where(np.isnan(bounds), 0.0, bounds)
 
     # ----- the server side, shared by every engine -------------------------------------
     def count_side(

@@ -107,6 +107,29 @@ def guard_scales(factors: np.ndarray, norms: np.ndarray, bounds: np.ndarray | fl
     return factors
 
 
+def project_reports(reports: np.ndarray) -> np.ndarray:
+    """Report vectors as the noise of their sum assumes them: each row of L2 norm at most 1.
+
+    A row of norm above 1 is scaled to norm :data:`GUARD_RADIUS`; a row that is not finite (or
+    whose norm is not) becomes zero, as a non-finite update's report does. Every report an honest
+    client sends -- a bit, a one-hot count, a guarded unit direction -- has norm at most 1 and is
+    returned unchanged (the array itself, not a copy, when no row changes).
+    """
+    reports = np.asarray(reports, dtype=np.float64)
+    if reports.ndim != 2 or reports.shape[1] == 0:
+        return reports
+    norms = row_norms(reports)
+    broken = ~np.isfinite(norms)
+    with np.errstate(invalid="ignore"):
+        over = norms > 1.0
+    if not (broken.any() or over.any()):
+        return reports
+    projected = _rescale(reports, np.where(broken, 1.0, norms), np.full(norms.shape, GUARD_RADIUS), over)
+    projected = projected.copy() if projected is reports else projected
+    projected[broken] = 0.0
+    return projected
+
+
 PRECISE_FACTOR_BELOW = 1e-280
 """Scale factors below this may be subnormal; such rows are divided by their norm first."""
 

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from fairclip.strategies.adaptive import AdaptiveClipping
-from fairclip.strategies.base import Policy
+from fairclip.strategies.base import GUARDED_METHODS, Policy
 from fairclip.strategies.bounded import BoundedAdaptiveClipping
 from fairclip.strategies.constant import ConstantClipping
 from fairclip.strategies.errors import PolicyConfigError
@@ -62,7 +62,9 @@ def policy_class(name: str) -> type[Policy]:
 
 
 def check_policy_class(cls: object, name: str) -> type[Policy]:
-    """``cls`` if it is a concrete :class:`Policy` with a parameter schema, else one error line."""
+    """``cls`` if it is a concrete :class:`Policy` with a parameter schema that leaves the guarded
+    steps of the base class alone (a private policy may not override :data:`GUARDED_METHODS`),
+    else one error line."""
     if not (isinstance(cls, type) and issubclass(cls, Policy)):
         raise PolicyConfigError(f"strategy {name!r} is {cls!r}, not a subclass of fairclip's Policy")
     if not (isinstance(cls.Params, type) and issubclass(cls.Params, PolicyParams)):
@@ -74,6 +76,13 @@ def check_policy_class(cls: object, name: str) -> type[Policy]:
         missing.append("scales (or transform)")
     if missing:
         raise PolicyConfigError(f"strategy {name!r} does not implement {', '.join(missing)}")
+    overridden = [method for method in GUARDED_METHODS if getattr(cls, method) is not getattr(Policy, method)]
+    if cls.private and overridden:
+        raise PolicyConfigError(
+            f"strategy {name!r} overrides {', '.join(overridden)}: the base class keeps these so that "
+            "no contribution or report exceeds the sensitivity its noise uses; define scales() or "
+            "transform(), contribution_bounds() and sensitivity() instead"
+        )
     return cls
 
 
