@@ -4,36 +4,53 @@ Flower's ``DifferentialPrivacyClientSide*`` wrappers turn a strategy into centra
 does so with any fairclip policy (``bounded`` by default) and fairclip's accounting::
 
     strategy = DifferentialPrivacy(FedAvg(fraction_train=1.0), "bounded", {"lower_bound": 0.05},
-                                   sample_rate=0.5, noise_multiplier=1.0)
+                                   num_clients=100, sample_rate=0.5, noise_multiplier=1.0)
 
 and on the client, :func:`fairclip.client.mod.fairclip_mod` clips each update and adds the
 policy's report bits. Per round t:
 
 1. ``configure_train`` puts the policy's name, parameters and public broadcast (for example
-   C_t) into the train config, lets the inner strategy configure its messages, and keeps each
-   node with probability q (Poisson sampling; seeded when a ``seed`` is given). m̂ = q·n, with n
-   the number of nodes the inner strategy configured (public), is the denominator.
+   C_t) into the train config and lets the inner strategy build its train message. The wrapper
+   then sends that message to each connected node kept by its own Poisson sampling with rate q
+   -- the only sampling there is: an inner strategy that samples (``fraction_train`` < 1) is
+   refused, because a fixed-size sample lets one client push another out, which moves the sum
+   by two contributions while the accountant assumes one. The denominator is m̂ = q·N with N
+   the population given as ``num_clients``: public and fixed, never the number of nodes that
+   happen to be connected, which would give a client's presence away through the release's
+   scale.
 2. ``aggregate_train`` checks every reply exactly as fairclip's own ServerApp does
    (:func:`fairclip.server.replies.check_reply`: the contribution's norm within the bound sent,
-   an honest report) and drops the rest, sums the accepted contributions and reports, and runs
-   the policy's server side: Gaussian noise calibrated to the sensitivity of the round that
-   clipped, Δ̂ = S / m̂, the bound update from the noisy counts only.
+   a report of norm at most 1 that an honest client sends) and drops the rest, sums the
+   accepted contributions and reports, and runs the policy's server side: Gaussian noise
+   calibrated to the sensitivity of the round that clipped, Δ̂ = S / m̂, the bound update from
+   the noisy counts only.
 3. The inner strategy then receives *one* synthetic reply holding θ_t + Δ̂ (weight 1), so FedAvg
    returns exactly θ_t + Δ̂ and FedAdam/FedYogi/FedAvgM apply their server optimiser to Δ̂: the
    inner strategy only ever sees the noised release (post-processing).
 
 Nothing leaves the strategy that DP does not cover: the returned metrics are the round's bound,
-noise, sensitivity, ε and the policy's public state; replies' own metrics are discarded, and
-client-side evaluation (whose metrics DP does not cover) is not run -- evaluate centrally with
-``evaluate_fn`` on the server's data. The accountant (:class:`Accountant`) is stepped with the
-:class:`DPEvent` each round released. Policies that need each client's cohort (``per-cohort``,
-``reweight``) need fairclip's own ServerApp, which learns cohorts; they are refused here.
+noise, sensitivity, ε and the policy's public state; replies' own metrics are discarded; the
+inner strategy's own log lines of a round (FedAvg's "Sampled n nodes (out of N)") are dropped
+below WARNING, and the wrapper logs no count; client-side evaluation (whose metrics DP does not
+cover) is not run -- evaluate centrally with ``evaluate_fn`` on the server's data. The
+accountant (:class:`Accountant`) is stepped with the :class:`DPEvent` each round released.
+Policies that need each client's cohort (``per-cohort``, ``reweight``) need fairclip's own
+ServerApp, which learns cohorts; they are refused here.
+
+The noise comes from OpenDP's exact sampler and the sampling from operating-system entropy.
+``not_private_seed`` makes both follow a seed instead, for tests and debugging: whoever knows
+the seed can subtract the noise, so such a run is not private, and its metrics say so
+(``not_private`` = 1, no ``epsilon``; ``mechanism_epsilon`` is the ε the same mechanism would
+have with secret randomness).
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import math
-from collections.abc import Iterable, Mapping
+import threading
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from logging import INFO
 from typing import Any
@@ -41,6 +58,7 @@ from typing import Any
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.common import log
+from flwr.common.logger import FLOWER_LOGGER
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
@@ -48,33 +66,38 @@ from fairclip.client.protocol import flatten, unflatten, write_policy_config
 from fairclip.server.optimizer import ServerSGD
 from fairclip.server.replies import ReplyError, check_reply
 from fairclip.server.round_server import RoundServer
-from fairclip.strategies import NoiseMultipliers, Policy, build_policy
+from fairclip.strategies import NoiseMultipliers, Policy, PolicyConfigError, build_policy
 from fairclip.strategies.accounting import DEFAULT_COUNT_RATIO, Accountant
 from fairclip.strategies.aggregation import RoundSums, sum_replies
-from fairclip.strategies.randomness import Stream, rng
+from fairclip.strategies.randomness import Stream, rng, sample_ids
+from fairclip.strategies.registry import check_policy_class
 
 
 @dataclass(frozen=True)
 class _Round:
     number: int
     nodes: list[int]
-    """Node ids of the round's candidates, in order (a node's index is its client id here)."""
+    """Node ids connected when the round was configured, in order (a node's index is its
+    client id in the sums' order)."""
     sampled: set[int]
     params: dict[str, Any]
     arrays: ArrayRecord
     """θ_t as the inner strategy sent it (keys, shapes and dtypes of the model's arrays)."""
     model: np.ndarray
-    expected_clients: float
 
 
 class DifferentialPrivacy(Strategy):
     """User-level DP with a fairclip clipping policy around an inner Flower strategy.
 
     ``policy``: a strategy name (built-in or plug-in) or a :class:`Policy`; ``params`` its
-    parameters. ``sample_rate`` q, ``noise_multiplier`` σ_Δ and ``count_noise_multiplier`` σ_b
-    (default 10·σ_Δ) set the mechanism; ε at ``delta`` is accounted with ``accountant`` (``prv``
-    or ``rdp``). ``seed`` makes sampling and noise reproducible (numpy's sampler); without one,
-    noise comes from OpenDP's exact sampler (``secure_noise``, default: on without a seed).
+    parameters. ``num_clients`` is N, the size of the population the nodes are drawn from
+    (required: the update is divided by the public m̂ = q·N, module docstring). ``sample_rate``
+    q, ``noise_multiplier`` σ_Δ and ``count_noise_multiplier`` σ_b (default 10·σ_Δ) set the
+    mechanism; ε at ``delta`` is accounted with ``accountant`` (``prv`` or ``rdp``). The inner
+    ``strategy`` must send its train message to every node (``fraction_train=1.0``): the
+    wrapper samples. Noise comes from OpenDP's exact sampler (``secure_noise``, default on).
+    ``not_private_seed`` makes sampling and noise reproducible, which makes the run not private
+    (module docstring): for tests and debugging only.
     """
 
     def __init__(
@@ -83,34 +106,49 @@ class DifferentialPrivacy(Strategy):
         policy: str | Policy = "bounded",
         params: Mapping[str, Any] | None = None,
         *,
+        num_clients: int | None = None,
         sample_rate: float,
         noise_multiplier: float,
         count_noise_multiplier: float | None = None,
         delta: float = 1e-5,
         accountant: str = "prv",
-        seed: int | None = None,
         secure_noise: bool | None = None,
+        not_private_seed: int | None = None,
     ) -> None:
         super().__init__()
         if isinstance(policy, Policy):
             if params:
-                raise ValueError("give params with a policy name, not with a Policy object")
+                raise PolicyConfigError("give params with a policy name, not with a Policy object")
+            check_policy_class(type(policy), type(policy).__name__)
             self.policy = policy
         else:
             self.policy = build_policy(policy, params)
         if self.policy.needs_cohorts:
-            raise ValueError(
+            raise PolicyConfigError(
                 f"policy {self.policy.name!r} needs each client's cohort: use fairclip's own ServerApp"
             )
         if self.policy.counts_first:
-            raise ValueError(
+            raise PolicyConfigError(
                 f"policy {self.policy.name!r} asks its clients twice a round (counts first): "
                 "use fairclip's own ServerApp"
             )
+        if num_clients is None:
+            raise PolicyConfigError(
+                "num_clients is required: the population size N, so that each round divides by the "
+                "public m̂ = sample_rate·N, never by the number of nodes connected (which would reveal "
+                "whether a client is among them)"
+            )
+        if isinstance(num_clients, bool) or not isinstance(num_clients, int) or num_clients < 1:
+            raise PolicyConfigError(f"num_clients must be an integer >= 1 (got {num_clients!r})")
         if not 0 < sample_rate <= 1:
-            raise ValueError(f"sample_rate must be in (0, 1] (got {sample_rate})")
+            raise PolicyConfigError(f"sample_rate must be in (0, 1] (got {sample_rate})")
         if not 0 < delta < 1:
-            raise ValueError(f"delta must be in (0, 1) (got {delta})")
+            raise PolicyConfigError(f"delta must be in (0, 1) (got {delta})")
+        _refuse_inner_sampling(strategy)
+        if not_private_seed is not None and (
+            isinstance(not_private_seed, bool) or not isinstance(not_private_seed, int)
+        ):
+            raise PolicyConfigError(f"not_private_seed must be an integer (got {not_private_seed!r})")
         count = (
             DEFAULT_COUNT_RATIO * noise_multiplier
             if count_noise_multiplier is None
@@ -118,12 +156,13 @@ class DifferentialPrivacy(Strategy):
         )
         self.noise = NoiseMultipliers(float(noise_multiplier), float(count))
         self.strategy = strategy
+        self.num_clients = num_clients
         self.sample_rate = float(sample_rate)
         self.delta = float(delta)
         self.accountant = Accountant(accountant)
-        self.seed = seed
+        self.not_private_seed = not_private_seed
         self._sampler = None
-        if (seed is None if secure_noise is None else secure_noise) and self.policy.private:
+        if (not_private_seed is None if secure_noise is None else secure_noise) and self.policy.private:
             from fairclip.server.secure_noise import ExactGaussian
 
             self._sampler = ExactGaussian()
@@ -134,14 +173,22 @@ class DifferentialPrivacy(Strategy):
         self.dropped: list[dict[str, Any]] = []
         """Internal record of dropped replies (round, node, reason): not for publication."""
 
+    @property
+    def expected_clients(self) -> float:
+        """m̂ = q·N, the public denominator of every round's update."""
+        return self.sample_rate * self.num_clients
+
     def summary(self) -> None:
         log(
             INFO,
-            "\t├──> fairclip DP: policy %r, q=%g, σ_Δ=%g",
+            "\t├──> fairclip DP: policy %r, N=%d, q=%g, σ_Δ=%g",
             self.policy.name,
+            self.num_clients,
             self.sample_rate,
             self.noise.update,
         )
+        if self.not_private_seed is not None:
+            log(INFO, "\t├──> fairclip DP: NOT PRIVATE (not_private_seed): sampling and noise follow a seed")
         self.strategy.summary()
 
     def configure_train(
@@ -154,7 +201,7 @@ class DifferentialPrivacy(Strategy):
                 model=model,
                 noise=self.noise,
                 sample_rate=self.sample_rate,
-                expected_clients=1.0,
+                expected_clients=self.expected_clients,
                 optimizer=ServerSGD(1.0),
                 accountant=self.accountant,
                 noise_source=self._noise,
@@ -162,23 +209,25 @@ class DifferentialPrivacy(Strategy):
         self.rounds.model = model  # the inner strategy's θ_t
         params = self.rounds.broadcast()
         write_policy_config(config, self.policy, params)
-        candidates = sorted(self.strategy.configure_train(server_round, arrays, config, grid), key=_node)
-        nodes = [_node(message) for message in candidates]
-        if self.seed is not None:
-            draws = rng(self.seed, Stream.SAMPLING, server_round).random(len(candidates))
+        with _inner_strategy_quiet():  # its log names the number of nodes it sampled
+            template = _one_message(self.strategy.configure_train(server_round, arrays, config, grid))
+        nodes = sorted(int(node) for node in grid.get_node_ids())
+        if self.not_private_seed is not None:
+            generator = rng(self.not_private_seed, Stream.SAMPLING, server_round)
         else:
-            draws = np.random.default_rng().random(len(candidates))
-        kept = [message for message, draw in zip(candidates, draws, strict=True) if draw < self.sample_rate]
-        self._round = _Round(
-            server_round,
-            nodes,
-            {_node(message) for message in kept},
-            params,
-            arrays,
-            model,
-            self.sample_rate * max(len(candidates), 1),
-        )
-        return kept
+            generator = np.random.default_rng()
+        kept = [nodes[int(index)] for index in sample_ids(generator, len(nodes), self.sample_rate)]
+        self._round = _Round(server_round, nodes, set(kept), params, arrays, model)
+        return [
+            Message(
+                template.content,
+                dst_node_id=node,
+                message_type=MessageType.TRAIN,
+                ttl=template.metadata.ttl,
+                group_id=template.metadata.group_id,
+            )
+            for node in kept
+        ]
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
@@ -203,7 +252,7 @@ class DifferentialPrivacy(Strategy):
                 self.dropped.append({"round": server_round, "node": node, "reason": str(error)})
         sums = sum_replies(accepted, max(len(plan.nodes), 1), dim, self.policy.report_size(dim), 1)
         rounds = self.rounds
-        rounds.model, rounds.expected_clients = plan.model, plan.expected_clients
+        rounds.model = plan.model
         released = rounds.release(server_round, sums)
         arrays = unflatten(rounds.model, plan.arrays)  # θ_t + Δ̂
         weight_key = str(getattr(self.strategy, "weighted_by_key", "num-examples"))
@@ -212,14 +261,19 @@ class DifferentialPrivacy(Strategy):
             dst_node_id=0,
             message_type=MessageType.TRAIN,
         )
-        aggregated, _ = self.strategy.aggregate_train(server_round, [synthetic])
+        with _inner_strategy_quiet():
+            aggregated, _ = self.strategy.aggregate_train(server_round, [synthetic])
+        epsilon = self.accountant.get_epsilon(self.delta)
         metrics = {
             "clip_bound": released.clip_bound,
             "noise_std": released.noise_std,
             "sensitivity": released.sensitivity,
-            "epsilon": self.accountant.get_epsilon(self.delta),
             **released.info,
         }
+        if self.not_private_seed is None:
+            metrics["epsilon"] = epsilon
+        else:  # the seed gives the noise away: no guarantee to report
+            metrics.update(not_private=1.0, mechanism_epsilon=epsilon)
         return aggregated, MetricRecord({k: float(v) for k, v in metrics.items() if math.isfinite(v)})
 
     @property
@@ -230,8 +284,8 @@ class DifferentialPrivacy(Strategy):
     def _noise(self, round_number: int) -> Any:
         if self._sampler is not None:
             return self._sampler
-        if self.seed is not None:
-            return rng(self.seed, Stream.NOISE, round_number)
+        if self.not_private_seed is not None:
+            return rng(self.not_private_seed, Stream.NOISE, round_number)
         return np.random.default_rng()
 
     def configure_evaluate(
@@ -243,8 +297,47 @@ class DifferentialPrivacy(Strategy):
         return None
 
 
-def _node(message: Message) -> int:
-    return int(message.metadata.dst_node_id)
+def _refuse_inner_sampling(strategy: Strategy) -> None:
+    """Refuse an inner strategy that samples nodes itself (module docstring, step 1)."""
+    fraction = getattr(strategy, "fraction_train", 1.0)
+    if fraction != 1.0:
+        raise PolicyConfigError(
+            f"the inner strategy samples its own nodes (fraction_train={fraction!r}): give it "
+            "fraction_train=1.0 and set the rate with sample_rate, the wrapper's Poisson sampling, "
+            "which is the sampling the accountant assumes"
+        )
+
+
+def _one_message(messages: Iterable[Message]) -> Message:
+    """The train message the inner strategy configured: one content for every node it addressed
+    (the wrapper sends it to the nodes it samples), else :class:`PolicyConfigError`."""
+    messages = list(messages)
+    if not messages:
+        raise PolicyConfigError("the inner strategy configured no train message (is fraction_train 0?)")
+    first = messages[0].content
+    if any(message.content is not first and message.content != first for message in messages[1:]):
+        raise PolicyConfigError(
+            "the inner strategy sends different content to different nodes; the wrapper sends one "
+            "train message to every node it samples"
+        )
+    return messages[0]
+
+
+@contextlib.contextmanager
+def _inner_strategy_quiet() -> Iterator[None]:
+    """Drop the log records below WARNING that Flower's logger receives from this thread for the
+    duration (the inner strategy's configure and aggregate steps: FedAvg logs how many nodes it
+    sampled and how many replied, counts DP does not cover)."""
+    thread = threading.get_ident()
+
+    def keep(record: logging.LogRecord) -> bool:
+        return record.levelno >= logging.WARNING or record.thread != thread
+
+    FLOWER_LOGGER.addFilter(keep)
+    try:
+        yield
+    finally:
+        FLOWER_LOGGER.removeFilter(keep)
 
 
 def _source(message: Message) -> int | None:

@@ -9,7 +9,7 @@ of ``sims``; this module composes them with the scenarios, the run server and th
 from __future__ import annotations
 
 from collections.abc import Sequence
-from logging import INFO
+from logging import INFO, WARNING
 from typing import TYPE_CHECKING, Any
 
 from flwr.app import Array, ArrayRecord, Context
@@ -62,7 +62,9 @@ def run_federation(grid: Grid, context: Context, observers: Sequence[RunObserver
     run = flower_run(dict(context.run_config))
     config = run.config
     task = build_task(config, run.data_dir)
-    server = RunServer(config, task, seeded=run.seeded, secure_noise_default=True)
+    server = RunServer(
+        config, task, seeded=run.not_private, secure_noise_default=True, not_private=run.not_private
+    )
     log_randomness(run, server.noise_source)
     federation = identify_nodes(
         grid,
@@ -142,15 +144,15 @@ def run_federation(grid: Grid, context: Context, observers: Sequence[RunObserver
 
 def log_randomness(run: FlowerRun, noise_source: str) -> None:
     """Say where client sampling and DP noise come from (docs/design.md, section 6)."""
-    if run.seeded:
+    if run.not_private:
         log(
-            INFO,
-            "fairclip: client sampling follows seed=%d, given by %s (a test run: set no seed in production)",
+            WARNING,
+            "fairclip: NOT PRIVATE: client sampling and DP noise follow seed=%d (run-config "
+            "not-private=true), so epsilon is reported as inf; for tests and debugging only",
             run.config.seed,
-            run.seed_source,
         )
     else:
-        log(INFO, "fairclip: client sampling drawn from operating-system entropy (no seed given)")
+        log(INFO, "fairclip: client sampling drawn from operating-system entropy")
     log(INFO, "fairclip: DP noise from %s", noise_source)
 
 

@@ -18,12 +18,14 @@ So ``flwr run . --run-config "strategy.name='bounded' training.rounds=5"`` and
 ``fairclip run --scenario S --set strategy.name=bounded --set training.rounds=5`` resolve to the
 same configuration.
 
-A run is *seeded* when the run configuration gives a seed -- the ``seed`` key, a ``seed=`` in
-``set``, or a top-level ``seed`` in ``config-file`` -- and :attr:`FlowerRun.seed_source` says
-which. Then client sampling and (unless ``privacy.secure_noise`` draws it from OpenDP, which
-cannot be seeded) the DP noise follow the seed, as in a simulation: for test runs only.
-Otherwise they come from operating-system entropy (docs/design.md, section 6); a built-in scenario's own
-seed still fixes the data partition, which every node must agree on.
+The configuration's ``seed`` fixes what every node must agree on -- the data partition of a
+simulated scenario -- and nothing else: client sampling comes from operating-system entropy and
+the DP noise from OpenDP's exact sampler (or, with ``privacy.secure_noise = false``, numpy's
+generator on operating-system entropy). The control key ``not-private`` (``false`` unless given)
+makes sampling and noise follow ``seed`` as in a simulation, so that a test can compare a Flower
+run with the engines number for number. Whoever knows the seed can regenerate the noise and
+subtract it, so such a run is not private, and every public output says so (ε is reported as
+infinite, docs/design.md, section 6): for tests and debugging only, never a deployment.
 """
 
 from __future__ import annotations
@@ -45,7 +47,16 @@ from fairclip.sims.errors import ConfigError
 UNSET = ""
 """Value of a declared configuration key that keeps the scenario's value."""
 
-CONTROL_KEYS = ("scenario", "config-file", "out", "data-dir", "set", "node-wait", "simulation-diagnostics")
+CONTROL_KEYS = (
+    "scenario",
+    "config-file",
+    "out",
+    "data-dir",
+    "set",
+    "node-wait",
+    "simulation-diagnostics",
+    "not-private",
+)
 
 DEFAULT_NODE_WAIT_SECONDS = 300.0
 
@@ -57,26 +68,19 @@ class FlowerRun:
     config: RunConfig
     out: Path
     data_dir: Path | None
-    seed_source: str | None
-    """Where the run configuration gave the seed, or ``None`` (a built-in scenario's default)."""
     node_wait: float
     simulation_diagnostics: bool = False
-
-    @property
-    def seeded(self) -> bool:
-        """Whether sampling and (numpy) DP noise follow the configuration's seed."""
-        return self.seed_source is not None
+    not_private: bool = False
+    """Whether sampling and (numpy) DP noise follow the configuration's seed, which makes the run
+    not private (module docstring)."""
 
 
 def flower_run(run_config: dict[str, Any]) -> FlowerRun:
     """Resolve Flower's flat run configuration into a validated fairclip configuration."""
     config_file = str(run_config.get("config-file", UNSET))
     scenario = str(run_config.get("scenario", UNSET)) or None
-    seed_source = None
     if config_file:
         raw = scenario_source(None, Path(config_file))
-        if "seed" in raw:
-            seed_source = f"config-file {config_file}"
     elif scenario:
         raw = scenario_source(scenario, None)
     else:
@@ -85,12 +89,7 @@ def flower_run(run_config: dict[str, Any]) -> FlowerRun:
         if key in CONTROL_KEYS or value == UNSET:
             continue
         raw = set_value(raw, key, value)
-        if key == "seed":
-            seed_source = "run-config key seed"
     assignments = [part.strip() for part in str(run_config.get("set", UNSET)).split(";") if part.strip()]
-    for assignment in assignments:
-        if assignment.partition("=")[0].strip() == "seed":
-            seed_source = "set"
     raw = apply_overrides(raw, assignments)
     check_overrides_used(
         raw, [key for key, value in run_config.items() if key not in CONTROL_KEYS and value != UNSET]
@@ -98,6 +97,9 @@ def flower_run(run_config: dict[str, Any]) -> FlowerRun:
     diagnostics = run_config.get("simulation-diagnostics", False)
     if not isinstance(diagnostics, bool):
         raise ConfigError(f"simulation-diagnostics must be true or false (got {diagnostics!r})")
+    not_private = run_config.get("not-private", False)
+    if not isinstance(not_private, bool):
+        raise ConfigError(f"not-private must be true or false (got {not_private!r})")
     data_dir = str(run_config.get("data-dir", UNSET))
     node_wait = run_config.get("node-wait", DEFAULT_NODE_WAIT_SECONDS)
     if isinstance(node_wait, bool) or not isinstance(node_wait, int | float) or not node_wait > 0:
@@ -112,7 +114,7 @@ def flower_run(run_config: dict[str, Any]) -> FlowerRun:
         config=config,
         out=Path(str(run_config.get("out", UNSET)) or "runs/flwr"),
         data_dir=Path(data_dir) if data_dir else None,
-        seed_source=seed_source,
         node_wait=float(node_wait),
         simulation_diagnostics=diagnostics,
+        not_private=not_private,
     )

@@ -68,9 +68,10 @@ SETTINGS = {
     "strategy.name": "bounded",
     "privacy.noise_multiplier": 0.8,
 }
-FLOWER_ONLY = {"simulation-diagnostics": True, "privacy.secure_noise": False}
+FLOWER_ONLY = {"simulation-diagnostics": True, "privacy.secure_noise": False, "not-private": True}
 """Flower's simulation runtime may enable the simulation diagnostics (never a deployment), and a
-reproducible comparison needs numpy's seeded noise instead of the ServerApp's default OpenDP."""
+reproducible comparison needs sampling and numpy's noise to follow the seed instead of the
+ServerApp's operating-system entropy and OpenDP: a not-private run."""
 
 
 SAME_ROUND = {
@@ -128,17 +129,22 @@ def test_flwr_run_matches_local_backend(flower_home, tmp_path, cli, strategy):
         "minority/norm_after",
     ):
         np.testing.assert_allclose(flower_internal[column], local_rounds[column], rtol=1e-9, err_msg=column)
-    for column in ("clip_bound", "noise_std", "sensitivity", "epsilon", "accuracy", "loss", "noisy_report_0"):
+    for column in ("clip_bound", "noise_std", "sensitivity", "accuracy", "loss", "noisy_report_0"):
         np.testing.assert_allclose(flower_rounds[column], local_rounds[column], rtol=1e-9, err_msg=column)
+    # a not-private run claims no ε in its public outputs; the mechanism's is the engine's
+    assert np.isinf(flower_rounds["epsilon"]).all()
     assert (flower_rounds["noise_std"] > 0).all()
     assert flower_rounds["clip_bound"].nunique() > 1, "the bound should move"
     np.testing.assert_allclose(
         np.load(flower_out / "model.npy"), np.load(local_out / "model.npy"), atol=1e-12
     )
     summary = json.loads((flower_out / "summary.json").read_text())
+    local_summary = json.loads((local_out / "summary.json").read_text())
     assert summary["rounds_completed"] == SETTINGS["training.rounds"]
-    assert np.isfinite(summary["epsilon"]) and summary["epsilon"] > 0
-    assert log.count("client sampling follows seed=5, given by run-config key seed") == 1, "each line once"
+    assert summary["epsilon"] == "inf" and summary["privacy"]["epsilon"] == "inf"
+    assert summary["privacy"]["guarantee"] is False and "no privacy is claimed" in summary["privacy"]["not_private"]
+    assert summary["privacy"]["mechanism_epsilon"] == pytest.approx(local_summary["epsilon"], rel=1e-12)
+    assert log.count("NOT PRIVATE: client sampling and DP noise follow seed=5") == 1, "each line once"
     assert "deprecated" not in log, log
     assert "numpy's Gaussian sampler, seed 5" in log
 
@@ -218,20 +224,50 @@ def test_run_config_resolves_like_set():
     assert not run.simulation_diagnostics and run.config.privacy.secure_noise is None  # on in a ServerApp
 
 
-def test_a_seed_counts_wherever_the_run_configuration_gives_it(tmp_path):
-    """Issue 17, point 5: `set` and a config file used to be ignored (OS entropy, silently)."""
-    assert flower_run({"scenario": "demo"}).seed_source is None, "the scenario's own seed only fixes data"
-    assert flower_run({"scenario": "demo", "seed": 3}).seed_source == "run-config key seed"
-    by_set = flower_run({"scenario": "demo", "set": "training.rounds=2; seed = 9"})
-    assert by_set.seeded and by_set.seed_source == "set" and by_set.config.seed == 9
+def test_a_seed_fixes_only_the_data_unless_the_run_says_not_private(tmp_path):
+    """Issue 64, point 2: a seed in the run configuration (or in a config file copied from a
+    built-in scenario, which carries `seed = 0`) used to make sampling, and without secure noise
+    the noise, predictable while the summary still claimed ε. Now only `not-private = true` does."""
     source = (Path(__file__).resolve().parents[1] / "sims" / "scenarios" / "demo.toml").read_text()
-    with_seed = tmp_path / "with-seed.toml"
-    with_seed.write_text(source.replace("seed = 0", "seed = 4"))
-    from_file = flower_run({"config-file": str(with_seed)})
-    assert from_file.seeded and from_file.config.seed == 4 and str(with_seed) in from_file.seed_source
-    without = tmp_path / "without-seed.toml"
-    without.write_text(source.replace("seed = 0", ""))
-    assert not flower_run({"config-file": str(without)}).seeded
+    copied = tmp_path / "copied.toml"
+    copied.write_text(source)
+    for run_config in (
+        {"scenario": "demo", "seed": 3},
+        {"scenario": "demo", "set": "training.rounds=2; seed = 9"},
+        {"config-file": str(copied)},
+    ):
+        run = flower_run(run_config)
+        assert not run.not_private, run_config
+    assert flower_run({"scenario": "demo", "seed": 3}).config.seed == 3  # the data partition's seed
+    assert flower_run({"scenario": "demo", "not-private": True}).not_private
+    for bad in ("true", 1, "yes"):
+        with pytest.raises(ConfigError, match="not-private must be true or false"):
+            flower_run({"scenario": "demo", "not-private": bad})
+
+
+def test_a_seeded_server_app_draws_sampling_and_noise_from_entropy():
+    """The ServerApp's round server with a seed but without `not-private`: two runs of the same
+    configuration sample different clients and draw different noise; with `not-private` they
+    repeat, and the summary claims no ε."""
+    from fairclip.sims.engine import RunServer
+    from fairclip.sims.tasks import build_task
+
+    run = flower_run({"scenario": "demo", "seed": 3, "privacy.secure_noise": False})
+    task = build_task(run.config)
+
+    def server(not_private: bool) -> RunServer:
+        return RunServer(
+            run.config, task, seeded=not_private, secure_noise_default=True, not_private=not_private
+        )
+
+    first, second = server(False), server(False)
+    assert not np.array_equal(first.sample(1), second.sample(1))
+    noise = [s.rounds.noise_source(1).normal(size=8) for s in (first, second)]
+    assert not np.array_equal(*noise)
+    assert np.isfinite(first.summary["epsilon"]) and "guarantee" not in first.summary["privacy"]
+    repeat = [server(True), server(True)]
+    assert np.array_equal(repeat[0].sample(1), repeat[1].sample(1))
+    assert repeat[0].summary["epsilon"] == "inf" and repeat[0].summary["privacy"]["guarantee"] is False
 
 
 def test_secure_noise_and_diagnostics_are_read_strictly():

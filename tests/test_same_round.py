@@ -223,7 +223,7 @@ def test_the_flower_dp_wrapper_refuses_a_counts_first_policy():
         counts_first = True
 
     with pytest.raises(ValueError, match="twice a round"):
-        DifferentialPrivacy(FedAvg(), CountsFirst(), sample_rate=0.5, noise_multiplier=1.0)
+        DifferentialPrivacy(FedAvg(), CountsFirst(), num_clients=10, sample_rate=0.5, noise_multiplier=1.0)
 
 
 class _CountingTask:

@@ -20,7 +20,8 @@ app = ServerApp()
 def main(grid: Grid, context: Context) -> None:
     config = context.run_config
     model = make_model()
-    inner = FedAvg(fraction_train=1.0, fraction_evaluate=0.0, min_available_nodes=int(config["min-nodes"]))
+    clients = int(config["num-clients"])  # the population: every client runs one node here
+    inner = FedAvg(fraction_train=1.0, fraction_evaluate=0.0, min_available_nodes=clients)
     strategy = DifferentialPrivacy(  # fairclip: user-level DP with bounded adaptive clipping
         inner,
         "bounded",
@@ -29,9 +30,9 @@ def main(grid: Grid, context: Context) -> None:
             "lower_bound": config["lower-bound"],
             "bound_lr": config["bound-lr"],
         },
+        num_clients=clients,
         sample_rate=float(config["sample-rate"]),
         noise_multiplier=float(config["noise-multiplier"]),
-        seed=int(config["seed"]),
     )
     x, y, cohorts = test_data()
 
