@@ -15,6 +15,17 @@ two writes loses the rounds since the last one. ``fairclip compare`` and ``fairc
 keep it as ``checkpoint.pkl`` in the run's folder and delete it once the run's own files are
 written; their ``--resume`` continues every unfinished run from its checkpoint.
 
+A round's release can reach the outside before the checkpoint that covers it is written: the
+run's observers (its file writer, a tracker, a callback) see every round as it finishes. Where
+the noise is a function of (seed, round), a resumed run recomputes those rounds with the same
+noise. Where it is not (OpenDP's sampler, ``privacy.secure_noise = true``, or operating-system
+entropy), a recomputed round is a second release with fresh noise. So, for such a run, the
+number of rounds released is written durably (``<checkpoint>.released``, :meth:`Checkpointing.
+note_released`) before any observer sees a round, and a resume charges the accountant once more
+for every released round that the checkpoint does not hold (:meth:`RunServer.charge_released_again
+<fairclip.sims.engine.RunServer.charge_released_again>`): ε always covers every release ever
+written, and a budget stops the run that much earlier.
+
 The file is a pickle: load only checkpoints you wrote. It holds what the server alone may see in a
 simulation (the rows' exact counts and diagnostics, like the run's folder): do not publish it.
 A checkpoint made with another configuration is refused with a :class:`ConfigError`, as a
@@ -23,6 +34,7 @@ finished run is (:func:`fairclip.sims.compare.finished_summary`).
 
 from __future__ import annotations
 
+import json
 import pickle
 import time
 import warnings
@@ -31,7 +43,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fairclip.sims.errors import ConfigError
-from fairclip.sims.outputs import atomic_write_bytes, json_normalised
+from fairclip.sims.outputs import atomic_write_bytes, json_normalised, write_json
 
 if TYPE_CHECKING:
     from fairclip.sims.config import RunConfig
@@ -46,6 +58,31 @@ FORMAT = 1
 DEFAULT_EVERY_SECONDS = 300.0
 """Run time between two checkpoints: a kill loses at most about this much work. Writing one
 takes well under a second (θ and the rows so far), so this costs under 0.5 % of a run."""
+
+
+def released_path(path: Path) -> Path:
+    """Where the rounds released by a run that keeps its checkpoint in ``path`` are counted."""
+    return path.with_name(path.name + ".released")
+
+
+def read_released(path: Path, config: RunConfig) -> int:
+    """Rounds released by the run of ``config`` whose checkpoint is ``path`` (0 when none were
+    counted); refused like :func:`read` when unreadable or of another configuration."""
+    ledger = released_path(path)
+    if not ledger.is_file():
+        return 0
+    try:
+        stored = json.loads(ledger.read_text())
+        layout, stored_config, rounds = stored["format"], stored["config"], int(stored["rounds_released"])
+    except Exception as error:  # a truncated or foreign file
+        raise ConfigError(f"release count {ledger} is unreadable ({error!r})") from None
+    from fairclip.sims.compare import same_configuration
+
+    if layout != FORMAT or not same_configuration(stored_config, config):
+        raise ConfigError(
+            f"release count {ledger} belongs to a run with another configuration; use a new checkpoint file"
+        )
+    return rounds
 
 
 def read(path: Path, config: RunConfig) -> dict[str, Any] | None:
@@ -100,6 +137,8 @@ class Checkpointing:
     path: Path
     every_seconds: float = DEFAULT_EVERY_SECONDS
     _last: float = field(default_factory=time.perf_counter, repr=False)
+    _config: dict[str, Any] | None = field(default=None, repr=False)
+    """The run's configuration as the release count stores it (normalised once)."""
 
     def __post_init__(self) -> None:
         self.path = Path(self.path)
@@ -107,23 +146,39 @@ class Checkpointing:
             raise ConfigError(f"checkpoint interval must be > 0 seconds (got {self.every_seconds})")
 
     def resume(self, server: RunServer) -> int:
-        """Restore ``server`` from the checkpoint, if there is one; the rounds it had finished."""
+        """Restore ``server`` from the checkpoint, if there is one, and charge it for the rounds
+        released beyond it where the noise is not reproducible (module docstring); the rounds it
+        had finished."""
         stored = read(self.path, server.config)
-        if stored is None:
-            return 0
-        server.restore(stored["snapshot"])
-        self._last = time.perf_counter()
+        released = read_released(self.path, server.config)
+        if stored is not None:
+            server.restore(stored["snapshot"])
+            self._last = time.perf_counter()
+        if released > server.rounds_completed and not server.noise_reproducible:
+            server.charge_released_again(released - server.rounds_completed)
         return server.rounds_completed
+
+    def note_released(self, server: RunServer) -> None:
+        """Write, atomically and before anyone sees them, that ``server``'s rounds up to its last
+        finished one are released. An error (a full disk) propagates: the round must then not
+        be shown."""
+        config = self._config or json_normalised(server.config.as_dict())
+        self._config = config
+        write_json(
+            released_path(self.path),
+            {"format": FORMAT, "config": config, "rounds_released": server.rounds_completed},
+        )
 
     def after_round(self, server: RunServer) -> None:
         """Write the checkpoint when ``every_seconds`` have passed since the last one."""
         if time.perf_counter() - self._last >= self.every_seconds:
             self.save(server)
 
-    def save(self, server: RunServer) -> None:
+    def save(self, server: RunServer) -> bool:
         """Write ``server``'s snapshot now, atomically: the file holds the old checkpoint or the
-        new one. A write that fails (a full disk, a policy state pickle cannot hold) keeps the
-        old checkpoint and warns: the run itself goes on, its result is still written at the end."""
+        new one; whether it was written. A write that fails (a full disk, a policy state pickle
+        cannot hold) keeps the old checkpoint and warns: the run itself goes on, its result is
+        still written at the end."""
         self._last = time.perf_counter()
         try:
             config = json_normalised(server.config.as_dict())
@@ -138,7 +193,11 @@ class Checkpointing:
                 RuntimeWarning,
                 stacklevel=2,
             )
+            return False
+        return True
 
     def discard(self) -> None:
-        """Delete the checkpoint (the run's own files are written: they supersede it)."""
+        """Delete the checkpoint and its release count (the run's own files are written: they
+        supersede both)."""
         self.path.unlink(missing_ok=True)
+        released_path(self.path).unlink(missing_ok=True)

@@ -115,8 +115,11 @@ class RunServer:
     Flower ``ServerApp`` drive through this object the same way: ``sample``, send ``broadcast()``
     and ``model`` to the sampled clients, collect their :class:`RoundSums`, ``finish_round``.
 
-    ``seeded=False`` (a deployment without a configured seed, docs/design.md, section 6) draws client
-    sampling and DP noise from operating-system entropy instead of the run's seed.
+    ``seeded=False`` (a deployment, docs/design.md, section 6) draws client sampling and DP noise
+    from operating-system entropy instead of the run's seed. ``not_private`` marks a deployment
+    whose sampling and noise follow a seed all the same (a test's ``not-private`` run): whoever
+    knows the seed can subtract the noise, so its public outputs report ε as infinite, with the
+    mechanism's ε beside it as ``privacy.mechanism_epsilon`` and ``privacy.guarantee = false``.
     """
 
     def __init__(
@@ -126,10 +129,12 @@ class RunServer:
         *,
         seeded: bool = True,
         secure_noise_default: bool = False,
+        not_private: bool = False,
     ):
         self.config = config
         self.task = task
         self.seeded = seeded
+        self.not_private = not_private
         secure = config.privacy.secure_noise
         self.secure_noise = secure_noise_default if secure is None else secure
         """Whether the DP noise comes from OpenDP's exact sampler (``privacy.secure_noise``, or
@@ -175,6 +180,9 @@ class RunServer:
         self._started = (dt.datetime.now(dt.UTC), time.perf_counter())
         self._earlier_pieces: list[dict[str, Any]] = []
         """The pieces of this run computed by earlier processes, oldest first (:meth:`restore`)."""
+        self.rounds_released_again = 0
+        """Rounds released before an interruption that the checkpoint did not hold, recomputed
+        with fresh noise after it, and so accounted twice (:meth:`charge_released_again`)."""
         self._final_claim = in_background(self.plan.epsilon_after, self.rounds_to_run)
         """ε after the last round, computed while the rounds run (PRV for W1's 5 rounds: 0.025 s
         of CPU since the accountants share their RDP work, 0.15 s before; when the summary
@@ -217,9 +225,30 @@ class RunServer:
         return "numpy's Gaussian sampler, operating-system entropy"
 
     @property
+    def noise_reproducible(self) -> bool:
+        """Whether a round computed again draws the same noise (a function of (seed, round));
+        not with OpenDP's sampler or operating-system entropy. Always so without noise."""
+        return not self.policy.private or (self._secure_sampler is None and self.seeded)
+
+    @property
     def rounds_to_run(self) -> int:
-        """Configured rounds, cut where the next round would exceed the privacy budget."""
-        return min(self.config.training.rounds, self.plan.rounds_allowed)
+        """Configured rounds, cut where the next round would exceed the privacy budget (counting
+        the rounds accounted twice, :meth:`charge_released_again`)."""
+        allowed = self.plan.rounds_allowed
+        if self.plan.budget is not None:
+            allowed = max(allowed - self.rounds_released_again, self.rounds_completed)
+        return min(self.config.training.rounds, allowed)
+
+    def charge_released_again(self, rounds: int) -> None:
+        """Account for ``rounds`` rounds that an interrupted process released and that this run
+        computes again with fresh noise: each is a release of its own
+        (:mod:`fairclip.sims.checkpoint`)."""
+        event = DPEvent.planned(self.plan.noise, self.plan.releases_reports)
+        for _ in range(rounds):
+            self.rounds.accountant.step(event, self.plan.sample_rate)
+        self.rounds_released_again += rounds
+        claim = self._claim()
+        self.summary = {**self.summary, "privacy": claim, "epsilon": claim["epsilon"]}
 
     def snapshot(self) -> dict[str, Any]:
         """What a later process needs to continue this run after its last finished round
@@ -241,6 +270,7 @@ class RunServer:
             "summary": self.summary,
             "evaluated_model": self.evaluated_model,
             "pieces": [*self._earlier_pieces, self._piece()],
+            "rounds_released_again": self.rounds_released_again,
         }
 
     def restore(self, snapshot: dict[str, Any]) -> None:
@@ -258,6 +288,7 @@ class RunServer:
         self.summary = snapshot["summary"]
         self.evaluated_model = snapshot["evaluated_model"]
         self._earlier_pieces = list(snapshot["pieces"])
+        self.rounds_released_again = int(snapshot.get("rounds_released_again", 0))
         self._started = (dt.datetime.now(dt.UTC), time.perf_counter())
 
     def _piece(self) -> dict[str, Any]:
@@ -349,9 +380,9 @@ class RunServer:
         if self.summary.get("rounds_completed") != self.rounds_completed:
             self._evaluate()
         self._add_group_metrics()
-        budget_cut = self.plan.rounds_allowed < self.config.training.rounds
-        if budget_cut and self.rounds_completed >= self.plan.rounds_allowed:
-            self.stop_reason = self.plan.budget_message(self.rounds_completed)
+        budget_cut = self.rounds_to_run < self.config.training.rounds
+        if budget_cut and self.rounds_completed >= self.rounds_to_run:
+            self.stop_reason = self.plan.budget_message(self.rounds_completed, self.rounds_released_again)
         self.summary["stopped_early"] = self.stop_reason
         self.summary["status"] = "interrupted" if interrupted else "finished"
         return self.result
@@ -398,8 +429,9 @@ class RunServer:
         if self.rounds_completed == self.rounds_to_run:
             self._final_claim.result()  # the background computation of this very ε
         event = self.rounds.last_event or DPEvent.planned(plan.noise, plan.releases_reports)
-        return PrivacyClaim(
-            epsilon=accountant.get_epsilon(plan.delta),
+        mechanism_epsilon = accountant.get_epsilon(plan.delta)
+        claim = PrivacyClaim(
+            epsilon=math.inf if self.not_private else mechanism_epsilon,
             delta=plan.delta,
             accountant=accountant.mechanism,
             sample_rate=plan.sample_rate,
@@ -408,6 +440,15 @@ class RunServer:
             count_noise_multiplier=event.report_noise_multiplier,
             effective_noise_multiplier=event.effective_noise_multiplier,
         ).as_dict()
+        if self.rounds_released_again:
+            claim["rounds_released_again"] = self.rounds_released_again
+        if self.not_private:
+            claim.update(
+                guarantee=False,
+                not_private=NOT_PRIVATE_NOTE,
+                mechanism_epsilon=json_number(mechanism_epsilon),
+            )
+        return claim
 
     def _summary(self, overall, per_cohort) -> dict[str, Any]:
         config, plan = self.config, self.plan
@@ -432,6 +473,14 @@ class RunServer:
         }
 
 
+NOT_PRIVATE_NOTE = (
+    "client sampling and DP noise followed the configuration's seed (not-private run): anyone who "
+    "knows the seed can subtract the noise, so no privacy is claimed; mechanism_epsilon is the "
+    "epsilon of the same mechanism with secret randomness"
+)
+"""What the privacy claim of a not-private run says instead of an ε (:class:`RunServer`)."""
+
+
 def simulate(
     config: RunConfig,
     task: Task,
@@ -452,6 +501,9 @@ def simulate(
     if checkpoint is not None:
         checkpoint.resume(server)
     watching = [*observers, *([RoundCallback(on_round)] if on_round is not None else [])]
+    # a round shown before its checkpoint is written is counted first, where a resumed run would
+    # compute it again with fresh noise (fairclip.sims.checkpoint)
+    counts_releases = checkpoint is not None and bool(watching) and not server.noise_reproducible
     execute = executor_factory(task, server.policy)
     server.execution = getattr(execute, "execution", None)
     notify_start(watching, server)
@@ -465,6 +517,8 @@ def simulate(
             else:
                 sums = execute(server.model, client_ids, round_number, server.broadcast())
             row = server.finish_round(round_number, sums)
+            if counts_releases:
+                checkpoint.note_released(server)
             for observer in watching:
                 observer.on_round(row, server)
             if checkpoint is not None:
@@ -472,11 +526,13 @@ def simulate(
     except BaseException:
         with contextlib.suppress(Exception):  # the interruption, not this, is what the caller sees
             server.finish(interrupted=True)
+        saved = False
         if checkpoint is not None and server.rounds.pending is None:
             with interrupts_deferred():  # a second Ctrl-C does not cut the write short
-                checkpoint.save(server)
-        for observer in watching:
-            observer.on_finish(server)
+                saved = checkpoint.save(server)
+        if saved or not counts_releases or _noted(checkpoint, server):
+            for observer in watching:
+                observer.on_finish(server)
         raise
     result = server.finish()
     if checkpoint is not None:
@@ -484,6 +540,16 @@ def simulate(
     for observer in watching:
         observer.on_finish(server)
     return result
+
+
+def _noted(checkpoint: Checkpointing, server: RunServer) -> bool:
+    """Whether ``server``'s released rounds could be counted (:meth:`Checkpointing.note_released`);
+    where they could not, nobody may be shown them."""
+    try:
+        checkpoint.note_released(server)
+    except Exception:  # a full disk: the interruption already propagating is what the caller sees
+        return False
+    return True
 
 
 def notify_start(observers: Sequence[RunObserver], run: RunServer) -> None:

@@ -63,13 +63,16 @@ class PrivacyPlan:
         multiple = max(1, math.ceil(math.ceil(last_round / EPSILON_ROWS) / eval_every))
         return eval_every * multiple
 
-    def budget_message(self, completed: int) -> str:
-        """Why a run stopped after ``completed`` rounds."""
+    def budget_message(self, completed: int, released_again: int = 0) -> str:
+        """Why a run stopped after ``completed`` rounds (``released_again`` more accounted: rounds
+        released twice across an interruption, :mod:`fairclip.sims.checkpoint`)."""
+        accounted = completed + released_again + 1
+        again = f", {accounted} rounds accounted, {released_again} released twice" if released_again else ""
         return (
             f"privacy budget reached: round {completed + 1} would spend epsilon="
-            f"{self.epsilon_after(completed + 1):.4g} > budget {self.budget:g} "
+            f"{self.epsilon_after(accounted):.4g} > budget {self.budget:g} "
             f"(delta={self.delta:g}, {self.accountant}, q={self.sample_rate:g}, "
-            f"sigma_eff={self.effective_noise_multiplier:.4g}); stopped after {completed} rounds"
+            f"sigma_eff={self.effective_noise_multiplier:.4g}{again}); stopped after {completed} rounds"
         )
 
 
