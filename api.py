@@ -413,9 +413,13 @@ def tune(
     searches on that seed this is), and selects by ``metric`` (one of
     :data:`fairclip.sims.tune.METRICS`). Returns a :class:`fairclip.sims.tune.Tuning`: every
     trial, the released best, and ε of the whole search (Papernot & Steinke 2022, see
-    :mod:`fairclip.strategies.tuning`). ``out`` receives each run as it finishes, the plan in
-    ``tuning.json`` and ``report.md``; ``resume`` continues such a folder. Runs go one after the
-    other in this process, or as parallel Ray tasks with ``ray`` (or a cluster's ``address``).
+    :mod:`fairclip.strategies.tuning`). That ε covers only the release
+    (:meth:`~fairclip.sims.tune.Tuning.release`: the chosen configuration and its metrics); the
+    rest of the returned object -- every trial, their number, the non-private selection -- is
+    not DP-protected. ``out`` receives the specification and the release at its top
+    (``tuning.json``, ``report.md``) and the rest in ``not-dp-protected/`` (each run as it
+    finishes); ``resume`` continues such a folder. Runs go one after the other in this process,
+    or as parallel Ray tasks with ``ray`` (or a cluster's ``address``).
     """
     from fairclip.sims import compare as sweep
     from fairclip.sims import tune as search

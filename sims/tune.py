@@ -11,11 +11,16 @@
   scenario's seed, the best by the metric, with the ε of that one run -- which does not cover
   the selection.
 
-The draw of K and of the trials' grid points comes from the tuning seed alone, so it is fixed
-before any run and stored in ``tuning.json``; each run is written (``trials.csv``,
-``grid.csv``) as it finishes, and ``resume`` continues a folder from the runs it holds.
-The metric is read from the run's final evaluation (its ``overall`` block), which the bound
-treats as public, as the paper's experiments do.
+The ε of the DP search covers the release of its chosen trial only: not the other trials, not
+how many ran (the bound needs K to stay secret), not the non-private selection. A search's
+folder therefore holds, at its top, only the search's specification and that release
+(``tuning.json``, ``report.md``), and everything else in :data:`INTERNAL` (not DP-protected,
+see :data:`SEARCH_NOTE`): ``trials.csv`` and ``grid.csv``, written as each run finishes,
+``search.json`` (the draw of K and of the trials' grid points, which comes from the tuning seed
+alone and is fixed before any run) and a report of every run. ``resume`` continues a folder from
+the runs it holds (one written before this layout is moved into it first). The metric is read
+from the run's final evaluation (its ``overall`` block), which the bound treats as public, as
+the paper's experiments do.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import contextlib
 import itertools
 import json
 import math
+import os
 from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -34,7 +40,7 @@ import pandas as pd
 
 from fairclip.sims.config import check_overrides_used, set_value, validate
 from fairclip.sims.errors import ConfigError
-from fairclip.sims.outputs import atomic_write_text, write_csv, write_json
+from fairclip.sims.outputs import atomic_write_text, json_normalised, write_csv, write_json, write_note
 from fairclip.sims.sweep_folder import TUNE_CURVE_FILE, TUNE_SPEC_FILE, refuse_another_commands_folder
 from fairclip.strategies.errors import PolicyConfigError
 from fairclip.strategies.tuning import TrialCount, trial_rdp, tuning_epsilon
@@ -55,6 +61,24 @@ REPORTED = ("accuracy", "macro_accuracy", "worst_cohort_accuracy", "cohort_accur
 TUNING_STREAM = 0x74756E65
 """Seeds the draw of K and of the trials' grid points apart from every run's own streams."""
 SPEC_FILE = TUNE_SPEC_FILE
+INTERNAL = "not-dp-protected"
+"""Folder, inside a search's or a curve's, of what the DP search's ε does not cover."""
+PLAN_FILE = "search.json"
+"""In :data:`INTERNAL`: the trials' grid points (so K) and the full result of both selections."""
+RUN_TABLES = {"trial": "trials.csv", "grid": "grid.csv"}
+"""The table of each kind of a search's runs (DP trials, grid points), in :data:`INTERNAL`."""
+EPSILON_COVERS = "the whole DP search: the chosen configuration and its metrics, nothing else"
+SEARCH_NOTE = """NOT DP-PROTECTED: keep these files to yourself, never publish them.
+
+The ε of a DP random search (Papernot & Steinke 2022) covers the release of its chosen trial
+only: the configuration and metrics in ../report.md and in the result of ../tuning.json. It does
+not cover what is here: every trial's settings, seed and metrics (trials.csv); how many trials
+were drawn and which grid point each ran (search.json) -- the bound holds only while the number
+of trials stays secret; and the runs of the non-private selection over the whole grid
+(grid.csv), whose ε covers one run, not the choice. report.md here shows them all. The tuning
+seed in ../tuning.json draws the number of trials again: where the search itself must be
+private, keep that seed secret too.
+"""
 
 
 @dataclass(frozen=True)
@@ -178,16 +202,25 @@ def result_row(
 
 @dataclass(frozen=True)
 class Tuning:
-    """What a search produced."""
+    """What a search produced, all of it, for the process that ran the search.
+
+    The ε of the search covers only :meth:`release` (``best`` without its ``trial`` index and
+    ``seed``, which tell how many trials ran) with ``epsilon``, ``delta`` and the public
+    ``epsilon_trial_rdp`` and ``trial_count``; :meth:`dp_summary` is that release as a table.
+    Not DP-protected, never to publish: ``trials`` (every trial, and K = their number),
+    ``grid`` and ``grid_best`` (the non-private selection), :meth:`summary`.
+    """
 
     trials: pd.DataFrame
-    """One row per DP-search trial: its grid point, seed, metrics and its own run's ε."""
+    """One row per DP-search trial: its grid point, seed, metrics and its own run's ε (not
+    DP-protected)."""
     grid: pd.DataFrame | None
-    """One row per grid point run once (the non-private selection), or None."""
+    """One row per grid point run once (the non-private selection), or None (not DP-protected)."""
     best: pd.Series | None
-    """The DP search's released trial (None when K = 0)."""
+    """The DP search's released trial (None when K = 0); its ``trial`` and ``seed`` are not
+    released (:meth:`release`)."""
     grid_best: pd.Series | None
-    """The non-private selection's best grid point."""
+    """The non-private selection's best grid point (not DP-protected)."""
     epsilon: float
     """ε of the whole DP search at ``delta`` (Papernot & Steinke, converted from RDP)."""
     epsilon_trial_rdp: float
@@ -199,7 +232,8 @@ class Tuning:
     metric: str
 
     def summary(self) -> pd.DataFrame:
-        """The two selections side by side: chosen settings, metrics and the ε each covers."""
+        """The two selections side by side: chosen settings, metrics and the ε each covers (not
+        DP-protected: the non-private selection is not covered by the search's ε)."""
         rows = []
         if self.grid_best is not None:
             rows.append(
@@ -211,9 +245,41 @@ class Tuning:
                     "the chosen run only",
                 )
             )
+        return pd.DataFrame(rows + self._dp_rows())
+
+    def dp_summary(self) -> pd.DataFrame:
+        """The DP search's release alone as :meth:`summary` shows it (no row when nothing was
+        released): what the search's ε covers."""
+        return pd.DataFrame(self._dp_rows())
+
+    def _dp_rows(self) -> list[dict[str, Any]]:
+        if self.best is None:
+            return []
+        return [_selection("DP random search", self.best, self.epsilon, "rdp", "the whole search")]
+
+    def release(self) -> dict[str, Any]:
+        """What the search publishes, all covered by its ε: the chosen trial's settings,
+        metrics, own run's ε and rounds (``best`` None when nothing was released), and the ε of
+        the whole search with its δ and accountant; E[K] and one trial's ε are public."""
+        best = None
         if self.best is not None:
-            rows.append(_selection("DP random search", self.best, self.epsilon, "rdp", "the whole search"))
-        return pd.DataFrame(rows)
+            best = _plain(self.best.drop(labels=["trial", "seed"], errors="ignore"))
+        return {
+            "best": best,
+            "epsilon": self.epsilon,
+            "delta": self.delta,
+            "accountant": "rdp",
+            "epsilon_covers": EPSILON_COVERS,
+            "epsilon_trial_rdp": self.epsilon_trial_rdp,
+            "expected_trials": self.trial_count.expected,
+        }
+
+
+def _plain(row: pd.Series | None) -> dict[str, Any] | None:
+    """A table row as a JSON-ready dict (numpy scalars as Python ones)."""
+    if row is None:
+        return None
+    return {str(k): (v.item() if hasattr(v, "item") else v) for k, v in row.items()}
 
 
 def _selection(name: str, row: pd.Series, epsilon: float, accountant: str, covers: str) -> dict[str, Any]:
@@ -255,10 +321,10 @@ def run_search(
     epsilon_trial = rdp_epsilon(rdp, delta) if not np.all(np.isinf(rdp)) else math.inf
     drawn = draw_trials(spec, len(points))
     base_seed = validate(spec.raw).seed
-    stored = spec.as_dict() | {"trial_points": drawn}
+    stored = spec.as_dict()
     done: dict[str, list[dict[str, Any]]] = {"trial": [], "grid": []}
     if out is not None:
-        done = _settle_folder(out, stored, resume)
+        done = _settle_folder(out, stored, drawn, resume)
     finished = {(kind, int(row[kind])) for kind in done for row in done[kind]}
     jobs = []
     for i, point_index in enumerate(drawn):
@@ -280,8 +346,7 @@ def run_search(
                 raise ConfigError(f"metric {spec.metric} is not among this scenario's results")
             done[kind].append(result_row(kind, index, point, seed, summary))
             if out is not None:
-                name = "trials.csv" if kind == "trial" else "grid.csv"
-                write_csv(out / name, sorted(done[kind], key=lambda r: r[kind]))
+                write_csv(out / INTERNAL / RUN_TABLES[kind], sorted(done[kind], key=lambda r: r[kind]))
             if on_run is not None:
                 on_run(f"{kind}-{index}", result)
     trials = pd.DataFrame(sorted(done["trial"], key=lambda r: r["trial"]))
@@ -299,62 +364,128 @@ def run_search(
         metric=spec.metric,
     )
     if out is not None:
-        write_json(out / SPEC_FILE, stored | {"result": _result_record(tuning)})
-        atomic_write_text(out / "report.md", report(tuning))
+        write_results(out, stored, drawn, tuning)
     return tuning
 
 
-def _settle_folder(out: Path, stored: dict[str, Any], resume: bool) -> dict[str, list[dict[str, Any]]]:
+def write_results(out: Path, stored: dict[str, Any], drawn: list[int], tuning: Tuning) -> None:
+    """A finished search's files: its specification and DP release at the top of ``out``
+    (``tuning.json``, ``report.md``), the rest in :data:`INTERNAL`."""
+    write_json(out / INTERNAL / PLAN_FILE, {"trial_points": drawn, "result": _internal_record(tuning)})
+    atomic_write_text(out / INTERNAL / "report.md", internal_report(tuning))
+    write_json(out / SPEC_FILE, stored | {"result": tuning.release()})
+    atomic_write_text(out / "report.md", report(tuning))
+
+
+def _settle_folder(
+    out: Path, stored: dict[str, Any], drawn: list[int], resume: bool
+) -> dict[str, list[dict[str, Any]]]:
     """Store the search's plan in ``out`` (a new folder), or with ``resume`` check it is the one
-    stored and return the runs already there."""
+    stored (moving a folder of the layout before :data:`INTERNAL` into it) and return the runs
+    already there."""
     spec_file = out / SPEC_FILE
     refuse_another_commands_folder(out, SPEC_FILE)
     if not spec_file.exists():
         if resume:
             raise ConfigError(f"{out} holds no search to resume ({SPEC_FILE} is missing)")
+        _store_plan(out, drawn)
         write_json(spec_file, stored)
         return {"trial": [], "grid": []}
     if not resume:
         raise ConfigError(f"{out} already holds a search: resume it (--resume) or use a new --out folder")
     previous = json.loads(spec_file.read_text())
+    old_points = previous.pop("trial_points", None)  # the layout before INTERNAL stored them here
     previous.pop("result", None)
-    if json.loads(json.dumps(stored)) != previous:
+    plan = out / INTERNAL / PLAN_FILE
+    planned = old_points
+    if planned is None and plan.exists():
+        planned = _stored_points(plan)
+    if json_normalised(stored) != previous or planned not in (None, drawn):
         raise ConfigError(f"{out} holds a different search; use a new --out folder")
+    _store_plan(out, drawn)
+    if old_points is not None or any((out / name).exists() for name in RUN_TABLES.values()):
+        _move_old_layout(out, stored)
     done: dict[str, list[dict[str, Any]]] = {"trial": [], "grid": []}
-    for kind, name in (("trial", "trials.csv"), ("grid", "grid.csv")):
-        if (out / name).exists():
-            done[kind] = pd.read_csv(out / name).to_dict("records")
+    for kind, name in RUN_TABLES.items():
+        if (out / INTERNAL / name).exists():
+            done[kind] = pd.read_csv(out / INTERNAL / name).to_dict("records")
     return done
 
 
-def _result_record(tuning: Tuning) -> dict[str, Any]:
-    def chosen(row: pd.Series | None) -> dict[str, Any] | None:
-        return (
-            None if row is None else {str(k): (v.item() if hasattr(v, "item") else v) for k, v in row.items()}
-        )
+def _stored_points(plan: Path) -> list[int] | None:
+    """The trials' grid points stored in :data:`PLAN_FILE`."""
+    return json.loads(plan.read_text()).get("trial_points")
 
+
+def _store_plan(out: Path, drawn: list[int]) -> None:
+    """:data:`INTERNAL` with its note and the trials' grid points, unless there already."""
+    write_note(out / INTERNAL, SEARCH_NOTE)
+    if not (out / INTERNAL / PLAN_FILE).exists():
+        write_json(out / INTERNAL / PLAN_FILE, {"trial_points": drawn})
+
+
+def _move_old_layout(out: Path, stored: dict[str, Any]) -> None:
+    """Move a search folder of the layout before :data:`INTERNAL` (every run's table, K and the
+    full report at its top) into this one: the tables and the report into :data:`INTERNAL`, then
+    ``tuning.json`` rewritten without the trials' grid points and the old result. Each step can
+    be repeated, so a move cut short is finished by the next resume."""
+    for name in (*RUN_TABLES.values(), "report.md"):
+        if (out / name).exists():
+            os.replace(out / name, out / INTERNAL / name)
+    write_json(out / SPEC_FILE, stored)
+
+
+def _internal_record(tuning: Tuning) -> dict[str, Any]:
+    """The full result of both selections (not DP-protected)."""
     return {
         "epsilon": tuning.epsilon,
         "epsilon_trial_rdp": tuning.epsilon_trial_rdp,
         "delta": tuning.delta,
         "trials_run": len(tuning.trials),
         "expected_trials": tuning.trial_count.expected,
-        "best": chosen(tuning.best),
-        "grid_best": chosen(tuning.grid_best),
+        "best": _plain(tuning.best),
+        "grid_best": _plain(tuning.grid_best),
     }
 
 
+def _epsilon_line(tuning: Tuning) -> str:
+    return (
+        f"ε of the whole DP search: **{tuning.epsilon:.4g}** at δ = {tuning.delta:g} (RDP, Papernot & "
+        f"Steinke 2022); one trial alone: {tuning.epsilon_trial_rdp:.4g} (RDP)."
+    )
+
+
 def report(tuning: Tuning) -> str:
-    """``report.md``: the two selections, then every trial."""
+    """``report.md``: the DP search's release only (what its ε covers), and where the rest is."""
+    released = tuning.dp_summary()
     lines = [
-        "# fairclip tune",
+        "# fairclip tune: the DP random search's result",
+        "",
+        f"Selected by **{tuning.metric}** ({METRICS[tuning.metric]}imise) among a random number of "
+        f"trials ({tuning.trial_count.describe()}).",
+        "",
+        markdown_table(released) if not released.empty else "The search released no result.",
+        "",
+        f"{_epsilon_line(tuning)} It covers this result -- the chosen configuration and its metrics "
+        "-- and nothing else.",
+        "",
+        f"Every trial, how many ran and the non-private selection over the grid are in `{INTERNAL}/`: "
+        "not DP-protected, never publish them (see its README.txt).",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def internal_report(tuning: Tuning) -> str:
+    """:data:`INTERNAL`'s ``report.md``: the two selections, every trial, every grid point."""
+    lines = [
+        "# fairclip tune: every run (NOT DP-PROTECTED, never publish)",
         "",
         f"Selected by **{tuning.metric}** ({METRICS[tuning.metric]}imise). Number of trials: "
         f"{tuning.trial_count.describe()}; drawn: {len(tuning.trials)}.",
         "",
-        f"ε of the whole DP search: **{tuning.epsilon:.4g}** at δ = {tuning.delta:g} (RDP, Papernot & "
-        f"Steinke 2022); one trial alone: {tuning.epsilon_trial_rdp:.4g} (RDP). The non-private "
-        "selection's ε covers its chosen run only, not the choice.",
+        f"{_epsilon_line(tuning)} It covers the DP search's chosen result only (../report.md), not "
+        "this file. The non-private selection's ε covers its chosen run only, not the choice.",
         "",
         markdown_table(tuning.summary()),
         "",
@@ -363,6 +494,8 @@ def report(tuning: Tuning) -> str:
         markdown_table(tuning.trials) if not tuning.trials.empty else "(K = 0: no trial ran)",
         "",
     ]
+    if tuning.grid is not None and not tuning.grid.empty:
+        lines += ["## Grid points (non-private selection)", "", markdown_table(tuning.grid), ""]
     return "\n".join(lines)
 
 
