@@ -383,11 +383,16 @@ def test_tuning_curve_runs_one_search_per_strategy_and_epsilon(tmp_path):
     assert list(zip(table["strategy"], table["target_epsilon"], strict=True)) == [
         ("constant", 1.0), ("constant", 4.0), ("bounded", 1.0), ("bounded", 4.0),
     ]  # fmt: skip
-    stored = pd.read_csv(out / "curve.csv")
+    stored = pd.read_csv(out / INTERNAL / "curve.csv")
     pd.testing.assert_frame_equal(stored, table, check_dtype=False)
-    assert (out / "tuning_curve.png").stat().st_size > 0 and "tuning_curve.png" in (
-        out / "report.md"
-    ).read_text()
+    public = ["strategy", "target_epsilon", "epsilon_search", "epsilon_trial_rdp", "dp_search_macro_accuracy"]
+    pd.testing.assert_frame_equal(pd.read_csv(out / "curve.csv"), table[public], check_dtype=False)
+    for folder in (out, out / INTERNAL):
+        assert (folder / "tuning_curve.png").stat().st_size > 0
+        assert "tuning_curve.png" in (folder / "report.md").read_text()
+    assert "grid_epsilon_run" not in (out / "report.md").read_text()
+    assert "grid_epsilon_run" in (out / INTERNAL / "report.md").read_text()
+    assert (out / INTERNAL / "README.txt").read_text().startswith("NOT DP-PROTECTED")
     # a larger target ε costs more in the whole search; constant never searched bounded's key
     for strategy in ("constant", "bounded"):
         mine = table[table["strategy"] == strategy]
@@ -408,6 +413,23 @@ def test_tuning_curve_runs_one_search_per_strategy_and_epsilon(tmp_path):
         **options,
     )
     pd.testing.assert_frame_equal(again, table)
+    # a curve of the layout before not-dp-protected/ (the full table, plot and report at the top,
+    # every search's runs too) is moved into it on resume
+    for name in ("curve.csv", "report.md", "tuning_curve.png"):
+        shutil.copy(out / INTERNAL / name, out / name)
+    shutil.rmtree(out / INTERNAL)
+    for key in table["strategy"] + "__eps-" + table["target_epsilon"].map("{:g}".format):
+        _to_old_layout(out / key)
+    moved = fairclip.tune_curve(
+        "demo", strategies=["constant", "bounded"], epsilons=[1.0, 4.0], grid=grid, out=out, resume=True,
+        **options,
+    )  # fmt: skip
+    pd.testing.assert_frame_equal(moved, table)
+    assert list(pd.read_csv(out / "curve.csv").columns) == public
+    assert "grid_epsilon_run" not in (out / "report.md").read_text()
+    files = sorted(p.name for p in out.iterdir() if p.is_file())
+    assert files == ["curve.csv", "report.md", "tuning_curve.png"]
+    assert (out / INTERNAL / "README.txt").exists()
 
 
 def test_a_search_stopped_early_closes_its_runs_so_those_still_going_stop(tmp_path, monkeypatch):
