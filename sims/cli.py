@@ -453,8 +453,7 @@ def tune(
 ) -> None:
     """Tune hyperparameters by DP random search (Papernot & Steinke 2022); ε covers the search.
 
-    Also runs every grid point once: the non-private selection, reported with every trial in
-    not-dp-protected/ (never publish it); report.md shows the DP search's result only.
+    Also runs every grid point once (non-private selection); it and every trial go to not-dp-protected/.
 
     --strategies with --epsilons: one search each, and the best result against ε (curve.csv).
     """
