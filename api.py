@@ -413,9 +413,13 @@ def tune(
     searches on that seed this is), and selects by ``metric`` (one of
     :data:`fairclip.sims.tune.METRICS`). Returns a :class:`fairclip.sims.tune.Tuning`: every
     trial, the released best, and ε of the whole search (Papernot & Steinke 2022, see
-    :mod:`fairclip.strategies.tuning`). ``out`` receives each run as it finishes, the plan in
-    ``tuning.json`` and ``report.md``; ``resume`` continues such a folder. Runs go one after the
-    other in this process, or as parallel Ray tasks with ``ray`` (or a cluster's ``address``).
+    :mod:`fairclip.strategies.tuning`). That ε covers only the release
+    (:meth:`~fairclip.sims.tune.Tuning.release`: the chosen configuration and its metrics); the
+    rest of the returned object -- every trial, their number, the non-private selection -- is
+    not DP-protected. ``out`` receives the specification and the release at its top
+    (``tuning.json``, ``report.md``) and the rest in ``not-dp-protected/`` (each run as it
+    finishes); ``resume`` continues such a folder. Runs go one after the other in this process,
+    or as parallel Ray tasks with ``ray`` (or a cluster's ``address``).
     """
     from fairclip.sims import compare as sweep
     from fairclip.sims import tune as search
@@ -476,14 +480,16 @@ def tune_curve(
     ...`` does. A grid key of another strategy's table (``strategy.<other>.*``) is left out of a
     strategy's search. Each search goes to ``out/<strategy>__eps-<ε>/``; ``curve.csv`` (one row
     per finished search, written as each finishes), ``tuning_curve.png`` and ``report.md`` to
-    ``out``. ``options`` are :func:`tune`'s (metric, the trial law, seed, data_dir, ray, ...);
-    the i-th search (strategies outer, ε inner) draws its trials as ``search_index`` i.
-    Returns the table of ``curve.csv``.
+    ``out``, of each search's release only (:func:`fairclip.sims.tune.curve_public_columns`);
+    the same with each search's number of trials and non-private selection to
+    ``out/not-dp-protected/``. ``options`` are :func:`tune`'s (metric, the trial law, seed,
+    data_dir, ray, ...); the i-th search (strategies outer, ε inner) draws its trials as
+    ``search_index`` i. Returns the full table (``not-dp-protected/curve.csv``: its ``trials``
+    and ``grid_*`` columns are not DP-protected).
     """
     from fairclip.sims import sweep_folder
     from fairclip.sims import tune as search
     from fairclip.sims.errors import ConfigError
-    from fairclip.sims.outputs import atomic_write_text, write_csv
     from fairclip.strategies.errors import PolicyConfigError
     from fairclip.strategies.tuning import TrialCount
 
@@ -512,6 +518,8 @@ def tune_curve(
         for target in targets:
             raw = _raw_config(scenario, options.get("config_file"), settings(strategy, target))
             search.check_spec(search.TuneSpec(raw, search.strategy_grid(grid, strategy), metric, law, 0))
+    if resume:
+        search.move_old_curve(folder, metric)
     rows = []
     for index, (strategy, target) in enumerate(itertools.product(strategies, targets)):
         key = search.search_key(strategy, target)
@@ -528,10 +536,9 @@ def tune_curve(
             **options,
         )
         rows.append(search.curve_row(strategy, target, tuning))
-        write_csv(folder / search.CURVE_FILE, rows)
+        search.write_curve_rows(folder, rows, metric)
     table = pd.DataFrame(rows)
-    search.plot_curve(table, metric, folder / search.CURVE_PLOT)
-    atomic_write_text(folder / "report.md", search.curve_report(table, metric, law))
+    search.write_curve_report(folder, table, metric, law)
     return table
 
 

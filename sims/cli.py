@@ -453,7 +453,7 @@ def tune(
 ) -> None:
     """Tune hyperparameters by DP random search (Papernot & Steinke 2022); ε covers the search.
 
-    Also runs every grid point once: the non-private selection, reported beside it.
+    Also runs every grid point once (non-private selection); it and every trial go to not-dp-protected/.
 
     --strategies with --epsilons: one search each, and the best result against ε (curve.csv).
     """
@@ -461,6 +461,7 @@ def tune(
     from fairclip.api import tune_curve
     from fairclip.sims import compare as sweep
     from fairclip.sims.config import parse_override, scenario_source
+    from fairclip.sims.tune import INTERNAL
 
     typed = dict((".".join(path), value) for path, value in map(parse_override, overrides or []))
     searched: dict[str, list] = {}
@@ -521,6 +522,7 @@ def tune(
             progress.stop()
     stdout.print((out / "report.md").read_text(), markup=False, highlight=False)
     stdout.print(f"report: {out / 'report.md'}")
+    stdout.print(f"not DP-protected, never publish: {out / INTERNAL}/")
 
 
 @app.command()

@@ -201,6 +201,12 @@ def write_server_run(
         write_json(folder / "provenance.json", summary["provenance"])
     for name, (table, columns) in internal_tables.items():
         write_csv(folder / f"{name}.csv", table, columns)
+    write_note(folder, SERVER_INTERNAL_NOTE)
+
+
+def write_note(folder: Path, text: str) -> None:
+    """Write ``folder/README.txt`` (the note saying what a folder of unpublishable files holds)
+    unless it is there already."""
     note = folder / "README.txt"
     if not note.exists():
-        atomic_write_text(note, SERVER_INTERNAL_NOTE)
+        atomic_write_text(note, text)

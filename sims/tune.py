@@ -11,11 +11,16 @@
   scenario's seed, the best by the metric, with the ε of that one run -- which does not cover
   the selection.
 
-The draw of K and of the trials' grid points comes from the tuning seed alone, so it is fixed
-before any run and stored in ``tuning.json``; each run is written (``trials.csv``,
-``grid.csv``) as it finishes, and ``resume`` continues a folder from the runs it holds.
-The metric is read from the run's final evaluation (its ``overall`` block), which the bound
-treats as public, as the paper's experiments do.
+The ε of the DP search covers the release of its chosen trial only: not the other trials, not
+how many ran (the bound needs K to stay secret), not the non-private selection. A search's
+folder therefore holds, at its top, only the search's specification and that release
+(``tuning.json``, ``report.md``), and everything else in :data:`INTERNAL` (not DP-protected,
+see :data:`SEARCH_NOTE`): ``trials.csv`` and ``grid.csv``, written as each run finishes,
+``search.json`` (the draw of K and of the trials' grid points, which comes from the tuning seed
+alone and is fixed before any run) and a report of every run. ``resume`` continues a folder from
+the runs it holds (one written before this layout is moved into it first). The metric is read
+from the run's final evaluation (its ``overall`` block), which the bound treats as public, as
+the paper's experiments do.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import contextlib
 import itertools
 import json
 import math
+import os
 from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -34,7 +40,7 @@ import pandas as pd
 
 from fairclip.sims.config import check_overrides_used, set_value, validate
 from fairclip.sims.errors import ConfigError
-from fairclip.sims.outputs import atomic_write_text, write_csv, write_json
+from fairclip.sims.outputs import atomic_write_text, json_normalised, write_csv, write_json, write_note
 from fairclip.sims.sweep_folder import TUNE_CURVE_FILE, TUNE_SPEC_FILE, refuse_another_commands_folder
 from fairclip.strategies.errors import PolicyConfigError
 from fairclip.strategies.tuning import TrialCount, trial_rdp, tuning_epsilon
@@ -55,6 +61,32 @@ REPORTED = ("accuracy", "macro_accuracy", "worst_cohort_accuracy", "cohort_accur
 TUNING_STREAM = 0x74756E65
 """Seeds the draw of K and of the trials' grid points apart from every run's own streams."""
 SPEC_FILE = TUNE_SPEC_FILE
+INTERNAL = "not-dp-protected"
+"""Folder, inside a search's or a curve's, of what the DP search's ε does not cover."""
+PLAN_FILE = "search.json"
+"""In :data:`INTERNAL`: the trials' grid points (so K) and the full result of both selections."""
+RUN_TABLES = {"trial": "trials.csv", "grid": "grid.csv"}
+"""The table of each kind of a search's runs (DP trials, grid points), in :data:`INTERNAL`."""
+EPSILON_COVERS = "the whole DP search: the chosen configuration and its metrics, nothing else"
+SEARCH_NOTE = """NOT DP-PROTECTED: keep these files to yourself, never publish them.
+
+The ε of a DP random search (Papernot & Steinke 2022) covers the release of its chosen trial
+only: the configuration and metrics in ../report.md and in the result of ../tuning.json. It does
+not cover what is here: every trial's settings, seed and metrics (trials.csv); how many trials
+were drawn and which grid point each ran (search.json) -- the bound holds only while the number
+of trials stays secret; and the runs of the non-private selection over the whole grid
+(grid.csv), whose ε covers one run, not the choice. report.md here shows them all. The tuning
+seed in ../tuning.json draws the number of trials again: where the search itself must be
+private, keep that seed secret too.
+"""
+CURVE_NOTE = """NOT DP-PROTECTED: keep these files to yourself, never publish them.
+
+The public curve (../curve.csv, ../tuning_curve.png, ../report.md) holds each DP random search's
+chosen result and the ε of its whole search (Papernot & Steinke 2022), nothing else. Those ε do
+not cover what is here: how many trials each search drew (column trials), and the non-private
+selection over the whole grid (columns grid_*), whose ε covers one run, not the choice; the plot
+and report here draw both. Each search's own folder has its not-dp-protected/ too.
+"""
 
 
 @dataclass(frozen=True)
@@ -178,16 +210,25 @@ def result_row(
 
 @dataclass(frozen=True)
 class Tuning:
-    """What a search produced."""
+    """What a search produced, all of it, for the process that ran the search.
+
+    The ε of the search covers only :meth:`release` (``best`` without its ``trial`` index and
+    ``seed``, which tell how many trials ran) with ``epsilon``, ``delta`` and the public
+    ``epsilon_trial_rdp`` and ``trial_count``; :meth:`dp_summary` is that release as a table.
+    Not DP-protected, never to publish: ``trials`` (every trial, and K = their number),
+    ``grid`` and ``grid_best`` (the non-private selection), :meth:`summary`.
+    """
 
     trials: pd.DataFrame
-    """One row per DP-search trial: its grid point, seed, metrics and its own run's ε."""
+    """One row per DP-search trial: its grid point, seed, metrics and its own run's ε (not
+    DP-protected)."""
     grid: pd.DataFrame | None
-    """One row per grid point run once (the non-private selection), or None."""
+    """One row per grid point run once (the non-private selection), or None (not DP-protected)."""
     best: pd.Series | None
-    """The DP search's released trial (None when K = 0)."""
+    """The DP search's released trial (None when K = 0); its ``trial`` and ``seed`` are not
+    released (:meth:`release`)."""
     grid_best: pd.Series | None
-    """The non-private selection's best grid point."""
+    """The non-private selection's best grid point (not DP-protected)."""
     epsilon: float
     """ε of the whole DP search at ``delta`` (Papernot & Steinke, converted from RDP)."""
     epsilon_trial_rdp: float
@@ -199,7 +240,8 @@ class Tuning:
     metric: str
 
     def summary(self) -> pd.DataFrame:
-        """The two selections side by side: chosen settings, metrics and the ε each covers."""
+        """The two selections side by side: chosen settings, metrics and the ε each covers (not
+        DP-protected: the non-private selection is not covered by the search's ε)."""
         rows = []
         if self.grid_best is not None:
             rows.append(
@@ -211,9 +253,41 @@ class Tuning:
                     "the chosen run only",
                 )
             )
+        return pd.DataFrame(rows + self._dp_rows())
+
+    def dp_summary(self) -> pd.DataFrame:
+        """The DP search's release alone as :meth:`summary` shows it (no row when nothing was
+        released): what the search's ε covers."""
+        return pd.DataFrame(self._dp_rows())
+
+    def _dp_rows(self) -> list[dict[str, Any]]:
+        if self.best is None:
+            return []
+        return [_selection("DP random search", self.best, self.epsilon, "rdp", "the whole search")]
+
+    def release(self) -> dict[str, Any]:
+        """What the search publishes, all covered by its ε: the chosen trial's settings,
+        metrics, own run's ε and rounds (``best`` None when nothing was released), and the ε of
+        the whole search with its δ and accountant; E[K] and one trial's ε are public."""
+        best = None
         if self.best is not None:
-            rows.append(_selection("DP random search", self.best, self.epsilon, "rdp", "the whole search"))
-        return pd.DataFrame(rows)
+            best = _plain(self.best.drop(labels=["trial", "seed"], errors="ignore"))
+        return {
+            "best": best,
+            "epsilon": self.epsilon,
+            "delta": self.delta,
+            "accountant": "rdp",
+            "epsilon_covers": EPSILON_COVERS,
+            "epsilon_trial_rdp": self.epsilon_trial_rdp,
+            "expected_trials": self.trial_count.expected,
+        }
+
+
+def _plain(row: pd.Series | None) -> dict[str, Any] | None:
+    """A table row as a JSON-ready dict (numpy scalars as Python ones)."""
+    if row is None:
+        return None
+    return {str(k): (v.item() if hasattr(v, "item") else v) for k, v in row.items()}
 
 
 def _selection(name: str, row: pd.Series, epsilon: float, accountant: str, covers: str) -> dict[str, Any]:
@@ -255,10 +329,10 @@ def run_search(
     epsilon_trial = rdp_epsilon(rdp, delta) if not np.all(np.isinf(rdp)) else math.inf
     drawn = draw_trials(spec, len(points))
     base_seed = validate(spec.raw).seed
-    stored = spec.as_dict() | {"trial_points": drawn}
+    stored = spec.as_dict()
     done: dict[str, list[dict[str, Any]]] = {"trial": [], "grid": []}
     if out is not None:
-        done = _settle_folder(out, stored, resume)
+        done = _settle_folder(out, stored, drawn, resume)
     finished = {(kind, int(row[kind])) for kind in done for row in done[kind]}
     jobs = []
     for i, point_index in enumerate(drawn):
@@ -280,8 +354,7 @@ def run_search(
                 raise ConfigError(f"metric {spec.metric} is not among this scenario's results")
             done[kind].append(result_row(kind, index, point, seed, summary))
             if out is not None:
-                name = "trials.csv" if kind == "trial" else "grid.csv"
-                write_csv(out / name, sorted(done[kind], key=lambda r: r[kind]))
+                write_csv(out / INTERNAL / RUN_TABLES[kind], sorted(done[kind], key=lambda r: r[kind]))
             if on_run is not None:
                 on_run(f"{kind}-{index}", result)
     trials = pd.DataFrame(sorted(done["trial"], key=lambda r: r["trial"]))
@@ -299,62 +372,128 @@ def run_search(
         metric=spec.metric,
     )
     if out is not None:
-        write_json(out / SPEC_FILE, stored | {"result": _result_record(tuning)})
-        atomic_write_text(out / "report.md", report(tuning))
+        write_results(out, stored, drawn, tuning)
     return tuning
 
 
-def _settle_folder(out: Path, stored: dict[str, Any], resume: bool) -> dict[str, list[dict[str, Any]]]:
+def write_results(out: Path, stored: dict[str, Any], drawn: list[int], tuning: Tuning) -> None:
+    """A finished search's files: its specification and DP release at the top of ``out``
+    (``tuning.json``, ``report.md``), the rest in :data:`INTERNAL`."""
+    write_json(out / INTERNAL / PLAN_FILE, {"trial_points": drawn, "result": _internal_record(tuning)})
+    atomic_write_text(out / INTERNAL / "report.md", internal_report(tuning))
+    write_json(out / SPEC_FILE, stored | {"result": tuning.release()})
+    atomic_write_text(out / "report.md", report(tuning))
+
+
+def _settle_folder(
+    out: Path, stored: dict[str, Any], drawn: list[int], resume: bool
+) -> dict[str, list[dict[str, Any]]]:
     """Store the search's plan in ``out`` (a new folder), or with ``resume`` check it is the one
-    stored and return the runs already there."""
+    stored (moving a folder of the layout before :data:`INTERNAL` into it) and return the runs
+    already there."""
     spec_file = out / SPEC_FILE
     refuse_another_commands_folder(out, SPEC_FILE)
     if not spec_file.exists():
         if resume:
             raise ConfigError(f"{out} holds no search to resume ({SPEC_FILE} is missing)")
+        _store_plan(out, drawn)
         write_json(spec_file, stored)
         return {"trial": [], "grid": []}
     if not resume:
         raise ConfigError(f"{out} already holds a search: resume it (--resume) or use a new --out folder")
     previous = json.loads(spec_file.read_text())
+    old_points = previous.pop("trial_points", None)  # the layout before INTERNAL stored them here
     previous.pop("result", None)
-    if json.loads(json.dumps(stored)) != previous:
+    plan = out / INTERNAL / PLAN_FILE
+    planned = old_points
+    if planned is None and plan.exists():
+        planned = _stored_points(plan)
+    if json_normalised(stored) != previous or planned not in (None, drawn):
         raise ConfigError(f"{out} holds a different search; use a new --out folder")
+    _store_plan(out, drawn)
+    if old_points is not None or any((out / name).exists() for name in RUN_TABLES.values()):
+        _move_old_layout(out, stored)
     done: dict[str, list[dict[str, Any]]] = {"trial": [], "grid": []}
-    for kind, name in (("trial", "trials.csv"), ("grid", "grid.csv")):
-        if (out / name).exists():
-            done[kind] = pd.read_csv(out / name).to_dict("records")
+    for kind, name in RUN_TABLES.items():
+        if (out / INTERNAL / name).exists():
+            done[kind] = pd.read_csv(out / INTERNAL / name).to_dict("records")
     return done
 
 
-def _result_record(tuning: Tuning) -> dict[str, Any]:
-    def chosen(row: pd.Series | None) -> dict[str, Any] | None:
-        return (
-            None if row is None else {str(k): (v.item() if hasattr(v, "item") else v) for k, v in row.items()}
-        )
+def _stored_points(plan: Path) -> list[int] | None:
+    """The trials' grid points stored in :data:`PLAN_FILE`."""
+    return json.loads(plan.read_text()).get("trial_points")
 
+
+def _store_plan(out: Path, drawn: list[int]) -> None:
+    """:data:`INTERNAL` with its note and the trials' grid points, unless there already."""
+    write_note(out / INTERNAL, SEARCH_NOTE)
+    if not (out / INTERNAL / PLAN_FILE).exists():
+        write_json(out / INTERNAL / PLAN_FILE, {"trial_points": drawn})
+
+
+def _move_old_layout(out: Path, stored: dict[str, Any]) -> None:
+    """Move a search folder of the layout before :data:`INTERNAL` (every run's table, K and the
+    full report at its top) into this one: the tables and the report into :data:`INTERNAL`, then
+    ``tuning.json`` rewritten without the trials' grid points and the old result. Each step can
+    be repeated, so a move cut short is finished by the next resume."""
+    for name in (*RUN_TABLES.values(), "report.md"):
+        if (out / name).exists():
+            os.replace(out / name, out / INTERNAL / name)
+    write_json(out / SPEC_FILE, stored)
+
+
+def _internal_record(tuning: Tuning) -> dict[str, Any]:
+    """The full result of both selections (not DP-protected)."""
     return {
         "epsilon": tuning.epsilon,
         "epsilon_trial_rdp": tuning.epsilon_trial_rdp,
         "delta": tuning.delta,
         "trials_run": len(tuning.trials),
         "expected_trials": tuning.trial_count.expected,
-        "best": chosen(tuning.best),
-        "grid_best": chosen(tuning.grid_best),
+        "best": _plain(tuning.best),
+        "grid_best": _plain(tuning.grid_best),
     }
 
 
+def _epsilon_line(tuning: Tuning) -> str:
+    return (
+        f"ε of the whole DP search: **{tuning.epsilon:.4g}** at δ = {tuning.delta:g} (RDP, Papernot & "
+        f"Steinke 2022); one trial alone: {tuning.epsilon_trial_rdp:.4g} (RDP)."
+    )
+
+
 def report(tuning: Tuning) -> str:
-    """``report.md``: the two selections, then every trial."""
+    """``report.md``: the DP search's release only (what its ε covers), and where the rest is."""
+    released = tuning.dp_summary()
     lines = [
-        "# fairclip tune",
+        "# fairclip tune: the DP random search's result",
+        "",
+        f"Selected by **{tuning.metric}** ({METRICS[tuning.metric]}imise) among a random number of "
+        f"trials ({tuning.trial_count.describe()}).",
+        "",
+        markdown_table(released) if not released.empty else "The search released no result.",
+        "",
+        f"{_epsilon_line(tuning)} It covers this result -- the chosen configuration and its metrics "
+        "-- and nothing else.",
+        "",
+        f"Every trial, how many ran and the non-private selection over the grid are in `{INTERNAL}/`: "
+        "not DP-protected, never publish them (see its README.txt).",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def internal_report(tuning: Tuning) -> str:
+    """:data:`INTERNAL`'s ``report.md``: the two selections, every trial, every grid point."""
+    lines = [
+        "# fairclip tune: every run (NOT DP-PROTECTED, never publish)",
         "",
         f"Selected by **{tuning.metric}** ({METRICS[tuning.metric]}imise). Number of trials: "
         f"{tuning.trial_count.describe()}; drawn: {len(tuning.trials)}.",
         "",
-        f"ε of the whole DP search: **{tuning.epsilon:.4g}** at δ = {tuning.delta:g} (RDP, Papernot & "
-        f"Steinke 2022); one trial alone: {tuning.epsilon_trial_rdp:.4g} (RDP). The non-private "
-        "selection's ε covers its chosen run only, not the choice.",
+        f"{_epsilon_line(tuning)} It covers the DP search's chosen result only (../report.md), not "
+        "this file. The non-private selection's ε covers its chosen run only, not the choice.",
         "",
         markdown_table(tuning.summary()),
         "",
@@ -363,6 +502,8 @@ def report(tuning: Tuning) -> str:
         markdown_table(tuning.trials) if not tuning.trials.empty else "(K = 0: no trial ran)",
         "",
     ]
+    if tuning.grid is not None and not tuning.grid.empty:
+        lines += ["## Grid points (non-private selection)", "", markdown_table(tuning.grid), ""]
     return "\n".join(lines)
 
 
@@ -402,7 +543,8 @@ def search_key(strategy: str, target: float) -> str:
 
 
 def curve_row(strategy: str, target: float, tuning: Tuning) -> dict[str, Any]:
-    """One search as a row of ``curve.csv``."""
+    """One search as a row of :data:`INTERNAL`'s ``curve.csv`` (every column; the public curve
+    keeps :func:`curve_public_columns`)."""
     metric = tuning.metric
     return {
         "strategy": strategy,
@@ -416,25 +558,73 @@ def curve_row(strategy: str, target: float, tuning: Tuning) -> dict[str, Any]:
     }
 
 
+def curve_public_columns(metric: str) -> list[str]:
+    """The columns of :func:`curve_row` that each search's ε covers (its release; the target ε
+    and one trial's ε are public choices): not the number of trials, not the grid selection."""
+    return ["strategy", "target_epsilon", "epsilon_search", "epsilon_trial_rdp", f"dp_search_{metric}"]
+
+
+def write_curve_rows(folder: Path, rows: list[dict[str, Any]], metric: str) -> None:
+    """``curve.csv`` of the searches finished so far: the public columns at the top of
+    ``folder``, every column in :data:`INTERNAL`."""
+    write_note(folder / INTERNAL, CURVE_NOTE)
+    write_csv(folder / INTERNAL / CURVE_FILE, rows)
+    write_csv(folder / CURVE_FILE, pd.DataFrame(rows)[curve_public_columns(metric)].to_dict("records"))
+
+
+def write_curve_report(folder: Path, table: pd.DataFrame, metric: str, trials: TrialCount) -> None:
+    """The curve's plot and report: of the public columns at the top of ``folder``, of every
+    column (with the non-private selection) in :data:`INTERNAL`."""
+    public = table[curve_public_columns(metric)]
+    plot_curve(public, metric, folder / CURVE_PLOT)
+    atomic_write_text(folder / "report.md", curve_report(public, metric, trials))
+    plot_curve(table, metric, folder / INTERNAL / CURVE_PLOT)
+    atomic_write_text(folder / INTERNAL / "report.md", curve_report(table, metric, trials, internal=True))
+
+
+def move_old_curve(folder: Path, metric: str) -> None:
+    """Move what a curve folder of the layout before :data:`INTERNAL` shows beyond each search's
+    release (the number of trials, the grid selection) into :data:`INTERNAL`: its report and plot,
+    and its ``curve.csv``, of which the public columns stay (a resumed curve writes all again)."""
+    curve = folder / CURVE_FILE
+    if not curve.is_file():
+        return
+    table = pd.read_csv(curve)
+    public = [column for column in table.columns if column in curve_public_columns(metric)]
+    if len(public) == len(table.columns):
+        return
+    write_note(folder / INTERNAL, CURVE_NOTE)
+    for name in ("report.md", CURVE_PLOT):
+        if (folder / name).exists():
+            os.replace(folder / name, folder / INTERNAL / name)
+    write_csv(folder / INTERNAL / CURVE_FILE, table.to_dict("records"))
+    write_csv(curve, table[public].to_dict("records"))
+
+
 def plot_curve(table: pd.DataFrame, metric: str, path: Path) -> None:
     """Best ``metric`` against ε: the DP search against the ε of the whole search (solid), the
-    non-private selection against its chosen run's ε (dotted), one colour per strategy."""
+    non-private selection against its chosen run's ε (dotted, where ``table`` has it), one
+    colour per strategy."""
     from fairclip.sims.plots import plt, save, strategy_styles
 
     figure, axes = plt.subplots(figsize=(6.4, 4.2))
     styles = strategy_styles(table["strategy"])
+    grid = f"grid_{metric}" in table
     for strategy, rows in table.groupby("strategy", sort=False):
         colour = styles[str(strategy)].colour
         rows = rows.sort_values("target_epsilon")
         axes.plot(rows["epsilon_search"], rows[f"dp_search_{metric}"], "o-", color=colour,
                   label=f"{strategy}: DP search (ε of the search)")  # fmt: skip
-        if rows[f"grid_{metric}"].notna().any():
+        if grid and rows[f"grid_{metric}"].notna().any():
             axes.plot(rows["grid_epsilon_run"], rows[f"grid_{metric}"], "s:", color=colour, alpha=0.7,
                       label=f"{strategy}: non-private selection (ε of one run)")  # fmt: skip
     axes.set_xscale("log")
     from matplotlib.ticker import FixedLocator, NullLocator
 
-    spent = pd.concat([table["epsilon_search"], table["grid_epsilon_run"]]).dropna()
+    spent = table["epsilon_search"]
+    if grid:
+        spent = pd.concat([spent, table["grid_epsilon_run"]])
+    spent = spent.dropna()
     spent = spent[np.isfinite(spent) & (spent > 0)]
     if not spent.empty:  # 1-2-5 ticks across the ε drawn
         low, high = math.floor(math.log10(spent.min())), math.ceil(math.log10(spent.max()))
@@ -450,14 +640,27 @@ def plot_curve(table: pd.DataFrame, metric: str, path: Path) -> None:
     save(figure, path)
 
 
-def curve_report(table: pd.DataFrame, metric: str, trials: TrialCount) -> str:
+def curve_report(table: pd.DataFrame, metric: str, trials: TrialCount, internal: bool = False) -> str:
+    """The curve's ``report.md``: public (each search's release only), or ``internal``."""
+    if internal:
+        title = "# fairclip tune: best result against ε, every selection (NOT DP-PROTECTED, never publish)"
+        about = (
+            "`trials` is how many each search drew; the non-private selection's `grid_epsilon_run` "
+            f"covers its chosen run only. Each search's trials are in its folder's `{INTERNAL}/`."
+        )
+    else:
+        title = "# fairclip tune: best result against ε"
+        about = (
+            "Each row is its search's release (no value: it released nothing). How many trials each "
+            f"search drew, its trials and the non-private selection are in `{INTERNAL}/`: not "
+            "DP-protected, never publish them (see its README.txt)."
+        )
     return "\n".join([
-        "# fairclip tune: best result against ε",
+        title,
         "",
         f"One DP random search per strategy and target ε of a run ({trials.describe()}), selected "
-        f"by **{metric}**. `epsilon_search` covers the whole search (RDP, Papernot & Steinke 2022); "
-        "the non-private selection's `grid_epsilon_run` covers its chosen run only. Each search's "
-        "trials and report are in its folder.",
+        f"by **{metric}**. `epsilon_search` covers the whole search (RDP, Papernot & Steinke 2022). "
+        + about,
         "",
         markdown_table(table),
         "",

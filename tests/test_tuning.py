@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import math
+import re
+import shutil
 
 import numpy as np
 import pandas as pd
@@ -16,7 +18,7 @@ from scipy import stats
 import fairclip
 from fairclip.sims.cli import main
 from fairclip.sims.errors import ConfigError
-from fairclip.sims.tune import draw_trials, grid_points
+from fairclip.sims.tune import METRICS, draw_trials, grid_points
 from fairclip.strategies import PolicyConfigError
 from fairclip.strategies.accountants import ORDERS, rdp_epsilon
 from fairclip.strategies.tuning import (
@@ -138,6 +140,8 @@ def test_bad_trial_laws_are_one_clear_error(make, mentions):
 
 GRID = {"training.client_lr": [0.1, 0.5], "strategy.bounded.lower_bound": [0.1, 0.5]}
 SMALL = {"strategy.name": "bounded", "training.rounds": 4, "privacy.target_epsilon": 2.0}
+INTERNAL = "not-dp-protected"
+"""The folder of what a DP search's ε does not cover (a literal: the test pins the layout)."""
 
 
 def test_tune_end_to_end_releases_the_best_trial_with_the_search_epsilon(tmp_path):
@@ -161,7 +165,9 @@ def test_tune_end_to_end_releases_the_best_trial_with_the_search_epsilon(tmp_pat
     assert len(tuning.grid) == 4 and set(tuning.grid["seed"]) == {0}
     # ε of the search is the theorem's on the runs' own plan
     privacy = json.loads((out / "tuning.json").read_text())
-    assert len(pd.read_csv(out / "trials.csv")) == len(drawn) and len(pd.read_csv(out / "grid.csv")) == 4
+    internal = out / INTERNAL
+    assert len(pd.read_csv(internal / "trials.csv")) == len(drawn)
+    assert len(pd.read_csv(internal / "grid.csv")) == 4
     sigma = fairclip.simulate("demo", overrides={**SMALL, "seed": 1}).privacy["effective_noise_multiplier"]
     expected = tuning_epsilon(trial_rdp([(sigma, 0.5, 4)]), TrialCount(), 1e-5)
     assert tuning.epsilon == pytest.approx(expected, rel=1e-12)
@@ -170,8 +176,10 @@ def test_tune_end_to_end_releases_the_best_trial_with_the_search_epsilon(tmp_pat
     summary = tuning.summary().set_index("selection")["accountant"]
     assert list(summary) == ["prv", "rdp"]  # each ε with the accountant it comes from
     report = (out / "report.md").read_text()
-    assert "DP random search" in report and "non-private selection" in report
+    assert "DP random search" in report and "non-private selection (every" not in report
     assert f"{tuning.epsilon:.4g}" in report
+    full = (internal / "report.md").read_text()
+    assert "DP random search" in full and "non-private selection (every grid point)" in full
 
     # resume: nothing runs again, the same selection comes back
     again = []
@@ -180,7 +188,7 @@ def test_tune_end_to_end_releases_the_best_trial_with_the_search_epsilon(tmp_pat
     assert again == [(len(drawn) + 4, 0)]
     pd.testing.assert_frame_equal(resumed.trials, tuning.trials, check_dtype=False)
     # a run lost from the folder is run again, with the same numbers
-    pd.read_csv(out / "grid.csv").iloc[1:].to_csv(out / "grid.csv", index=False)
+    pd.read_csv(internal / "grid.csv").iloc[1:].to_csv(internal / "grid.csv", index=False)
     rerun = fairclip.tune("demo", grid=GRID, overrides=SMALL, seed=3, out=out, resume=True)
     pd.testing.assert_frame_equal(rerun.grid, tuning.grid, check_dtype=False)
     with pytest.raises(ConfigError, match="different search"):
@@ -189,6 +197,96 @@ def test_tune_end_to_end_releases_the_best_trial_with_the_search_epsilon(tmp_pat
         )
     with pytest.raises(ConfigError, match="already holds a search"):
         fairclip.tune("demo", grid=GRID, overrides=SMALL, seed=3, out=out)
+
+
+def _unreleased_values(folder, best):
+    """Every metric value of the search's runs other than its released trial, each as the regular
+    expressions of its plain and 4-digit forms (skipping values that equal one released, or of
+    under 3 significant digits, which another number of the folder could spell)."""
+    metrics = list(METRICS)
+    released = {f"{best[m]:.4g}" for m in metrics}
+    runs = pd.concat([pd.read_csv(folder / INTERNAL / name) for name in ("trials.csv", "grid.csv")])
+    runs = runs[~((runs.get("trial") == best["trial"]) & runs["trial"].notna())]
+    patterns = set()
+    for value in runs[metrics].to_numpy().ravel():
+        short = f"{value:.4g}"
+        if math.isfinite(value) and short not in released and len(short.lstrip("-0.").replace(".", "")) >= 3:
+            for form in (repr(float(value)), short):
+                patterns.add(rf"(?<![\d.]){re.escape(form)}(?!\d)")
+    return patterns
+
+
+def test_a_search_publishes_its_release_only(tmp_path, cli):
+    """The DP search's ε covers its chosen trial only (Papernot & Steinke 2022): no file at the top
+    of the folder and nothing the command prints holds another run's metric or how many trials
+    ran; every run is in not-dp-protected/, under a note that says so."""
+    out = tmp_path / "t"
+    status, printed, err = cli(
+        "tune", "--scenario", "demo", "--set", "strategy.name=bounded", "--set", "training.rounds=3",
+        "--set", "privacy.target_epsilon=2", "--grid", "training.client_lr=0.1,0.5", "--grid",
+        "strategy.bounded.lower_bound=0.1,0.5", "--tuning-seed", "3", "--backend", "local", "--out", str(out),
+    )  # fmt: skip
+    assert status == 0, err
+    internal = out / INTERNAL
+    trials = pd.read_csv(internal / "trials.csv")
+    assert len(trials) >= 2 and len(pd.read_csv(internal / "grid.csv")) == 4  # others to leak
+    best = trials.loc[trials["macro_accuracy"].idxmax()]
+    leaks = _unreleased_values(out, best)
+    assert len(leaks) >= 20
+    public = {p.name: p.read_text() for p in out.iterdir() if p.is_file() and not p.name.startswith(".")}
+    assert sorted(public) == ["report.md", "tuning.json"]
+    for name, text in {**public, "stdout": printed}.items():
+        found = [pattern for pattern in leaks if re.search(pattern, text)]
+        assert not found, f"{name} holds unreleased values {found[:3]}"
+        assert "drawn" not in text and "trials_run" not in text and "trial_points" not in text
+    assert f"{best['macro_accuracy']:.4g}" in public["report.md"] and public["report.md"] in printed
+    result = json.loads(public["tuning.json"])["result"]
+    assert result["best"]["macro_accuracy"] == pytest.approx(best["macro_accuracy"])
+    assert "trial" not in result["best"] and "seed" not in result["best"]  # its index tells K's least
+    assert {"epsilon", "delta", "accountant", "epsilon_covers"} <= set(result)
+    note = (internal / "README.txt").read_text()
+    assert note.startswith("NOT DP-PROTECTED") and "trials.csv" in note and "grid.csv" in note
+    assert "DP search trials" in (internal / "report.md").read_text()
+
+
+def _to_old_layout(folder):
+    """Turn a search folder into the layout before not-dp-protected/: the run tables and the full
+    report at the top, the trials' grid points and the full result in tuning.json."""
+    internal = folder / INTERNAL
+    plan = json.loads((internal / "search.json").read_text())
+    stored = json.loads((folder / "tuning.json").read_text())
+    (folder / "tuning.json").write_text(json.dumps({**stored, "trial_points": plan["trial_points"],
+                                                    "result": plan["result"]}))  # fmt: skip
+    for name in ("trials.csv", "grid.csv", "report.md"):
+        if (internal / name).exists():
+            (internal / name).replace(folder / name)
+    shutil.rmtree(internal)
+
+
+def test_resume_moves_a_folder_of_the_old_layout_into_not_dp_protected(tmp_path):
+    out = tmp_path / "t"
+    tuning = fairclip.tune("demo", grid=GRID, overrides=SMALL, seed=3, out=out)
+    public_report = (out / "report.md").read_text()
+    _to_old_layout(out)
+    pd.read_csv(out / "trials.csv").iloc[1:].to_csv(out / "trials.csv", index=False)  # one run lost
+    with pytest.raises(ConfigError, match="different search"):  # refused before anything moves
+        fairclip.tune(
+            "demo", grid={"training.client_lr": [0.2]}, overrides=SMALL, seed=3, out=out, resume=True
+        )
+    assert (out / "trials.csv").exists() and not (out / INTERNAL).exists()
+    started = []
+    resumed = fairclip.tune("demo", grid=GRID, overrides=SMALL, seed=3, out=out, resume=True,
+                            on_start=lambda n, m: started.append((n, m)))  # fmt: skip
+    assert started == [(len(tuning.trials) + 4, 1)]  # only the lost run again
+    pd.testing.assert_frame_equal(resumed.trials, tuning.trials, check_dtype=False)
+    assert sorted(p.name for p in out.iterdir() if p.is_file()) == ["report.md", "tuning.json"]
+    assert (out / "report.md").read_text() == public_report
+    stored = json.loads((out / "tuning.json").read_text())
+    assert "trial_points" not in stored and "grid_best" not in stored["result"]
+    assert len(pd.read_csv(out / INTERNAL / "trials.csv")) == len(tuning.trials)
+    assert (out / INTERNAL / "README.txt").read_text().startswith("NOT DP-PROTECTED")
+    plan = json.loads((out / INTERNAL / "search.json").read_text())
+    assert plan["result"]["trials_run"] == len(plan["trial_points"]) == len(tuning.trials)
 
 
 @pytest.mark.parametrize(
@@ -243,10 +341,12 @@ def test_tune_command_prints_the_report(tmp_path, capsys):
     ])  # fmt: skip
     printed = capsys.readouterr().out
     assert "ε of the whole DP search" in printed
-    assert not (out / "grid.csv").exists()
+    assert f"{out / INTERNAL}/" in printed.splitlines()[-1]
+    assert not (out / INTERNAL / "grid.csv").exists()
     stored = json.loads((out / "tuning.json").read_text())
     assert stored["trials"]["distribution"] == "poisson" and stored["grid_baseline"] is False
-    assert stored["result"]["trials_run"] == len(stored["trial_points"])
+    plan = json.loads((out / INTERNAL / "search.json").read_text())
+    assert plan["result"]["trials_run"] == len(plan["trial_points"])
 
 
 def test_a_strategy_searches_only_its_own_and_the_shared_keys():
@@ -283,11 +383,16 @@ def test_tuning_curve_runs_one_search_per_strategy_and_epsilon(tmp_path):
     assert list(zip(table["strategy"], table["target_epsilon"], strict=True)) == [
         ("constant", 1.0), ("constant", 4.0), ("bounded", 1.0), ("bounded", 4.0),
     ]  # fmt: skip
-    stored = pd.read_csv(out / "curve.csv")
+    stored = pd.read_csv(out / INTERNAL / "curve.csv")
     pd.testing.assert_frame_equal(stored, table, check_dtype=False)
-    assert (out / "tuning_curve.png").stat().st_size > 0 and "tuning_curve.png" in (
-        out / "report.md"
-    ).read_text()
+    public = ["strategy", "target_epsilon", "epsilon_search", "epsilon_trial_rdp", "dp_search_macro_accuracy"]
+    pd.testing.assert_frame_equal(pd.read_csv(out / "curve.csv"), table[public], check_dtype=False)
+    for folder in (out, out / INTERNAL):
+        assert (folder / "tuning_curve.png").stat().st_size > 0
+        assert "tuning_curve.png" in (folder / "report.md").read_text()
+    assert "grid_epsilon_run" not in (out / "report.md").read_text()
+    assert "grid_epsilon_run" in (out / INTERNAL / "report.md").read_text()
+    assert (out / INTERNAL / "README.txt").read_text().startswith("NOT DP-PROTECTED")
     # a larger target ε costs more in the whole search; constant never searched bounded's key
     for strategy in ("constant", "bounded"):
         mine = table[table["strategy"] == strategy]
@@ -308,6 +413,23 @@ def test_tuning_curve_runs_one_search_per_strategy_and_epsilon(tmp_path):
         **options,
     )
     pd.testing.assert_frame_equal(again, table)
+    # a curve of the layout before not-dp-protected/ (the full table, plot and report at the top,
+    # every search's runs too) is moved into it on resume
+    for name in ("curve.csv", "report.md", "tuning_curve.png"):
+        shutil.copy(out / INTERNAL / name, out / name)
+    shutil.rmtree(out / INTERNAL)
+    for key in table["strategy"] + "__eps-" + table["target_epsilon"].map("{:g}".format):
+        _to_old_layout(out / key)
+    moved = fairclip.tune_curve(
+        "demo", strategies=["constant", "bounded"], epsilons=[1.0, 4.0], grid=grid, out=out, resume=True,
+        **options,
+    )  # fmt: skip
+    pd.testing.assert_frame_equal(moved, table)
+    assert list(pd.read_csv(out / "curve.csv").columns) == public
+    assert "grid_epsilon_run" not in (out / "report.md").read_text()
+    files = sorted(p.name for p in out.iterdir() if p.is_file())
+    assert files == ["curve.csv", "report.md", "tuning_curve.png"]
+    assert (out / INTERNAL / "README.txt").exists()
 
 
 def test_a_search_stopped_early_closes_its_runs_so_those_still_going_stop(tmp_path, monkeypatch):
@@ -334,7 +456,7 @@ def test_a_search_stopped_early_closes_its_runs_so_those_still_going_stop(tmp_pa
         fairclip.tune("demo", grid=GRID, overrides=SMALL, seed=3, out=tmp_path / "t", on_run=stop)
     assert stopped.traceback  # the stopped search's frames are still held here
     assert len(closed) == 1 and closed[0] >= 5  # closed at once, with its trials and 4 grid runs
-    assert len(pd.read_csv(tmp_path / "t" / "trials.csv")) == 1
+    assert len(pd.read_csv(tmp_path / "t" / INTERNAL / "trials.csv")) == 1
 
 
 @pytest.mark.parametrize(
