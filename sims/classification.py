@@ -140,6 +140,11 @@ def rows_per_one_step_call(device: torch.device) -> int:
 class ClassificationTask:
     """Local SGD on each client's examples; evaluation per cohort on the test set."""
 
+    outside_epsilon: tuple[str, ...] = ()
+    """The steps of the data's preprocessing that use a statistic of the rows, outside the run's
+    ε (:func:`fairclip.sims.real_data.outside_epsilon`); none for a user's own dataset, whose
+    preprocessing is the user's."""
+
     def __init__(
         self,
         spec: ClassificationSpec,
@@ -148,12 +153,15 @@ class ClassificationTask:
         seed: int,
         data_dir: Path | None = None,
     ):
+        from fairclip.sims.real_data import outside_epsilon
+
         data = (
             GeneratedClients(spec, num_clients, seed)
             if generates_clients(spec, num_clients)
             else federated_data(spec, num_clients, seed, data_dir)
         )
         self._hold(data, list(spec.cohorts), training, seed, model_factory(spec.model))
+        self.outside_epsilon = tuple(outside_epsilon(spec))
 
     @classmethod
     def from_dataset(
@@ -353,7 +361,11 @@ class ClassificationTask:
         return group_fairness(self.test_y.cpu().numpy(), predictions, rows, list(self.cohort_weights))
 
     def summary(self, model: np.ndarray) -> dict[str, Any]:
-        return {}
+        """``preprocessing.outside_epsilon``, the preprocessing steps outside the run's ε, where
+        there are any (Adult scaled by the training rows' statistics, say); nothing otherwise."""
+        if not self.outside_epsilon:
+            return {}
+        return {"preprocessing": {"outside_epsilon": list(self.outside_epsilon)}}
 
 
 class _HeldClients(dict):

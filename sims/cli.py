@@ -637,6 +637,9 @@ def _print_run_summary(summary: dict, out: Path) -> None:
         f"sigma_b = {_number(privacy['count_noise_multiplier'])}); "
         f"final clip bound {_number(summary['final_clip_bound'])}"
     )
+    outside = summary.get("preprocessing", {}).get("outside_epsilon")
+    if outside:
+        stdout.print(f"outside epsilon (preprocessing): {'; '.join(outside)}")
     stdout.print(f"wrote {out / 'rounds.csv'} and {out / 'summary.json'}")
 
 

@@ -50,6 +50,7 @@ def load(spec: ClassificationSpec, data_dir: Path | None, seed: int) -> Dataset:
             test_fraction=spec.test_fraction,
             scaling=spec.feature_scaling,
             protected=spec.protected,
+            age_split=spec.age_split,
         )
     elif spec.dataset == "dutch":
         dataset = load_dutch(
@@ -67,6 +68,20 @@ def load(spec: ClassificationSpec, data_dir: Path | None, seed: int) -> Dataset:
     if spec.test_limit is not None:
         dataset = limit_test_rows(dataset, spec.test_limit, seed)
     return dataset
+
+
+def outside_epsilon(spec: ClassificationSpec) -> list[str]:
+    """The preprocessing steps of ``spec``'s data that use a statistic of the rows, outside the
+    run's ε (empty for the defaults): Adult's feature scaling by the training rows' statistics,
+    and its age groups split at the median age of the complete rows."""
+    if spec.dataset != "adult":
+        return []
+    steps = []
+    if spec.feature_scaling != "public":
+        steps.append(f"feature scaling by statistics of the training rows ({spec.feature_scaling})")
+    if spec.protected == "age" and spec.age_split == "median":
+        steps.append("age groups split at the median age of the complete rows, test rows included")
+    return steps
 
 
 def limit_test_rows(dataset: Dataset, limit: int, seed: int) -> Dataset:
@@ -91,7 +106,8 @@ def validation_split(dataset: Dataset, fraction: float, seed: int, scaling: str 
     """The training rows split into training and validation rows; the validation rows take the
     place of the test set, which is dropped (selection never sees it). ``scaling`` (Adult's
     ``feature_scaling``): its numeric columns are scaled again by the statistics of the kept
-    training rows alone, so that the validation rows feed no preprocessing either."""
+    training rows alone, so that the validation rows feed no preprocessing either (``public``
+    scaling uses no statistic: nothing changes)."""
     order = rng(seed, Stream.DATA, 3).permutation(len(dataset.y_train))
     cut = round(fraction * len(order))
     held, kept = np.sort(order[:cut]), np.sort(order[cut:])

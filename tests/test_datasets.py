@@ -346,9 +346,11 @@ def test_adult_features_are_finite_standardised_and_one_hot(adult) -> None:
     assert np.isfinite(adult.x_train).all() and np.isfinite(adult.x_test).all()
     numeric = [adult.feature_names.index(name) for name in datasets_module.ADULT_NUMERIC]
     assert numeric == [0, 1, 2, 3, 4]
-    np.testing.assert_allclose(adult.x_train[:, numeric].mean(axis=0), 0.0, atol=1e-4)
-    np.testing.assert_allclose(adult.x_train[:, numeric].std(axis=0), 1.0, atol=1e-4)
-    assert abs(adult.x_test[:, numeric].mean()) < 0.1  # test rows use the train statistics
+    standardised = load_adult(need("adult/adult.data", "adult/adult.test"), seed=0, scaling="standardize")
+    np.testing.assert_allclose(standardised.x_train[:, numeric].mean(axis=0), 0.0, atol=1e-4)
+    np.testing.assert_allclose(standardised.x_train[:, numeric].std(axis=0), 1.0, atol=1e-4)
+    assert abs(standardised.x_test[:, numeric].mean()) < 0.1  # test rows use the train statistics
+    np.testing.assert_array_equal(standardised.x_train[:, 5:], adult.x_train[:, 5:])
     binary = adult.x_train[:, 5:]
     assert set(np.unique(binary)) == {0.0, 1.0}
     np.testing.assert_array_equal(adult.x_train[:, adult.feature_names.index("sex=female")], adult.g_train)
@@ -359,9 +361,86 @@ def test_adult_features_are_finite_standardised_and_one_hot(adult) -> None:
     assert "fnlwgt" not in adult.feature_names
 
 
+def test_adult_one_hot_layout_is_the_documented_values_sorted(adult) -> None:
+    """The one-hot columns are adult.names's values (workclass less Never-worked, which no
+    complete row holds), sorted by name: the 98-feature layout owes nothing to the rows."""
+    expected = [
+        f"{column}={value}"
+        for column, values in datasets_module.ADULT_CATEGORIES.items()
+        for value in sorted(values)
+    ]
+    assert list(adult.feature_names[7:]) == expected and len(adult.feature_names) == 98
+    assert "workclass=Never-worked" not in adult.feature_names
+
+
+def adult_copy(tmp_path: Path, monkeypatch, edit: tuple[str, str] | None = None) -> Path:
+    """A copy of the Adult files in ``tmp_path`` whose first adult.data row has ``edit``'s first
+    text replaced by its second; the loader reads it without its checksum (it no longer matches)."""
+    source = need("adult/adult.data", "adult/adult.test")
+    (tmp_path / "adult").mkdir(parents=True)
+    for name in ("adult.data", "adult.test"):
+        shutil.copyfile(source / "adult" / name, tmp_path / "adult" / name)
+    if edit is not None:
+        path = tmp_path / "adult" / "adult.data"
+        first, rest = path.read_text().split("\n", 1)
+        assert edit[0] in first
+        path.write_text(first.replace(edit[0], edit[1], 1) + "\n" + rest)
+    monkeypatch.setattr(datasets_module, "verified_path", lambda root, name: Path(root) / name)
+    return tmp_path
+
+
+def test_adult_default_scaling_uses_no_statistic_of_the_rows(tmp_path, monkeypatch) -> None:
+    """Issue 64, item 6: with the default scaling, one training row's numeric value changes that
+    row's features and no other row's (standardising by the training rows' mean and standard
+    deviation, the former default, changed every row's)."""
+    before = load_adult(adult_copy(tmp_path / "before", monkeypatch), seed=0, balance=False)
+    huge = (", Male, 2174, ", ", Male, 1000000000, ")  # the first row's capital gain, far above any other
+    after = load_adult(adult_copy(tmp_path / "after", monkeypatch, huge), seed=0, balance=False)
+    for field in ("y_train", "g_train", "y_test", "g_test"):
+        np.testing.assert_array_equal(getattr(before, field), getattr(after, field))
+    np.testing.assert_array_equal(before.x_test, after.x_test)
+    changed = np.flatnonzero((before.x_train != after.x_train).any(axis=1))
+    assert len(changed) == 1, f"{len(changed)} training rows changed"  # the edited row, a training row
+    gain = before.feature_names.index("capital_gain")
+    assert np.flatnonzero(before.x_train[changed[0]] != after.x_train[changed[0]]).tolist() == [gain]
+    assert after.x_train[changed[0], gain] == 1.0  # clipped to the top code 99,999
+    # a complete row with a value adult.names does not list is a malformed file
+    unlisted = ("State-gov", "Space-agency")
+    with pytest.raises(DataError, match="workclass 'Space-agency'"):
+        load_adult(adult_copy(tmp_path / "unlisted", monkeypatch, unlisted), seed=0, balance=False)
+
+
+def test_public_scaling_maps_the_documented_bounds_to_0_and_1_and_clips(adult) -> None:
+    domains = datasets_module.ADULT_PUBLIC_DOMAINS
+    assert tuple(domains) == datasets_module.ADULT_NUMERIC
+    expected_bounds = {
+        "age": (17, 90),
+        "education_num": (1, 16),
+        "capital_gain": (0, 99_999),
+        "capital_loss": (0, 99_999),
+        "hours_per_week": (1, 99),
+    }
+    for name, domain in domains.items():
+        low, high = expected_bounds[name]
+        values = np.array([low, high, low - 10.0, high * 10.0, -np.inf, np.inf])
+        np.testing.assert_array_equal(domain.scale(values), [0.0, 1.0, 0.0, 1.0, 0.0, 1.0], err_msg=name)
+    assert domains["age"].scale(np.array([53.5])) == pytest.approx(0.5)
+    assert domains["hours_per_week"].scale(np.array([40.0])) == pytest.approx(39 / 98)
+    gain = domains["capital_gain"].scale(np.array([2174.0]))
+    assert gain == pytest.approx(np.log1p(2174) / np.log1p(99_999))
+    # the loader's numeric columns are those maps of each row's own values
+    numeric = [adult.feature_names.index(name) for name in datasets_module.ADULT_NUMERIC]
+    for x in (adult.x_train, adult.x_test):
+        assert (x[:, numeric] >= 0).all() and (x[:, numeric] <= 1).all()
+        ages = x[:, 0].astype(np.float64) * 73 + 17
+        np.testing.assert_allclose(ages, np.round(ages), atol=1e-4)  # whole years, 17-90
+    unit = datasets_module.refit_adult_scaling(adult.x_train, (adult.x_test,), adult.feature_names, "public")
+    assert unit[0] is adult.x_train and unit[1] is adult.x_test  # no statistic to refit
+
+
 def test_adult_minmax_scaling_maps_the_training_rows_into_the_unit_interval(adult) -> None:
     """Seed 004 scales features into [0, 1]: the numeric columns by the training rows' range;
-    every other column is the same as with standardisation."""
+    every other column is the same as with the default scaling."""
     scaled = load_adult(need("adult/adult.data", "adult/adult.test"), seed=0, scaling="minmax")
     numeric = [scaled.feature_names.index(name) for name in datasets_module.ADULT_NUMERIC]
     np.testing.assert_array_equal(scaled.x_train[:, numeric].min(axis=0), 0.0)
@@ -372,26 +451,30 @@ def test_adult_minmax_scaling_maps_the_training_rows_into_the_unit_interval(adul
         load_adult(need("adult/adult.data", "adult/adult.test"), seed=0, scaling="rank")
 
 
-def test_adult_can_be_grouped_by_age_at_the_median() -> None:
-    """Seed 001's second grouping: age below the median of the complete rows, or at least it.
-    The rows, split, features and labels are those of the sex grouping (all rows); balancing
-    samples 14,000 of each age group."""
+@pytest.mark.parametrize("age_split", ["public", "median"])
+def test_adult_can_be_grouped_by_age(age_split) -> None:
+    """Seed 001's second grouping: age below the median of the complete rows, or at least it
+    (``age_split="median"``, a statistic of the rows); by default below 40, or at least 40 (a
+    public threshold). The rows, split, features and labels are those of the sex grouping (all
+    rows); balancing samples 14,000 of each age group."""
     root = need("adult/adult.data", "adult/adult.test")
-    by_age = load_adult(root, seed=0, balance=False, protected="age")
+    by_age = load_adult(root, seed=0, balance=False, protected="age", age_split=age_split)
     by_sex = load_adult(root, seed=0, balance=False)
     assert by_age.group_names == ("younger", "older")
     np.testing.assert_array_equal(by_age.x_train, by_sex.x_train)
     np.testing.assert_array_equal(by_age.y_test, by_sex.y_test)
     age = datasets_module.ADULT_NUMERIC.index("age")
-    scaled = np.concatenate([by_age.x_train[:, age], by_age.x_test[:, age]])
+    years = np.concatenate([by_age.x_train[:, age], by_age.x_test[:, age]]).astype(np.float64) * 73 + 17
     groups = np.concatenate([by_age.g_train, by_age.g_test])
-    median = np.median(scaled)  # standardisation keeps the order, so the same median row
-    np.testing.assert_array_equal(groups, (scaled >= median).astype(np.int64))
-    assert 0.45 < groups.mean() < 0.56
-    balanced = load_adult(root, seed=0, protected="age")
+    threshold = 37 if age_split == "median" else datasets_module.ADULT_AGE_THRESHOLD
+    np.testing.assert_array_equal(groups, (years >= threshold - 0.5).astype(np.int64))
+    assert np.bincount(groups).tolist() == ([21_798, 23_424] if age_split == "median" else [25_407, 19_815])
+    balanced = load_adult(root, seed=0, protected="age", age_split=age_split)
     assert np.bincount(np.concatenate([balanced.g_train, balanced.g_test])).tolist() == [14_000, 14_000]
     with pytest.raises(ValueError, match="protected must be one of"):
         load_adult(root, seed=0, protected="race")
+    with pytest.raises(ValueError, match="age_split must be one of public, median"):
+        load_adult(root, seed=0, protected="age", age_split="mean")
 
 
 def test_adult_split_is_seeded(adult) -> None:

@@ -92,11 +92,30 @@ def test_short_run_of_real_scenario(cli, tmp_path, scenario):
 
     summary = json.loads((out / "summary.json").read_text())
     assert summary["scenario"] == scenario
+    assert "preprocessing" not in summary  # nothing outside epsilon by default
     assert summary["rounds_completed"] == 2
     assert list(summary["cohorts"]) == list(cohorts)
     assert math.isfinite(summary["epsilon"]) and summary["epsilon"] == pytest.approx(epsilon[-1])
     for cohort in cohorts:
         assert summary["cohorts"][cohort]["accuracy"] == pytest.approx(rounds[f"{cohort}/accuracy"].iloc[-1])
+
+
+def test_a_run_scaled_by_the_training_rows_says_the_step_is_outside_epsilon(cli, tmp_path):
+    """A user may ask for a paper's preprocessing outside a reproduction: the run's public
+    summary then names the step that lies outside its epsilon (issue 64, item 6)."""
+    data_dir = data_dir_for("adult")
+    out = tmp_path / "run"
+    scaled = ["--set", "scenario.feature_scaling=standardize", "--set", "scenario.test_limit=200"]
+    small = ["--set", "training.rounds=1", "--set", "federation.sample_rate=0.01"]
+    status, stdout, err = cli(
+        "run", "--scenario", "adult", "--data-dir", str(data_dir), *scaled, *small, "--out", str(out)
+    )
+    assert status == 0, err
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["preprocessing"] == {
+        "outside_epsilon": ["feature scaling by statistics of the training rows (standardize)"]
+    }
+    assert "outside epsilon (preprocessing): feature scaling by statistics of the training rows" in stdout
 
 
 # ----- partition semantics on the real data ------------------------------------------------
@@ -219,11 +238,12 @@ def test_validation_split_holds_out_training_rows_and_drops_the_test_set():
     ) == _multiset_of_rows(whole, "train", numeric)
 
 
-@pytest.mark.parametrize("scaling", ["standardize", "minmax"])
+@pytest.mark.parametrize("scaling", ["standardize", "minmax", "public"])
 def test_a_validation_split_scales_adult_by_the_kept_training_rows_alone(scaling):
     """The validation rows feed no preprocessing: Adult's numeric columns are scaled again by the
     statistics of the training rows a grid run keeps (they used to keep the scaling of all the
-    training rows, the validation rows among them). The other columns are untouched."""
+    training rows, the validation rows among them). The other columns are untouched. The
+    public scaling (the default) uses no statistic, so nothing is scaled again."""
     from fairclip.sims.real_data import validation_split
 
     data_dir = data_dir_for("adult")
@@ -236,6 +256,10 @@ def test_a_validation_split_scales_adult_by_the_kept_training_rows_alone(scaling
     loaded = load(spec.model_copy(update={"evaluate_on": "validation"}), data_dir, seed=1)
     for field in ("x_train", "y_train", "g_train", "x_test", "y_test", "g_test"):
         np.testing.assert_array_equal(getattr(loaded, field), getattr(refit, field))
+    if scaling == "public":
+        np.testing.assert_array_equal(refit.x_train, as_loaded.x_train)
+        np.testing.assert_array_equal(refit.x_test, as_loaded.x_test)
+        return
     before = as_loaded.x_train[:, numeric].astype(np.float64)
     if scaling == "standardize":
         shift, spread = before.mean(axis=0), before.std(axis=0)

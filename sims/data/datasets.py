@@ -34,20 +34,33 @@ Adult (:func:`load_adult`; Esipova et al. 2023, appendix B.1, and their code ``f
     set (5,600 of 28,000 by default), the rest the training set (22,400). Both draws come from
     ``numpy.random.default_rng(seed)``, in that order. Features, in this order:
 
-    * ``age``, ``education_num``, ``capital_gain``, ``capital_loss``, ``hours_per_week``,
-      standardised with the mean and (population, ddof=0) standard deviation of the *training*
-      rows (Esipova et al. used the whole table's statistics, before the split); or, with
-      ``scaling="minmax"``, mapped into [0, 1] by the training rows' minimum and maximum (seed
-      004's "scaled to [0, 1]"; a test row may fall slightly outside). A validation split held
-      out of the training rows scales them again by the kept rows' statistics alone
-      (:func:`refit_adult_scaling`);
+    * ``age``, ``education_num``, ``capital_gain``, ``capital_loss``, ``hours_per_week``. By
+      default (``scaling="public"``) each is clipped to its documented domain and mapped into
+      [0, 1] by that domain alone (:data:`ADULT_PUBLIC_DOMAINS`: age 17-90, education_num
+      1-16 and hours_per_week 1-99 linearly, capital gain and loss by log1p(x)/log1p(99,999)),
+      so no statistic of the rows enters the features and every row's features depend on that
+      row only. The papers' preprocessing scales by statistics of the rows, a step outside ε:
+      ``scaling="standardize"`` subtracts the mean and divides by the (population, ddof=0)
+      standard deviation of the *training* rows (Esipova et al. used the whole table's
+      statistics, before the split), ``scaling="minmax"`` maps into [0, 1] by the training
+      rows' minimum and maximum (seed 004's "scaled to [0, 1]"; a test row may fall slightly
+      outside). With those two, a validation split held out of the training rows scales them
+      again by the kept rows' statistics alone (:func:`refit_adult_scaling`; ``public`` has
+      nothing to refit);
     * ``race`` binarised: 0 White, 1 any other value;
     * ``sex``: 0 male, 1 female (the protected attribute is also an input feature, as in
       ``fair-dp``; pass ``include_protected=False`` to leave it out);
     * one-hot indicators of ``workclass`` (7 values), ``education`` (16), ``marital_status``
       (7), ``occupation`` (14), ``relationship`` (6) and ``native_country`` (41), one per value
-      seen among the 45,222 complete rows, so the layout (98 features in all) does not depend on
-      the seed or the balancing (``fair-dp`` one-hot encodes after its sampling instead).
+      that ``adult.names`` documents (:data:`ADULT_CATEGORIES`; ``workclass`` less
+      ``Never-worked``, which no complete row holds), sorted by name: the layout (98 features in
+      all) is public and does not depend on the rows, the seed or the balancing (``fair-dp``
+      one-hot encodes the values seen after its sampling instead).
+
+    With ``protected="age"`` the groups are age below 40 (``younger``) and 40 or more
+    (``older``), a public threshold (:data:`ADULT_AGE_THRESHOLD`); ``age_split="median"`` splits
+    at the median age of all complete rows instead (37; seed 001's grouping, a statistic of the
+    rows that, with balancing, also decides which rows are sampled: outside ε).
 
 Dutch census 2001 (:func:`load_dutch`; Esipova et al. 2023, appendix B.1, ``fair-dp``)
     The file is the ARFF of the fairness-benchmark version (Le Quy et al. 2022, tailequy/
@@ -77,7 +90,12 @@ Dutch census 2001 (:func:`load_dutch`; Esipova et al. 2023, appendix B.1, ``fair
       ``household_position``, ``household_size``, ``citizenship``, ``country_birth``,
       ``edu_level``, ``economic_status``, ``cur_eco_activity``, ``Marital_status``, one per code
       present in the file (59 features in all). All features are 0/1; none is standardised (as in
-      ``fair-dp``).
+      ``fair-dp``): no statistic of the rows scales a Dutch feature. The one-hot layout follows
+      the codes present in the file, not all the codes its header declares: 12 declared codes
+      that no row holds (age 1-3, 16 and 17; edu_level 9; economic_status 210 and 221-224;
+      cur_eco_activity 200) have no column, which keeps the 59-feature layout of the recorded
+      Dutch results. Which codes occur is, strictly, a fact of the rows (fixed here by the
+      file's checksum).
     * No group rebalancing; ``numpy.random.default_rng(seed)`` shuffles the rows and the first
       ``round(test_fraction·n)`` (12,084) form the test set, the remaining 48,336 the training
       set. (``fair-dp``'s Dutch runs additionally subsample women to a 1 : 0.333 ratio; the
@@ -107,7 +125,8 @@ IDX_LABELS_MAGIC = 2049
 
 SEX_GROUPS = ("male", "female")
 AGE_GROUPS = ("younger", "older")
-"""Adult's age groups with ``protected="age"``: below the median age, and at or above it."""
+"""Adult's age groups with ``protected="age"``: below the age split, and at or above it
+(:data:`ADULT_AGE_SPLITS`)."""
 PROTECTED_ATTRIBUTES = ("sex", "age")
 """Adult's groupings (``load_adult``'s ``protected``)."""
 MARITAL_GROUPS = ("marital-other", "marital-4")
@@ -348,14 +367,158 @@ ADULT_COLUMNS = (
     "income",
 )
 ADULT_NUMERIC = ("age", "education_num", "capital_gain", "capital_loss", "hours_per_week")
-ADULT_CATEGORICAL = (
-    "workclass",
-    "education",
-    "marital_status",
-    "occupation",
-    "relationship",
-    "native_country",
-)
+
+
+@dataclass(frozen=True)
+class PublicDomain:
+    """A numeric column's documented range [``low``, ``high``] and its map into [0, 1]: values
+    are clipped to the range (a data-independent step), then mapped linearly, or with ``log``
+    by log1p(x − low) / log1p(high − low) (dollar amounts, mostly 0 with a long tail)."""
+
+    low: float
+    high: float
+    log: bool = False
+
+    def scale(self, values: np.ndarray) -> np.ndarray:
+        """``values`` (float64) clipped to the domain and mapped into [0, 1]: low → 0, high → 1."""
+        above_low = np.clip(values, self.low, self.high) - self.low
+        if self.log:
+            return np.log1p(above_low) / np.log1p(self.high - self.low)
+        return above_low / (self.high - self.low)
+
+
+ADULT_PUBLIC_DOMAINS = {
+    "age": PublicDomain(17, 90),
+    "education_num": PublicDomain(1, 16),
+    "capital_gain": PublicDomain(0, 99_999, log=True),
+    "capital_loss": PublicDomain(0, 99_999, log=True),
+    "hours_per_week": PublicDomain(1, 99),
+}
+"""The public domain of each of :data:`ADULT_NUMERIC`, from the documentation of the Adult
+extraction from the 1994 Current Population Survey (``adult.names``: the extraction kept rows
+with ``AAGE > 16`` and ``HRSWK > 0``; the CPS public-use file top-codes age at 90, capital gain
+and capital loss at 99,999 dollars and hours per week at 99; ``education-num`` codes the 16
+documented education levels 1-16). ``scaling="public"`` maps each column by its domain alone,
+so no statistic of the rows enters the features."""
+
+ADULT_SCALINGS = ("public", "standardize", "minmax")
+"""``load_adult``'s ``scaling``: ``public`` (:data:`ADULT_PUBLIC_DOMAINS`, no statistic of the
+rows; the default), or ``standardize`` / ``minmax`` by statistics of the training rows (the
+papers' preprocessing: a step outside ε, which a run's summary says)."""
+
+ADULT_AGE_THRESHOLD = 40
+"""Adult's public age split (``protected="age"``, ``age_split="public"``): ``older`` is aged 40
+or more, the age from which the US Age Discrimination in Employment Act (1967) protects people
+from age discrimination in employment: a documented threshold that no row decides (the median
+age of the complete rows, 37, is a statistic of the rows)."""
+ADULT_AGE_SPLITS = ("public", "median")
+"""``load_adult``'s ``age_split``: at :data:`ADULT_AGE_THRESHOLD` (the default), or at the
+median age of all 45,222 complete rows, test rows included (seed 001's grouping; a statistic
+of the rows, outside ε)."""
+
+ADULT_CATEGORIES = {
+    "workclass": (
+        "Private",
+        "Self-emp-not-inc",
+        "Self-emp-inc",
+        "Federal-gov",
+        "Local-gov",
+        "State-gov",
+        "Without-pay",
+    ),
+    "education": (
+        "Bachelors",
+        "Some-college",
+        "11th",
+        "HS-grad",
+        "Prof-school",
+        "Assoc-acdm",
+        "Assoc-voc",
+        "9th",
+        "7th-8th",
+        "12th",
+        "Masters",
+        "1st-4th",
+        "10th",
+        "Doctorate",
+        "5th-6th",
+        "Preschool",
+    ),
+    "marital_status": (
+        "Married-civ-spouse",
+        "Divorced",
+        "Never-married",
+        "Separated",
+        "Widowed",
+        "Married-spouse-absent",
+        "Married-AF-spouse",
+    ),
+    "occupation": (
+        "Tech-support",
+        "Craft-repair",
+        "Other-service",
+        "Sales",
+        "Exec-managerial",
+        "Prof-specialty",
+        "Handlers-cleaners",
+        "Machine-op-inspct",
+        "Adm-clerical",
+        "Farming-fishing",
+        "Transport-moving",
+        "Priv-house-serv",
+        "Protective-serv",
+        "Armed-Forces",
+    ),
+    "relationship": ("Wife", "Own-child", "Husband", "Not-in-family", "Other-relative", "Unmarried"),
+    "native_country": (
+        "United-States",
+        "Cambodia",
+        "England",
+        "Puerto-Rico",
+        "Canada",
+        "Germany",
+        "Outlying-US(Guam-USVI-etc)",
+        "India",
+        "Japan",
+        "Greece",
+        "South",
+        "China",
+        "Cuba",
+        "Iran",
+        "Honduras",
+        "Philippines",
+        "Italy",
+        "Poland",
+        "Jamaica",
+        "Vietnam",
+        "Mexico",
+        "Portugal",
+        "Ireland",
+        "France",
+        "Dominican-Republic",
+        "Laos",
+        "Ecuador",
+        "Taiwan",
+        "Haiti",
+        "Columbia",
+        "Hungary",
+        "Guatemala",
+        "Nicaragua",
+        "Scotland",
+        "Thailand",
+        "Yugoslavia",
+        "El-Salvador",
+        "Trinadad&Tobago",
+        "Peru",
+        "Hong",
+        "Holand-Netherlands",
+    ),
+}
+"""The values of Adult's one-hot columns as ``adult.names`` lists them (the layout sorts them by
+name), so the layout is public. ``workclass`` leaves out the listed ``Never-worked``: a person
+who never worked has no occupation, and all 10 such rows have occupation ``?``, so no complete
+row holds it. A complete row with a value not listed here is a malformed file."""
+ADULT_CATEGORICAL = tuple(ADULT_CATEGORIES)
 _ADULT_INCOME = {"<=50K": 0, ">50K": 1, "<=50K.": 0, ">50K.": 1}
 
 
@@ -400,16 +563,22 @@ def load_adult(
     *,
     per_group: int = 14_000,
     include_protected: bool = True,
-    scaling: str = "standardize",
+    scaling: str = "public",
     protected: str = "sex",
+    age_split: str = "public",
 ) -> Dataset:
     """UCI Adult, income > 50K; see the module docstring. The protected attribute is sex (0 male,
-    1 female), or with ``protected="age"`` the age binarised at the median of the complete rows
-    (0 younger than the median, 1 at least the median: seed 001's second grouping); ``balance``
-    samples ``per_group`` rows of each group of the protected attribute."""
+    1 female), or with ``protected="age"`` the age binarised at ``age_split`` (0 younger, 1 at
+    least :data:`ADULT_AGE_THRESHOLD`, or with ``"median"`` at least the median age of the
+    complete rows: seed 001's second grouping); ``balance`` samples ``per_group`` rows of each
+    group of the protected attribute. ``scaling`` is one of :data:`ADULT_SCALINGS`."""
     _check_split_args(seed, test_fraction)
     if protected not in PROTECTED_ATTRIBUTES:
         raise ValueError(f"protected must be one of {', '.join(PROTECTED_ATTRIBUTES)}, not {protected!r}")
+    if scaling not in ADULT_SCALINGS:
+        raise ValueError(f"scaling must be one of {', '.join(ADULT_SCALINGS)}, not {scaling!r}")
+    if age_split not in ADULT_AGE_SPLITS:
+        raise ValueError(f"age_split must be one of {', '.join(ADULT_AGE_SPLITS)}, not {age_split!r}")
     root = resolve_data_dir(data_dir)
     train_path = verified_path(root, "adult/adult.data")
     test_path = verified_path(root, "adult/adult.test")
@@ -424,7 +593,8 @@ def load_adult(
         g, group_names = female, SEX_GROUPS
     else:
         age = frame["age"].astype(np.float64).to_numpy()
-        g, group_names = (age >= np.median(age)).astype(np.int64), AGE_GROUPS
+        threshold = np.median(age) if age_split == "median" else ADULT_AGE_THRESHOLD
+        g, group_names = (age >= threshold).astype(np.int64), AGE_GROUPS
 
     rng = np.random.default_rng(seed)
     if balance:
@@ -444,20 +614,34 @@ def load_adult(
     columns: list[np.ndarray] = []
     names: list[str] = []
     numeric = frame[list(ADULT_NUMERIC)].to_numpy(dtype=np.float64)
-    shift, spread = _scaling(numeric[train], scaling)
-    columns.append(((numeric - shift) / spread).astype(np.float32))
+    if scaling == "public":
+        columns.append(_public_scaling(numeric))
+    else:
+        shift, spread = _scaling(numeric[train], scaling)
+        columns.append(((numeric - shift) / spread).astype(np.float32))
     names.extend(ADULT_NUMERIC)
     columns.append((frame["race"] != "White").to_numpy(dtype=np.float32)[:, None])
     names.append("race=non-white")
     if include_protected:  # the sex column, whichever attribute defines the groups (age is numeric)
         columns.append(female.astype(np.float32)[:, None])
         names.append("sex=female")
-    for column in ADULT_CATEGORICAL:
-        matrix, labels = _one_hot(frame[column], column, sorted(frame[column].unique()))
+    for column, categories in ADULT_CATEGORIES.items():
+        unlisted = ~frame[column].isin(categories)
+        if unlisted.any():
+            value = frame[column][unlisted].iloc[0]
+            raise _malformed(train_path, f"{column} {value!r} in a complete row is not listed in adult.names")
+        matrix, labels = _one_hot(frame[column], column, sorted(categories))
         columns.append(matrix)
         names.extend(labels)
     x = np.concatenate(columns, axis=1)
     return _tabular(x, y, g, train, test, "adult", names, group_names)
+
+
+def _public_scaling(numeric: np.ndarray) -> np.ndarray:
+    """Adult's numeric columns (:data:`ADULT_NUMERIC`, float64) mapped by their public domains
+    (:data:`ADULT_PUBLIC_DOMAINS`) alone, as float32."""
+    scaled = [ADULT_PUBLIC_DOMAINS[name].scale(numeric[:, k]) for k, name in enumerate(ADULT_NUMERIC)]
+    return np.stack(scaled, axis=1).astype(np.float32)
 
 
 def _scaling(fit: np.ndarray, scaling: str) -> tuple[np.ndarray, np.ndarray]:
@@ -470,7 +654,7 @@ def _scaling(fit: np.ndarray, scaling: str) -> tuple[np.ndarray, np.ndarray]:
         shift = values.min(axis=0)
         spread = values.max(axis=0) - shift
     else:
-        raise ValueError(f"scaling must be standardize or minmax, not {scaling!r}")
+        raise ValueError(f"scaling by statistics of the rows is standardize or minmax, not {scaling!r}")
     spread[spread == 0] = 1.0
     return shift, spread
 
@@ -480,8 +664,14 @@ def refit_adult_scaling(
 ) -> tuple[np.ndarray, ...]:
     """``fit`` and ``others`` (Adult's feature rows) with the numeric columns scaled again by the
     statistics of the rows ``fit`` alone: a validation split held out of the training rows then
-    feeds none of them. Both scalings are affine per column, so scaling the scaled values again
-    is scaling the raw values by ``fit``'s statistics (up to float32 rounding)."""
+    feeds none of them. Both row-statistic scalings are affine per column, so scaling the scaled
+    values again is scaling the raw values by ``fit``'s statistics (up to float32 rounding).
+    ``public`` scaling uses no statistic, so there is nothing to refit: the arrays come back as
+    they are."""
+    if scaling not in ADULT_SCALINGS:
+        raise ValueError(f"scaling must be one of {', '.join(ADULT_SCALINGS)}, not {scaling!r}")
+    if scaling == "public":
+        return (fit, *others)
     columns = [feature_names.index(name) for name in ADULT_NUMERIC]
     shift, spread = _scaling(fit[:, columns], scaling)
     rescaled = []
