@@ -29,7 +29,8 @@ from fairclip.sims.errors import ConfigError
 from fairclip.sims.memory import check_memory
 from fairclip.sims.outputs import check_output_folder
 from fairclip.sims.progress import progress_bar
-from fairclip.strategies import NoiseMultipliers, PolicyConfigError
+from fairclip.strategies import NoiseMultipliers
+from fairclip.strategies.errors import PolicyError
 
 app = typer.Typer(
     name="fairclip",
@@ -790,7 +791,7 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(done.exit_code)
     except click.ClickException as error:
         _fail(error.format_message())
-    except (ConfigError, PolicyConfigError, DataError) as error:
+    except (ConfigError, PolicyError, DataError) as error:
         _fail(str(error))
     except (click.exceptions.Abort, KeyboardInterrupt):
         status = 130

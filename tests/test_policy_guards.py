@@ -251,3 +251,13 @@ def test_a_private_policy_may_not_override_the_guarded_steps():
         DifferentialPrivacy(FedAvg(), OwnClientSide(), num_clients=10, sample_rate=0.5, noise_multiplier=1.0)
     with pytest.raises(PolicyConfigError, match="overrides client_side"):
         build_policy("tests.test_policy_guards:OwnClientSide")
+
+
+def test_the_command_line_refuses_such_a_policy_in_one_line(cli, tmp_path):
+    status, _, err = cli(
+        "run", "--scenario", "bimodal-mean", "--out", str(tmp_path / "run"),
+        "--set", "strategy.name=tests.test_policy_guards:ClipsAtTwiceWhatItNoises",
+        "--set", "training.rounds=1", "--set", "federation.num_clients=100",
+    )  # fmt: skip
+    assert status == 2 and len(err.strip().splitlines()) == 1, err
+    assert "contribute up to 0.2" in err and "sensitivity 0.1" in err
