@@ -22,8 +22,13 @@ there have finished, while the rest of the grid still runs. Every run is one Ray
 ``fairclip compare``), written atomically into ``DIR/runs/<key>/`` as it finishes;
 ``DIR/reproduction.csv`` and ``DIR/reproduction.md`` are written at the end.
 
-A fairclip mean is flagged when it lies outside the paper's mean ± 2 standard errors, or ± 2
-points (0.02) where the paper gives no error.
+A fairclip mean is flagged when it lies outside the paper's mean ± 2 combined standard errors,
+2·sqrt(se_paper² + se_fairclip²), where both give one, and outside ± 2 points (0.02) otherwise.
+
+Each run's metrics are kept by seed (``per_seed.csv``), and the paper's qualitative claims
+(``[[claims]]`` of the setup file) are tested on them with paired tests (``claims.csv``), beside
+the setup's answer to which policy makes its worst group pay least (``fairest.csv``;
+:mod:`fairclip.sims.claims`).
 """
 
 from __future__ import annotations
@@ -39,6 +44,18 @@ from typing import Any
 
 import numpy as np
 
+from fairclip.sims.claims import (
+    CLAIM_COLUMNS,
+    COHORT_ACCURACY,
+    FAIREST_COLUMNS,
+    Claim,
+    claim_rows,
+    claims_markdown,
+    epsilon_text,
+    fairest_markdown,
+    fairest_rows,
+    parse_claims,
+)
 from fairclip.sims.config import (
     ROW_SPLIT_DATASETS,
     ClassificationSpec,
@@ -77,6 +94,7 @@ COLUMNS = [
     "epsilon_prv",
     "metric",
     "paper",
+    "paper_stderr",
     "fairclip_mean",
     "fairclip_stderr",
     "seeds",
@@ -138,6 +156,8 @@ class Setup:
     """Whether the setup, with all its strategies, has a grid (reduced or full) to select from:
     then every run splits Adult's and Dutch's rows as the first seed does, whichever strategies
     an invocation runs (:func:`per_run_keys`)."""
+    claims: tuple[Claim, ...] = ()
+    """The paper's qualitative claims its runs test (``[[claims]]``, :mod:`fairclip.sims.claims`)."""
 
     @property
     def has_grid(self) -> bool:
@@ -207,6 +227,14 @@ def load_setup(name: str) -> Setup:
         _refuse_per_run_keys(setup, where)
         if setup.relative_to is not None and setup.relative_to not in {s.name for s in strategies}:
             raise ConfigError(f"{where}: setup.relative_to names no strategy of the setup")
+        claims = parse_claims(
+            raw.get("claims", []),
+            strategies=[strategy.name for strategy in strategies],
+            metrics=list(metrics),
+            epsilons=[_epsilon_text(epsilon) for epsilon in setup.epsilons],
+            where=where,
+        )
+        setup = replace(setup, claims=tuple(claims))
     except KeyError as error:
         raise ConfigError(f"{where}: required key {error.args[0]!r} is missing") from None
     return setup
@@ -267,8 +295,7 @@ def _axes(table: dict[str, Any]) -> dict[str, list[Any]]:
     return axes
 
 
-def _epsilon_text(epsilon: float | None) -> str:
-    return "" if epsilon is None else f"{epsilon:g}"
+_epsilon_text = epsilon_text
 
 
 # ----- planning ---------------------------------------------------------------------------------
@@ -621,13 +648,19 @@ def mean_stderr(values: list[float]) -> tuple[float, float]:
     return mean, stderr
 
 
-def outside(paper: float | None, paper_stderr: float | None, mean: float) -> bool:
-    """True when ``mean`` lies outside the paper's mean ± 2 standard errors (± 2 points without
-    an error). No paper number: never flagged."""
+def outside(paper: float | None, paper_stderr: float | None, mean: float, stderr: float = math.nan) -> bool:
+    """True when ``mean`` (with its standard error ``stderr`` over seeds) lies outside the paper's
+    mean ± 2 combined standard errors, 2·sqrt(paper_stderr² + stderr²), where both are known, and
+    outside ± 2 points otherwise. No paper number: never flagged."""
     if paper is None or math.isnan(paper):
         return False
-    tolerance = 2.0 * paper_stderr if paper_stderr is not None and paper_stderr > 0 else POINTS
-    return not (math.isfinite(mean) and abs(mean - paper) <= tolerance)
+    return not (math.isfinite(mean) and abs(mean - paper) <= tolerance(paper_stderr, stderr))
+
+
+def tolerance(paper_stderr: float | None, stderr: float = math.nan) -> float:
+    """How far a fairclip mean may lie from the paper's before it is flagged (:func:`outside`)."""
+    both = paper_stderr is not None and paper_stderr > 0 and math.isfinite(stderr) and stderr >= 0
+    return 2.0 * math.hypot(paper_stderr, stderr) if both else POINTS
 
 
 def table_rows(setup: Setup, runs: list[Run], summaries: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
@@ -667,10 +700,11 @@ def table_rows(setup: Setup, runs: list[Run], summaries: dict[str, dict[str, Any
                         **{f"epsilon_{name}": both_accountants(found, name) for name in ("rdp", "prv")},
                         "metric": metric,
                         "paper": "" if paper is None else paper,
+                        "paper_stderr": "" if paper_se is None else paper_se,
                         "fairclip_mean": round(mean, 6),
                         "fairclip_stderr": "" if math.isnan(stderr) else round(stderr, 6),
                         "seeds": len(found),
-                        "outside": outside(paper, paper_se, mean),
+                        "outside": outside(paper, paper_se, mean, stderr),
                         "grid_point": mine[0].grid_point,
                     }
                 )
@@ -742,6 +776,69 @@ def paired_rows(setup: Setup, runs: list[Run], summaries: dict[str, dict[str, An
     return paired_test_rows(pd.DataFrame(records), list(setup.metrics), ["target_epsilon"])
 
 
+def per_seed_rows(
+    setup: Setup, runs: list[Run], summaries: dict[str, dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """One row per final run (``per_seed.csv``): its strategy, target ε (as text), seed, each of
+    the setup's metrics as the table reads it -- the change against the reference's run of the
+    same seed where the setup has ``relative_to`` (0 for the reference itself) -- and each
+    cohort's accuracy (absolute, ``COHORT/accuracy``), the quantities the claims and the
+    fairest-policy ranking are paired tests of (:mod:`fairclip.sims.claims`)."""
+    rows = []
+    for strategy in setup.strategies:
+        for epsilon in setup.epsilons:
+            mine = [run for run in runs if run.strategy == strategy.name and run.target_epsilon == epsilon]
+            if not mine:
+                continue
+            reference = None
+            if setup.relative_to is not None:
+                reference = _paired_reference(setup.relative_to, epsilon, mine, runs, summaries)
+            for index, run in enumerate(mine):
+                summary = summaries[run.key]
+                row: dict[str, Any] = {
+                    "strategy": run.strategy,
+                    "target_epsilon": _epsilon_text(epsilon),
+                    "seed": run.seed,
+                }
+                for metric, (cohort, name) in setup.metrics.items():
+                    value = metric_value(summary, cohort, name)
+                    if reference is not None:
+                        value -= metric_value(reference[index], cohort, name)
+                    row[metric] = value
+                for cohort, values in summary.get("cohorts", {}).items():
+                    if values.get("accuracy") is not None:
+                        row[COHORT_ACCURACY.format(cohort=cohort)] = float(values["accuracy"])
+                rows.append(row)
+    return rows
+
+
+def reference_strategy(setup: Setup) -> str | None:
+    """The setup's non-private reference, against which privacy costs are measured: its
+    ``relative_to``, else its strategy that runs ``none``, else None."""
+    if setup.relative_to is not None:
+        return setup.relative_to
+    return next((s.name for s in setup.strategies if s.policy_name == "none"), None)
+
+
+def claim_and_fairest_rows(
+    setup: Setup, per_seed: list[dict[str, Any]]
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The setup's claims tested on ``per_seed`` (those whose strategies all ran), and its
+    strategies ranked by worst-group privacy cost (:mod:`fairclip.sims.claims`)."""
+    import pandas as pd
+
+    table = pd.DataFrame(per_seed)
+    if table.empty:
+        return [], []
+    ran = set(table["strategy"])
+    claims = [c for c in setup.claims if {c.first.strategy, c.second.strategy} <= ran]
+    suffix = COHORT_ACCURACY.format(cohort="")
+    cohorts = [column[: -len(suffix)] for column in table.columns if column.endswith(suffix)]
+    reference = reference_strategy(setup)
+    fairest = fairest_rows(setup.name, table, reference if reference in ran else None, cohorts)
+    return claim_rows(setup.name, claims, table), fairest
+
+
 def paired_lines(tests: list[dict[str, Any]]) -> list[str]:
     """The paired tests as a Markdown section (nothing where fewer than two seeds ran)."""
     shown = [t for t in tests if t["seeds"] >= 2]
@@ -775,6 +872,8 @@ def markdown(
     wall_seconds: float,
     extra: list[str],
     tests: list[dict[str, Any]] | None = None,
+    claims: list[dict[str, Any]] | None = None,
+    fairest: list[dict[str, Any]] | None = None,
 ) -> str:
     lines = [f"# fairclip reproduce: {setup.name}", "", setup.title, ""]
     if setup.paper_epsilon is not None:
@@ -801,16 +900,39 @@ def markdown(
     elif flagged:
         lines.append(
             f"{len(flagged)} of {compared} numbers with a paper value lie "
-            "outside the paper's mean ± 2 standard errors (± 2 points where no error is given): "
+            "outside the paper's mean ± 2 combined standard errors (± 2 points where either has "
+            "none): "
             + ", ".join(f"`{r['strategy']}` {r['metric']} (ε {r['epsilon']})" for r in flagged)
             + ". Likely causes are in the notes below; nothing was tuned to hit a number."
         )
     else:
         lines.append(
-            f"Every number with a paper value ({compared}) lies within the paper's mean ± 2 s.e. "
-            "(or ± 2 points)."
+            f"Every number with a paper value ({compared}) lies within the paper's mean ± 2 combined "
+            "s.e. (or ± 2 points)."
         )
     lines += [""]
+    if claims:
+        lines += [
+            "## The paper's claims",
+            "",
+            "Each claim is a difference first − second measured on the same seeds, tested with a "
+            "two-sided paired t-test: **holds** where p < 0.05 with the sign the paper claims, "
+            "**reverses** where p < 0.05 with the other, **inconclusive** otherwise (`claims.csv`).",
+            "",
+            *claims_markdown(claims),
+            "",
+        ]
+    if fairest:
+        lines += [
+            "## Which policy makes its worst group pay least",
+            "",
+            "Worst-group privacy cost: max over cohorts of the accuracy lost against the non-private "
+            "reference of the same seed, mean over seeds with its 95 % t interval; p tests rank 1 "
+            "against rank 2 on the same seeds (`fairest.csv`).",
+            "",
+            *fairest_markdown(fairest),
+            "",
+        ]
     lines += paired_lines(tests or [])
     lines += [
         notes_line(setup),
@@ -834,10 +956,17 @@ def write_outputs(
     wall: float,
     extra: list[str],
     tests: list[dict[str, Any]] | None = None,
+    per_seed: list[dict[str, Any]] | None = None,
 ) -> None:
+    """The tables of a finished reproduction: ``reproduction.csv``, ``paired_tests.csv``,
+    ``per_seed.csv``, ``claims.csv``, ``fairest.csv`` and ``reproduction.md``."""
+    claims, fairest = claim_and_fairest_rows(setup, per_seed or [])
     write_csv(out / "reproduction.csv", [{column: row[column] for column in COLUMNS} for row in rows])
     write_csv(out / "paired_tests.csv", tests or [], columns=PAIRED_COLUMNS)
-    atomic_write_text(out / "reproduction.md", markdown(setup, rows, wall, extra, tests))
+    write_csv(out / "per_seed.csv", per_seed or [])
+    write_csv(out / "claims.csv", claims, columns=CLAIM_COLUMNS)
+    write_csv(out / "fairest.csv", fairest, columns=FAIREST_COLUMNS)
+    atomic_write_text(out / "reproduction.md", markdown(setup, rows, wall, extra, tests, claims, fairest))
 
 
 def select_strategies(setup: Setup, names: list[str] | None) -> Setup:
@@ -959,7 +1088,8 @@ def reproduce(
         limits.append(f"only the first {grid_limit} values of each grid axis")
     if limits:
         extra.append(f"Smoke run (not a reproduction): {'; '.join(limits)}.")
-    write_outputs(out, setup, rows, wall, extra, paired_rows(setup, final, summaries))
+    tests = paired_rows(setup, final, summaries)
+    write_outputs(out, setup, rows, wall, extra, tests, per_seed_rows(setup, final, summaries))
     write_json(out / RUN_KEYS_FILE, {"grid": [run.key for run in grid], "final": [run.key for run in final]})
     in_order = [(s.name, e) for s in setup.strategies for e in setup.epsilons if (s.name, e) in chosen]
     write_json(out / "chosen.json", {f"{s}@{_epsilon_text(e) or 'none'}": chosen[s, e] for s, e in in_order})

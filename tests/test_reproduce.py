@@ -125,9 +125,10 @@ def test_flagging_on_constructed_numbers():
     assert not repro.outside(0.80, None, 0.815)
     assert repro.outside(0.80, None, 0.825)
     assert repro.outside(0.80, None, 0.775)
-    # ± 2 standard errors when the paper gives one
+    # ± 2 combined standard errors when both sides give one (± 2 points when either does not)
     assert not repro.outside(0.80, 0.01, 0.819)
-    assert repro.outside(0.80, 0.001, 0.803)
+    assert not repro.outside(0.80, 0.01, 0.826, 0.01)
+    assert repro.outside(0.80, 0.001, 0.803, 0.001)
     # no paper number: never flagged; a diverged run (NaN) is flagged
     assert not repro.outside(None, None, 0.1)
     assert repro.outside(0.80, None, math.nan)

@@ -113,12 +113,12 @@ def _finished(out: Path) -> None:
     rows = [
         {
             "setup": "xu-dutch", "strategy": "constant", "epsilon": 1.98, "epsilon_rdp": 1.98,
-            "epsilon_prv": 1.2, "metric": "accuracy_change_total", "paper": -0.1,
+            "epsilon_prv": 1.2, "metric": "accuracy_change_total", "paper": -0.1, "paper_stderr": "",
             "fairclip_mean": -0.03, "fairclip_stderr": 0.004, "seeds": 3, "outside": True,
         },
         {
             "setup": "xu-dutch", "strategy": "none", "epsilon": "inf", "epsilon_rdp": "inf",
-            "epsilon_prv": "inf", "metric": "overall/accuracy", "paper": "",
+            "epsilon_prv": "inf", "metric": "overall/accuracy", "paper": "", "paper_stderr": "",
             "fairclip_mean": 0.81, "fairclip_stderr": 0.002, "seeds": 3, "outside": False,
         },
     ]  # fmt: skip
