@@ -518,27 +518,28 @@ def tune_curve(
         for target in targets:
             raw = _raw_config(scenario, options.get("config_file"), settings(strategy, target))
             search.check_spec(search.TuneSpec(raw, search.strategy_grid(grid, strategy), metric, law, 0))
-    if resume:
-        search.move_old_curve(folder, metric)
-    rows = []
-    for index, (strategy, target) in enumerate(itertools.product(strategies, targets)):
-        key = search.search_key(strategy, target)
-        if on_search is not None:
-            on_search(key)
-        sub = folder / key
-        tuning = tune(
-            scenario,
-            grid=search.strategy_grid(grid, strategy),
-            overrides=settings(strategy, target),
-            out=sub,
-            resume=resume and (sub / search.SPEC_FILE).exists(),
-            search_index=index,
-            **options,
-        )
-        rows.append(search.curve_row(strategy, target, tuning))
-        search.write_curve_rows(folder, rows, metric)
-    table = pd.DataFrame(rows)
-    search.write_curve_report(folder, table, metric, law)
+    with sweep_folder.locked(folder):  # one process per curve folder
+        if resume:
+            search.move_old_curve(folder, metric)
+        rows = []
+        for index, (strategy, target) in enumerate(itertools.product(strategies, targets)):
+            key = search.search_key(strategy, target)
+            if on_search is not None:
+                on_search(key)
+            sub = folder / key
+            tuning = tune(
+                scenario,
+                grid=search.strategy_grid(grid, strategy),
+                overrides=settings(strategy, target),
+                out=sub,
+                resume=resume and (sub / search.SPEC_FILE).exists(),
+                search_index=index,
+                **options,
+            )
+            rows.append(search.curve_row(strategy, target, tuning))
+            search.write_curve_rows(folder, rows, metric)
+        table = pd.DataFrame(rows)
+        search.write_curve_report(folder, table, metric, law)
     return table
 
 

@@ -31,6 +31,7 @@ from fairclip.strategies import NoiseMultipliers, Policy, ServerRound
 from fairclip.strategies.accounting import Accountant
 from fairclip.strategies.aggregation import RoundSums
 from fairclip.strategies.base import Broadcast, CountRelease, DPEvent, GaussianSampler, as_sampler
+from fairclip.strategies.errors import NotFiniteError
 
 Evaluator = Callable[[np.ndarray], tuple[dict[str, float], dict[str, dict[str, float]]]]
 """θ -> (overall metrics, metrics per cohort)."""
@@ -110,12 +111,22 @@ class RoundServer:
             rng=counted.noise if counted else self.noise_source(round_number),
             **counts,
         )
-        self.model = self.optimizer.step(self.model, released.estimate, released.server_lr_factor)
-        self.state = released.state
         if counted is None:  # a counts-first round was accounted at its first release
             self.accountant.step(released.event, self.sample_rate)
         self.pending = None
         self.last_event = released.event
+        # the checks below read released values only, and the round is accounted before they can
+        # stop the run: a model that is not finite, or a state whose bound is not a finite
+        # number > 0 (PolicyError), ends it here, the round not taken
+        model = self.optimizer.step(self.model, released.estimate, released.server_lr_factor)
+        if not np.isfinite(model).all():
+            raise NotFiniteError(
+                f"round {round_number}: the model is not finite after the server step (is the server "
+                "learning rate too large?); the run cannot learn"
+            )
+        self.policy.checked_broadcast(released.state)
+        self.model = model
+        self.state = released.state
         self.rounds_completed = round_number
         return released
 

@@ -30,7 +30,7 @@ from fairclip.sims.memory import check_memory
 from fairclip.sims.outputs import check_output_folder
 from fairclip.sims.progress import progress_bar
 from fairclip.strategies import NoiseMultipliers
-from fairclip.strategies.errors import PolicyError
+from fairclip.strategies.errors import NotFiniteError, PolicyError
 
 app = typer.Typer(
     name="fairclip",
@@ -145,6 +145,7 @@ def run(
 ) -> None:
     """Run one simulation; write rounds.csv and summary.json."""
     from fairclip.api import simulate_config
+    from fairclip.sims import sweep_folder
     from fairclip.sims.engine import RoundCallback
     from fairclip.sims.outputs import RunWriter
     from fairclip.sims.tracking import LoggerObserver, require_packages, round_loggers
@@ -169,7 +170,7 @@ def run(
         every=ROUND_LINE_SECONDS,
     )
     loggers = round_loggers(tensorboard, mlflow, out.name, run_config.as_dict())
-    with progress:
+    with sweep_folder.locked(out), progress:  # one process writes a run's folder
         bar = progress.add_task("rounds", total=run_config.training.rounds)
         observers = [
             RoundCallback(lambda _row: progress.advance(bar)),
@@ -641,6 +642,8 @@ def _print_run_summary(summary: dict, out: Path) -> None:
     outside = summary.get("preprocessing", {}).get("outside_epsilon")
     if outside:
         stdout.print(f"outside epsilon (preprocessing): {'; '.join(outside)}")
+    for flag in summary.get("flags", []):
+        console.print(f"[yellow]warning: {flag}[/yellow]")
     stdout.print(f"wrote {out / 'rounds.csv'} and {out / 'summary.json'}")
 
 
@@ -774,12 +777,18 @@ def _terminate(signum: int, _frame: object) -> None:
     raise KeyboardInterrupt
 
 
+OUTPUT_ERROR = 74
+"""Exit status of a command stopped by a file it could not read or write mid-run (a full disk, a
+folder turned read-only): sysexits' EX_IOERR. The results written so far stay, and a run's
+``summary.json`` says ``failed`` with the reason where it could still be written."""
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point: run the app and turn every input error into one line and exit status 2.
 
     SIGTERM stops a command the way Ctrl-C does: finished results are written, and the exit
     status is 143 (130 for Ctrl-C). A file that cannot be read or written mid-run (a full disk)
-    is one line naming it, and status 1.
+    is one line naming it, and status :data:`OUTPUT_ERROR` (74).
     """
     in_main_thread = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _terminate) if in_main_thread else None
@@ -793,11 +802,16 @@ def main(argv: list[str] | None = None) -> None:
         _fail(error.format_message())
     except (ConfigError, PolicyError, DataError) as error:
         _fail(str(error))
-    except (click.exceptions.Abort, KeyboardInterrupt):
-        status = 130
-    except OSError as error:
+    except NotFiniteError as error:  # the run stopped: its summary says failed, and why
         print(f"fairclip: error: {error}", file=sys.stderr)
         sys.exit(1)
+    except (click.exceptions.Abort, KeyboardInterrupt):
+        status = 130
+    except OSError as error:  # a file that could not be written or read mid-run: a full disk, say
+        from fairclip.sims.engine import one_line
+
+        print(f"fairclip: error: {one_line(error)}", file=sys.stderr)
+        sys.exit(OUTPUT_ERROR)
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)

@@ -130,11 +130,17 @@ class RunServer:
         seeded: bool = True,
         secure_noise_default: bool = False,
         not_private: bool = False,
+        simulation: bool = True,
     ):
         self.config = config
         self.task = task
         self.seeded = seeded
         self.not_private = not_private
+        self.simulation = simulation
+        """Whether the run's summary may say what only a simulation knows (the ServerApp's is
+        public and knows no client's diagnostics)."""
+        self.dropped_rounds: list[int] = []
+        """Rounds in which every sampled client's update was not finite (a simulation's flag)."""
         secure = config.privacy.secure_noise
         self.secure_noise = secure_noise_default if secure is None else secure
         """Whether the DP noise comes from OpenDP's exact sampler (``privacy.secure_noise``, or
@@ -271,6 +277,7 @@ class RunServer:
             "evaluated_model": self.evaluated_model,
             "pieces": [*self._earlier_pieces, self._piece()],
             "rounds_released_again": self.rounds_released_again,
+            "dropped_rounds": list(self.dropped_rounds),
         }
 
     def restore(self, snapshot: dict[str, Any]) -> None:
@@ -289,6 +296,7 @@ class RunServer:
         self.evaluated_model = snapshot["evaluated_model"]
         self._earlier_pieces = list(snapshot["pieces"])
         self.rounds_released_again = int(snapshot.get("rounds_released_again", 0))
+        self.dropped_rounds = list(snapshot.get("dropped_rounds", []))
         self._started = (dt.datetime.now(dt.UTC), time.perf_counter())
 
     def _piece(self) -> dict[str, Any]:
@@ -365,17 +373,21 @@ class RunServer:
             public, internal = _round_row(
                 round_number, released, sums, epsilon, overall, per_cohort, self.task.cohort_names
             )
+            if self.simulation and sums.num_reports > 0 and internal["nonfinite_updates"] == sums.num_reports:
+                self.dropped_rounds.append(round_number)
             self.public_columns.update(public)
             row = {**public, **internal, **(extra or {})}
             self.rows.append(row)
         return row
 
-    def finish(self, interrupted: bool = False) -> RunResult:
+    def finish(self, interrupted: bool = False, error: BaseException | None = None) -> RunResult:
         """The result, with the budget message when the budget cut the run short.
 
         The summary describes the model after the last completed round, evaluated here if that
-        round was not a reporting round (a run stopped early or ``interrupted``), and its
-        ``status`` says ``finished`` or ``interrupted``.
+        round was not a reporting round (a run stopped early, ``interrupted`` or by an ``error``),
+        and its ``status`` says ``finished``, ``interrupted`` (Ctrl-C, SIGTERM) or ``failed``
+        (an ``error`` stopped it: a file that could not be written, a model that is not finite;
+        ``summary["error"]`` says which, in one line).
         """
         if self.summary.get("rounds_completed") != self.rounds_completed:
             self._evaluate()
@@ -384,7 +396,13 @@ class RunServer:
         if budget_cut and self.rounds_completed >= self.rounds_to_run:
             self.stop_reason = self.plan.budget_message(self.rounds_completed, self.rounds_released_again)
         self.summary["stopped_early"] = self.stop_reason
-        self.summary["status"] = "interrupted" if interrupted else "finished"
+        if self.dropped_rounds:
+            self.summary["flags"] = [dropped_rounds_flag(self.dropped_rounds, self.rounds_completed)]
+        if error is not None and not isinstance(error, KeyboardInterrupt | SystemExit):
+            self.summary["status"] = "failed"
+            self.summary["error"] = one_line(error)
+        else:
+            self.summary["status"] = "interrupted" if interrupted or error is not None else "finished"
         return self.result
 
     @property
@@ -523,16 +541,17 @@ def simulate(
                 observer.on_round(row, server)
             if checkpoint is not None:
                 checkpoint.after_round(server)
-    except BaseException:
+    except BaseException as error:
         with contextlib.suppress(Exception):  # the interruption, not this, is what the caller sees
-            server.finish(interrupted=True)
+            server.finish(interrupted=True, error=error)
         saved = False
         if checkpoint is not None and server.rounds.pending is None:
             with interrupts_deferred():  # a second Ctrl-C does not cut the write short
                 saved = checkpoint.save(server)
         if saved or not counts_releases or _noted(checkpoint, server):
             for observer in watching:
-                observer.on_finish(server)
+                with contextlib.suppress(Exception):  # each writes what it can; the error propagates
+                    observer.on_finish(server)
         raise
     result = server.finish()
     if checkpoint is not None:
@@ -540,6 +559,25 @@ def simulate(
     for observer in watching:
         observer.on_finish(server)
     return result
+
+
+def dropped_rounds_flag(rounds: list[int], completed: int) -> str:
+    """The summary's flag of a simulation in which every sampled client's update was not finite
+    in ``rounds``: those rounds released noise alone, and the model learnt nothing from them."""
+    return (
+        f"every sampled client's update was not finite (all dropped) in {len(rounds)} of {completed} "
+        f"rounds, first round {rounds[0]}: those rounds released noise alone, the model did not learn "
+        "from them"
+    )
+
+
+def one_line(error: BaseException) -> str:
+    """``error`` as one line: an OS error names its file and reason (not ``[Errno 28] ...``)."""
+    if isinstance(error, OSError) and error.strerror:
+        where = f"{error.filename}: " if error.filename else ""
+        return f"{where}{error.strerror}"
+    text = " ".join(str(error).split())
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__
 
 
 def _noted(checkpoint: Checkpointing, server: RunServer) -> bool:

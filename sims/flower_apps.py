@@ -63,7 +63,12 @@ def run_federation(grid: Grid, context: Context, observers: Sequence[RunObserver
     config = run.config
     task = build_task(config, run.data_dir)
     server = RunServer(
-        config, task, seeded=run.not_private, secure_noise_default=True, not_private=run.not_private
+        config,
+        task,
+        seeded=run.not_private,
+        secure_noise_default=True,
+        not_private=run.not_private,
+        simulation=False,
     )
     log_randomness(run, server.noise_source)
     federation = identify_nodes(

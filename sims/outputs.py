@@ -16,13 +16,18 @@ import pandas as pd
 
 from fairclip.sims.errors import ConfigError
 
+WRITE_CHECK_BYTES = 64 * 1024
+"""What :func:`check_output_folder` writes (and deletes) to learn that a folder takes data: a
+disk with less room than this cannot hold a run's first ``rounds.csv`` and ``summary.json``."""
+
 
 def check_output_folder(out: Path) -> None:
     """Check, before any work starts, that the folder ``out`` can be created and written:
     :class:`ConfigError` names the folder and why not (a file of that name or on its path, no
     permission, a read-only file system, an impossible path). Nothing is left behind: a folder
     that does not exist yet is not created (the first result creates it), the check writes a
-    nameless temporary file in ``out`` or in its nearest existing parent."""
+    nameless temporary file of :data:`WRITE_CHECK_BYTES` in ``out`` or in its nearest existing
+    parent, so a full disk is refused here too."""
     try:
         existing = out
         while not existing.exists() and existing != existing.parent:
@@ -33,8 +38,10 @@ def check_output_folder(out: Path) -> None:
         elif not existing.is_dir():
             problem = f"cannot be created: {existing} is a file"
         else:
-            with tempfile.TemporaryFile(dir=existing, prefix=".fairclip-write-check-"):
-                pass
+            with tempfile.TemporaryFile(dir=existing, prefix=".fairclip-write-check-") as probe:
+                probe.write(b"\0" * WRITE_CHECK_BYTES)
+                probe.flush()
+                os.fsync(probe.fileno())
     except (OSError, ValueError) as error:
         problem = f"cannot be written: {getattr(error, 'strerror', None) or error}"
     if problem:
@@ -147,10 +154,31 @@ class RunWriter:
             self._cost = self._ended - started
 
     def on_finish(self, run: Any) -> None:
-        self.write(run)
+        """Write the run's files; where that fails (a full disk, a folder turned read-only), mark
+        the summary last written as the run's end instead, so that the files on disk say how the
+        run stopped and stay consistent with each other (the rounds of the last write)."""
+        try:
+            self.write(run)
+        except OSError as error:
+            mark_stopped(self.out, "failed", f"the run's files could not be written: {error}")
+            if run.status == "finished":
+                raise
 
     def write(self, run: Any) -> None:
         write_run(self.out, run.rows, run.summary, run.evaluated_model)
+
+
+def mark_stopped(out: Path, status: str, why: str) -> bool:
+    """Set ``status`` and ``error`` in the ``summary.json`` written last in ``out`` (a small
+    rewrite, where the run's own files could not be written); whether it could."""
+    path = out / "summary.json"
+    try:
+        summary = json.loads(path.read_text())
+        summary.update(status=status, error=why)
+        write_json(path, summary)
+    except (OSError, ValueError):
+        return False
+    return True
 
 
 SERVER_INTERNAL = "server-internal"

@@ -67,7 +67,10 @@ class Mode(StrEnum):
 
 @contextlib.contextmanager
 def locked(out: Path) -> Iterator[None]:
-    """Hold the folder ``out`` for this process, or raise :class:`ConfigError` naming who holds it."""
+    """Hold the folder ``out`` for this process, or raise :class:`ConfigError` naming who holds it.
+    A folder this call created and in which nothing was written is removed again at the end (a
+    command refused after taking it leaves nothing behind)."""
+    created = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
     handle = (out / LOCK_FILE).open("a+")
     try:
@@ -85,6 +88,10 @@ def locked(out: Path) -> Iterator[None]:
         handle.flush()
         yield
     finally:
+        if created and [path.name for path in out.iterdir()] == [LOCK_FILE]:
+            with contextlib.suppress(OSError):  # still held: nobody else can be using it
+                (out / LOCK_FILE).unlink()
+                out.rmdir()
         handle.close()  # closing the file releases the lock
 
 

@@ -41,7 +41,12 @@ import pandas as pd
 from fairclip.sims.config import check_overrides_used, set_value, validate
 from fairclip.sims.errors import ConfigError
 from fairclip.sims.outputs import atomic_write_text, json_normalised, write_csv, write_json, write_note
-from fairclip.sims.sweep_folder import TUNE_CURVE_FILE, TUNE_SPEC_FILE, refuse_another_commands_folder
+from fairclip.sims.sweep_folder import (
+    TUNE_CURVE_FILE,
+    TUNE_SPEC_FILE,
+    locked,
+    refuse_another_commands_folder,
+)
 from fairclip.strategies.errors import PolicyConfigError
 from fairclip.strategies.tuning import TrialCount, trial_rdp, tuning_epsilon
 
@@ -330,49 +335,50 @@ def run_search(
     drawn = draw_trials(spec, len(points))
     base_seed = validate(spec.raw).seed
     stored = spec.as_dict()
-    done: dict[str, list[dict[str, Any]]] = {"trial": [], "grid": []}
-    if out is not None:
-        done = _settle_folder(out, stored, drawn, resume)
-    finished = {(kind, int(row[kind])) for kind in done for row in done[kind]}
-    jobs = []
-    for i, point_index in enumerate(drawn):
-        if ("trial", i) not in finished:
-            jobs.append((("trial", i), set_value(configs[point_index], "seed", base_seed + 1 + i)))
-    if spec.grid_baseline:
-        for j in range(len(points)):
-            if ("grid", j) not in finished:
-                jobs.append((("grid", j), set_value(configs[j], "seed", base_seed)))
-    if on_start is not None:
-        on_start(len(drawn) + (len(points) if spec.grid_baseline else 0), len(jobs))
-    finished = run(jobs)
-    with contextlib.closing(finished):  # stopped here, the runs still going stop too
-        for (kind, index), result in finished:
-            summary = result["summary"]
-            point = points[drawn[index]] if kind == "trial" else points[index]
-            seed = base_seed + 1 + index if kind == "trial" else base_seed
-            if spec.metric not in summary.get("overall", {}):
-                raise ConfigError(f"metric {spec.metric} is not among this scenario's results")
-            done[kind].append(result_row(kind, index, point, seed, summary))
-            if out is not None:
-                write_csv(out / INTERNAL / RUN_TABLES[kind], sorted(done[kind], key=lambda r: r[kind]))
-            if on_run is not None:
-                on_run(f"{kind}-{index}", result)
-    trials = pd.DataFrame(sorted(done["trial"], key=lambda r: r["trial"]))
-    grid = pd.DataFrame(sorted(done["grid"], key=lambda r: r["grid"])) if spec.grid_baseline else None
-    tuning = Tuning(
-        trials=trials,
-        grid=grid,
-        best=best_row(trials, spec.metric) if not trials.empty else None,
-        grid_best=best_row(grid, spec.metric) if grid is not None and not grid.empty else None,
-        epsilon=epsilon,
-        epsilon_trial_rdp=epsilon_trial,
-        delta=delta,
-        run_accountant=validate(configs[0]).privacy.accountant,
-        trial_count=spec.trials,
-        metric=spec.metric,
-    )
-    if out is not None:
-        write_results(out, stored, drawn, tuning)
+    with locked(out) if out is not None else contextlib.nullcontext():  # one process per folder
+        done: dict[str, list[dict[str, Any]]] = {"trial": [], "grid": []}
+        if out is not None:
+            done = _settle_folder(out, stored, drawn, resume)
+        finished = {(kind, int(row[kind])) for kind in done for row in done[kind]}
+        jobs = []
+        for i, point_index in enumerate(drawn):
+            if ("trial", i) not in finished:
+                jobs.append((("trial", i), set_value(configs[point_index], "seed", base_seed + 1 + i)))
+        if spec.grid_baseline:
+            for j in range(len(points)):
+                if ("grid", j) not in finished:
+                    jobs.append((("grid", j), set_value(configs[j], "seed", base_seed)))
+        if on_start is not None:
+            on_start(len(drawn) + (len(points) if spec.grid_baseline else 0), len(jobs))
+        finished = run(jobs)
+        with contextlib.closing(finished):  # stopped here, the runs still going stop too
+            for (kind, index), result in finished:
+                summary = result["summary"]
+                point = points[drawn[index]] if kind == "trial" else points[index]
+                seed = base_seed + 1 + index if kind == "trial" else base_seed
+                if spec.metric not in summary.get("overall", {}):
+                    raise ConfigError(f"metric {spec.metric} is not among this scenario's results")
+                done[kind].append(result_row(kind, index, point, seed, summary))
+                if out is not None:
+                    write_csv(out / INTERNAL / RUN_TABLES[kind], sorted(done[kind], key=lambda r: r[kind]))
+                if on_run is not None:
+                    on_run(f"{kind}-{index}", result)
+        trials = pd.DataFrame(sorted(done["trial"], key=lambda r: r["trial"]))
+        grid = pd.DataFrame(sorted(done["grid"], key=lambda r: r["grid"])) if spec.grid_baseline else None
+        tuning = Tuning(
+            trials=trials,
+            grid=grid,
+            best=best_row(trials, spec.metric) if not trials.empty else None,
+            grid_best=best_row(grid, spec.metric) if grid is not None and not grid.empty else None,
+            epsilon=epsilon,
+            epsilon_trial_rdp=epsilon_trial,
+            delta=delta,
+            run_accountant=validate(configs[0]).privacy.accountant,
+            trial_count=spec.trials,
+            metric=spec.metric,
+        )
+        if out is not None:
+            write_results(out, stored, drawn, tuning)
     return tuning
 
 

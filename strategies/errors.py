@@ -10,3 +10,9 @@ class PolicyError(ValueError):
 
 class PolicyConfigError(PolicyError):
     """A policy, noise or accounting parameter is out of range; the message names it."""
+
+
+class NotFiniteError(ArithmeticError):
+    """A run cannot learn: the released model, or the state a policy reached, is not finite (a
+    learning rate that overflows the model, a plug-in whose next state is NaN). The message
+    names the round and what is not finite; the run stops there."""

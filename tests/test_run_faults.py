@@ -126,11 +126,15 @@ def test_a_failed_write_is_one_line_and_keeps_what_was_written(cli, tmp_path, mo
     status, _, err = cli(
         "run", "--scenario", "bimodal-mean", "--set", "training.rounds=10", "--out", str(tmp_path)
     )
-    assert status == 1 and err.strip().splitlines() == [
-        f"fairclip: error: [Errno 28] No space left on device: '{tmp_path / 'rounds.csv'}'"
+    assert status == 74 and err.strip().splitlines() == [
+        f"fairclip: error: {tmp_path / 'rounds.csv'}: No space left on device"
     ]
     written = list(pd.read_csv(tmp_path / "rounds.csv")["round"])
     assert 1 <= len(written) <= 3 and written == list(range(1, len(written) + 1)), written
+    # issue 68: the summary written with those rounds now says how the run ended, and why
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["status"] == "failed" and "No space left on device" in summary["error"]
+    assert summary["rounds_completed"] <= len(written)
 
 
 def _bad_outs(tmp_path: Path) -> dict[str, Path]:
