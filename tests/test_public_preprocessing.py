@@ -58,6 +58,18 @@ def test_age_split_and_feature_scaling_are_refused_where_they_do_not_apply():
     with pytest.raises(ConfigError, match="feature_scaling applies to the adult dataset only"):
         load_config("dutch", None, ["scenario.feature_scaling=standardize"])
     assert load_config("dutch", None, []).scenario.feature_scaling == "public"  # the default, unused
+    with pytest.raises(ConfigError, match="balance_by applies to the adult dataset with balance = true only"):
+        load_config("adult", None, ["scenario.balance=false", "scenario.balance_by=sex"])
+    with pytest.raises(ConfigError, match="balance_by applies to the adult dataset with balance = true only"):
+        load_config("dutch", None, ["scenario.balance_by=sex"])
+    # seed 001: balanced by sex, grouped by age at the median (outside epsilon, and said so)
+    by_age = ["scenario.protected=age", "scenario.cohorts.female.attribute=older"]
+    by_age += ["scenario.cohorts.male.attribute=younger", "scenario.balance_by=sex"]
+    by_age += ["scenario.age_split=median"]
+    spec = load_config("adult", None, by_age).scenario
+    assert spec.balance_by == "sex" and outside_epsilon(spec) == [
+        "age groups split at the median age of the complete rows, test rows included"
+    ]
 
 
 @pytest.mark.parametrize("name", sorted(ADULT_SETUPS))
