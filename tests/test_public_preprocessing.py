@@ -85,7 +85,9 @@ def test_a_reproduction_keeps_its_papers_scaling_and_says_it_is_outside_epsilon(
     assert "statistics of the private rows" in notes and "outside epsilon" in notes
     assert f'scenario.feature_scaling = "{ADULT_SETUPS[name]}"' in notes
     if name == "softadaclip-adult-age":
-        assert validate(planner.final_runs(1, {})[0].raw).scenario.age_split == "median"
+        spec = validate(planner.final_runs(1, {})[0].raw).scenario
+        assert spec.age_split == "median" and spec.protected == "age"
+        assert spec.balance and spec.balance_by == "sex"  # softadaclip-adult's rows, grouped by age
         assert 'scenario.age_split = "median"' in notes
 
 
