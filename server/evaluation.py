@@ -3,9 +3,15 @@
 Per class (seed 000): accuracy of each class, their mean (macro accuracy) and their minimum
 (worst-class accuracy); for a binary task, the F1 score of the positive class (scikit-learn's
 ``f1_score``; seed 001); across cohorts, the worst cohort's accuracy and the gap between the best
-and the worst. Per cohort: accuracy and loss on the cohort's test distribution, given
-as per-example weights over the test set (a cohort defined by a protected attribute weighs its
-own rows; a cohort defined by a class mix weighs each class by its share in the cohort).
+and the worst, and the gap between the highest and the lowest cohort loss (``cohort_loss_gap``:
+seed 001's subgroup loss disparity, |loss_a − loss_b| for two cohorts). Per cohort: accuracy and
+loss on the cohort's test distribution, given as per-example weights over the test set (a cohort
+defined by a protected attribute weighs its own rows; a cohort defined by a class mix weighs each
+class by its share in the cohort).
+
+The loss is the mean cross-entropy of the rows, each row's times its class's weight w_y where the
+training criterion weighs classes (``class_weights``, ``training.class_weights``: seed 001 trains
+and evaluates binary cross-entropy whose positive rows weigh 2), so it is the criterion trained on.
 """
 
 from __future__ import annotations
@@ -42,10 +48,16 @@ def evaluate(
     labels: torch.Tensor,
     cohort_weights: dict[str, np.ndarray],
     num_classes: int,
+    class_weights: tuple[float, ...] | None = None,
 ) -> tuple[dict[str, float], dict[str, dict[str, float]]]:
-    """(overall metrics, per-cohort metrics) of the model ``vector`` on a test set."""
+    """(overall metrics, per-cohort metrics) of the model ``vector`` on a test set; the losses
+    are weighted by ``class_weights`` where given (see the module docstring)."""
     logits = predict(model, vector, features)
     losses = nn.functional.cross_entropy(logits, labels, reduction="none").cpu().numpy().astype(np.float64)
+    if class_weights is not None:
+        if len(class_weights) != num_classes:
+            raise ValueError(f"{len(class_weights)} class weights for {num_classes} classes")
+        losses *= np.asarray(class_weights, dtype=np.float64)[labels.cpu().numpy()]
     correct = (logits.argmax(dim=1) == labels).cpu().numpy().astype(np.float64)
     label_array = labels.cpu().numpy()
     per_class = [correct[label_array == c].mean() for c in range(num_classes) if np.any(label_array == c)]
@@ -74,4 +86,7 @@ def evaluate(
     if accuracies:
         overall["worst_cohort_accuracy"] = float(min(accuracies))
         overall["cohort_accuracy_gap"] = float(max(accuracies) - min(accuracies))
+    cohort_losses = [metrics["loss"] for metrics in cohorts.values() if np.isfinite(metrics["loss"])]
+    if cohort_losses:
+        overall["cohort_loss_gap"] = float(max(cohort_losses) - min(cohort_losses))
     return overall, cohorts

@@ -348,7 +348,13 @@ class ClassificationTask:
 
     def evaluate(self, model: np.ndarray) -> tuple[dict[str, float], dict[str, dict[str, float]]]:
         return evaluate(
-            self.evaluation_model, model, self.test_x, self.test_y, self.cohort_weights, self.num_classes
+            self.evaluation_model,
+            model,
+            self.test_x,
+            self.test_y,
+            self.cohort_weights,
+            self.num_classes,
+            class_weights=self.training.class_weights,
         )
 
     def group_metrics(self, model: np.ndarray) -> tuple[dict[str, float], dict[str, dict[str, float]]] | None:

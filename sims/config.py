@@ -122,6 +122,10 @@ class ClassificationSpec(_ScenarioBase):
     """Keep exactly this many training examples of ``skew_class`` (a seeded subset) instead of
     each with probability ``skew_keep``."""
     balance: bool = True
+    balance_by: Literal["sex", "age"] | None = None
+    """Adult: the attribute whose groups ``balance`` samples 14,000 rows of each, where it is not
+    ``protected`` (seed 001 draws 14,000 men and 14,000 women and groups them by age:
+    ``protected = "age"``, ``balance_by = "sex"``); unset: the protected attribute."""
     protected: Literal["sex", "age", "marital-status"] = "sex"
     """The protected attribute, which ``attribute`` cohorts name: ``sex`` (``male``,
     ``female``); for Adult ``age`` binarised at ``age_split`` (``younger``, ``older``; seed
@@ -196,8 +200,12 @@ class ClassificationSpec(_ScenarioBase):
             )
         if self.feature_scaling != "public" and self.dataset != "adult":
             raise ValueError("feature_scaling applies to the adult dataset only (its numeric columns)")
-        if self.age_split != "public" and self.protected != "age":
-            raise ValueError("age_split applies to protected = age only (the adult dataset)")
+        if self.age_split != "public" and "age" not in (self.protected, self.balance_by):
+            raise ValueError(
+                "age_split applies to protected = age only (or balance_by = age; the adult dataset)"
+            )
+        if self.balance_by is not None and (self.dataset != "adult" or not self.balance):
+            raise ValueError("balance_by applies to the adult dataset with balance = true only")
         return self
 
 

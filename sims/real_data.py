@@ -51,6 +51,7 @@ def load(spec: ClassificationSpec, data_dir: Path | None, seed: int) -> Dataset:
             scaling=spec.feature_scaling,
             protected=spec.protected,
             age_split=spec.age_split,
+            balance_by=spec.balance_by,
         )
     elif spec.dataset == "dutch":
         dataset = load_dutch(
@@ -79,7 +80,7 @@ def outside_epsilon(spec: ClassificationSpec) -> list[str]:
     steps = []
     if spec.feature_scaling != "public":
         steps.append(f"feature scaling by statistics of the training rows ({spec.feature_scaling})")
-    if spec.protected == "age" and spec.age_split == "median":
+    if "age" in (spec.protected, spec.balance_by) and spec.age_split == "median":
         steps.append("age groups split at the median age of the complete rows, test rows included")
     return steps
 

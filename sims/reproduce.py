@@ -9,7 +9,10 @@ that its update is Δ_i = −∇ℓ_i and the paper's learning rate is the serve
 (docs/design.md, section 2). So a setup runs with
 
     federation.num_clients = N (of that seed's data),  q = b / N (q = 1 for "full" batches),
-    training.rounds = ceil(epochs · N / b).
+    training.rounds = ceil(epochs · N / b),
+
+with the setup's epochs and b, or a strategy's own (``epochs``, ``batch_size`` in its table: a
+paper that trains its non-private model with other epochs and batches than its private ones).
 
 Setups with a ``[grid]`` (Zhao et al.) choose, per strategy and target ε, the grid point with the
 best overall accuracy on a *validation split* of the training rows (``scenario.evaluate_on =
@@ -100,8 +103,9 @@ COLUMNS = [
     "seeds",
     "outside",
 ]
-SELECTION_METRICS = ("accuracy", "macro_accuracy")
-"""Overall validation metrics a grid search may choose by."""
+SELECTION_METRICS = ("accuracy", "macro_accuracy", "f1")
+"""Overall validation metrics a grid search may choose by (``f1``: the positive class's F1 of a
+binary task, seed 001's validation criterion)."""
 POINTS = 0.02
 """Tolerance where the paper gives no standard error: ± 2 accuracy points."""
 
@@ -120,6 +124,13 @@ class StrategySetup:
     """The policy it runs (``strategy.name``): ``policy = "..."`` in the setup file, for a variant
     of a policy under its own label (seed 003's Table 1 runs ``constant`` three ways); default
     the label."""
+    epochs: int | None = None
+    """This strategy's own number of epochs (``epochs = ...``), where its paper trains it longer or
+    shorter than the setup's ``epochs`` (seed 001's non-private model: 15 epochs, the private
+    ones 30); None: the setup's."""
+    batch_size: int | None = None
+    """This strategy's own expected batch size (``batch_size = ...``; seed 001's non-private
+    model: 32, the private ones 128); None: the setup's."""
 
     @property
     def policy_name(self) -> str:
@@ -259,7 +270,8 @@ def _refuse_per_run_keys(setup: Setup, where: str) -> None:
 
 
 def _strategy(name: str, table: dict[str, Any], where: str) -> StrategySetup:
-    unknown = set(table) - {"policy", "settings", "paper", "paper_stderr", "grid", "full_grid"}
+    known = {"policy", "settings", "paper", "paper_stderr", "grid", "full_grid", "epochs", "batch_size"}
+    unknown = set(table) - known
     if unknown:
         raise ConfigError(f"{where}: strategies.{name}.{sorted(unknown)[0]}: unknown key")
     if "__" in name:
@@ -267,6 +279,10 @@ def _strategy(name: str, table: dict[str, Any], where: str) -> StrategySetup:
     policy = table.get("policy", name)
     if not isinstance(policy, str) or not policy:
         raise ConfigError(f"{where}: strategies.{name}.policy must name a strategy")
+    for key in ("epochs", "batch_size"):
+        value = table.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise ConfigError(f"{where}: strategies.{name}.{key} must be a positive integer")
     return StrategySetup(
         name=name,
         policy=policy,
@@ -275,6 +291,8 @@ def _strategy(name: str, table: dict[str, Any], where: str) -> StrategySetup:
         paper_stderr=_by_epsilon(table.get("paper_stderr", {})),
         grid=_axes(table.get("grid", {})),
         full_grid=_axes(table.get("full_grid", {})),
+        epochs=table.get("epochs"),
+        batch_size=table.get("batch_size"),
     )
 
 
@@ -302,16 +320,23 @@ _epsilon_text = epsilon_text
 
 
 def sample_level_settings(
-    setup: Setup, num_examples: int, max_rounds: int | None, max_batch: int | None = None
+    setup: Setup,
+    num_examples: int,
+    max_rounds: int | None,
+    max_batch: int | None = None,
+    strategy: StrategySetup | None = None,
 ) -> dict[str, Any]:
     """The settings (typed, by dotted key) that make every training example a client of a
-    DP-SGD step. ``max_rounds`` and ``max_batch`` (smoke runs only) cap the number of steps and
-    the expected batch (the sampling rate)."""
-    if setup.batch_size is None:
-        rate, rounds = 1.0, setup.epochs
+    DP-SGD step, with the setup's epochs and batch size, or ``strategy``'s own where it has them.
+    ``max_rounds`` and ``max_batch`` (smoke runs only) cap the number of steps and the expected
+    batch (the sampling rate)."""
+    epochs = setup.epochs if strategy is None or strategy.epochs is None else strategy.epochs
+    batch_size = setup.batch_size if strategy is None or strategy.batch_size is None else strategy.batch_size
+    if batch_size is None:
+        rate, rounds = 1.0, epochs
     else:
-        rate = min(1.0, setup.batch_size / num_examples)
-        rounds = math.ceil(setup.epochs * num_examples / setup.batch_size)
+        rate = min(1.0, batch_size / num_examples)
+        rounds = math.ceil(epochs * num_examples / batch_size)
     if max_rounds is not None:
         rounds = min(rounds, max_rounds)
     if max_batch is not None:
@@ -343,9 +368,14 @@ def _strategy_raw(
     return raw
 
 
+def grid_axes(setup: Setup, strategy: StrategySetup, full: bool) -> dict[str, list[Any]]:
+    """The setup's and the strategy's grid axes (``full``: the paper grids), by key."""
+    return {**(setup.full_grid if full else setup.grid), **(strategy.full_grid if full else strategy.grid)}
+
+
 def grid_points(setup: Setup, strategy: StrategySetup, full: bool, limit: int | None) -> list[dict[str, Any]]:
     """Every combination of the setup's and the strategy's grid axes (first ``limit`` values each)."""
-    axes = {**(setup.full_grid if full else setup.grid), **(strategy.full_grid if full else strategy.grid)}
+    axes = grid_axes(setup, strategy, full)
     if limit is not None:
         axes = {key: values[:limit] for key, values in axes.items()}
     keys = list(axes)
@@ -446,7 +476,7 @@ class Planner:
         if marker not in self._counts:
             self._counts[marker] = self.examples(scenario, self.data_dir, seed)
         count = self._counts[marker]
-        sample_level = sample_level_settings(self.setup, count, self.max_rounds, self.max_batch)
+        sample_level = sample_level_settings(self.setup, count, self.max_rounds, self.max_batch, strategy)
         raw = _apply(raw, sample_level)
         if validation and "eval_every" not in raw.get("training", {}):
             # a grid run yields one number, its final validation metric: evaluating only after its
@@ -457,15 +487,29 @@ class Planner:
         return raw
 
     def grid_runs(self, full: bool, limit: int | None) -> list[Run]:
+        """The validation runs of every strategy with grid axes (one with none has nothing to
+        choose: its final runs start at once, :meth:`ungridded_runs`)."""
         runs = []
         seed = int(self.base.get("seed", 0))
         for strategy in self.setup.strategies:
+            if not grid_axes(self.setup, strategy, full):
+                continue
             for epsilon in self.setup.epsilons:
                 for index, point in enumerate(grid_points(self.setup, strategy, full, limit)):
                     key = f"grid__{strategy.name}__eps-{_epsilon_text(epsilon) or 'none'}__{index:03d}"
                     raw = self.raw(strategy, point, epsilon, seed, validation=True)
                     runs.append(Run(key, strategy.name, epsilon, seed, raw, point))
         return runs
+
+    def ungridded_runs(self, seeds: int, full: bool) -> list[Run]:
+        """The final runs of the strategies without grid axes, which need no grid run first."""
+        return [
+            run
+            for strategy in self.setup.strategies
+            if not grid_axes(self.setup, strategy, full)
+            for epsilon in self.setup.epsilons
+            for run in self.final_runs_of(strategy, epsilon, seeds, {})
+        ]
 
     def final_runs(self, seeds: int, chosen: dict[tuple[str, float | None], dict[str, Any]]) -> list[Run]:
         """Every strategy's and target ε's runs on the test set, ``seeds`` each, at the grid point
@@ -1036,7 +1080,8 @@ def reproduce(
     if on_plan is not None:
         on_plan(len(grid) + final_count)
     # with a grid, each strategy's final runs at an ε start once its grid runs there have finished
-    first = grid or planner.final_runs(seeds, chosen)
+    # (at once for a strategy without grid axes)
+    first = grid + planner.ungridded_runs(seeds, full_grid) if grid else planner.final_runs(seeds, chosen)
     summaries = execute(
         first,
         out,

@@ -122,3 +122,49 @@ def test_binary_evaluation_reports_the_positive_class_f1():
     assert overall["f1"] == pytest.approx(2 * tp / (2 * tp + fp + fn))
     ten, _ = evaluate(build_model("logistic", (5,), 10), np.zeros(60), x, y % 10, {"all": np.ones(200)}, 10)
     assert "f1" not in ten
+
+
+def test_evaluation_loss_is_the_weighted_criterion_and_the_cohort_loss_gap_its_spread():
+    """Seed 001 evaluates the criterion it trains (BCE with positive weight 2) and compares the
+    subgroups' losses: ``loss`` is the mean of w_y·ℓ over the rows, each cohort's over its rows,
+    and ``cohort_loss_gap`` is |loss_a − loss_b|; a task without class weights is unchanged."""
+    from fairclip.server.evaluation import evaluate
+
+    torch.manual_seed(6)
+    model = build_model("binary-mlp", (5,), 2)
+    theta = model_to_vector(model)
+    x, y = _data(40)
+    first = (np.arange(40) < 15).astype(np.float64)
+    cohorts = {"first": first, "rest": 1.0 - first}
+    reference = build_model("binary-mlp", (5,), 2)
+    torch.nn.utils.vector_to_parameters(torch.tensor(theta, dtype=torch.float32), reference.parameters())
+    with torch.no_grad():
+        logits = reference(x)[:, 1]
+    rows = torch.nn.functional.binary_cross_entropy_with_logits(
+        logits, y.float(), pos_weight=torch.tensor(2.0), reduction="none"
+    ).double()
+    overall, per_cohort = evaluate(model, theta, x, y, cohorts, num_classes=2, class_weights=WEIGHTS)
+    assert overall["loss"] == pytest.approx(float(rows.mean()), rel=1e-5)
+    assert per_cohort["first"]["loss"] == pytest.approx(float(rows[:15].mean()), rel=1e-5)
+    assert per_cohort["rest"]["loss"] == pytest.approx(float(rows[15:].mean()), rel=1e-5)
+    gap = abs(float(rows[:15].mean()) - float(rows[15:].mean()))
+    assert gap > 1e-3 and overall["cohort_loss_gap"] == pytest.approx(gap, rel=1e-4)
+    plain, _ = evaluate(model, theta, x, y, cohorts, num_classes=2)
+    unweighted = torch.nn.functional.binary_cross_entropy_with_logits(logits, y.float()).item()
+    assert plain["loss"] == pytest.approx(unweighted, rel=1e-5) and plain["loss"] < overall["loss"]
+    with pytest.raises(ValueError, match="3 class weights for 2 classes"):
+        evaluate(model, theta, x, y, cohorts, num_classes=2, class_weights=(1.0, 2.0, 3.0))
+
+
+def test_a_task_with_class_weights_evaluates_the_weighted_loss():
+    one_step = ["scenario.examples_per_client=1", "federation.num_clients=60", "scenario.model=binary-mlp"]
+    plain = build_task(load_config("demo", None, one_step))
+    weighted = build_task(load_config("demo", None, [*one_step, "training.class_weights=[1.0, 2.0]"]))
+    theta = plain.initial_model()
+    np.testing.assert_array_equal(theta, weighted.initial_model())
+    (plain_overall, plain_cohorts), (overall, cohorts) = plain.evaluate(theta), weighted.evaluate(theta)
+    assert overall["accuracy"] == plain_overall["accuracy"]
+    labels = plain.test_y.cpu().numpy()
+    assert 0 < labels.mean() < 1
+    assert plain_overall["loss"] < overall["loss"] < 2 * plain_overall["loss"]
+    assert set(cohorts) == set(plain_cohorts) and "cohort_loss_gap" in overall

@@ -58,6 +58,18 @@ def test_age_split_and_feature_scaling_are_refused_where_they_do_not_apply():
     with pytest.raises(ConfigError, match="feature_scaling applies to the adult dataset only"):
         load_config("dutch", None, ["scenario.feature_scaling=standardize"])
     assert load_config("dutch", None, []).scenario.feature_scaling == "public"  # the default, unused
+    with pytest.raises(ConfigError, match="balance_by applies to the adult dataset with balance = true only"):
+        load_config("adult", None, ["scenario.balance=false", "scenario.balance_by=sex"])
+    with pytest.raises(ConfigError, match="balance_by applies to the adult dataset with balance = true only"):
+        load_config("dutch", None, ["scenario.balance_by=sex"])
+    # seed 001: balanced by sex, grouped by age at the median (outside epsilon, and said so)
+    by_age = ["scenario.protected=age", "scenario.cohorts.female.attribute=older"]
+    by_age += ["scenario.cohorts.male.attribute=younger", "scenario.balance_by=sex"]
+    by_age += ["scenario.age_split=median"]
+    spec = load_config("adult", None, by_age).scenario
+    assert spec.balance_by == "sex" and outside_epsilon(spec) == [
+        "age groups split at the median age of the complete rows, test rows included"
+    ]
 
 
 @pytest.mark.parametrize("name", sorted(ADULT_SETUPS))
@@ -73,7 +85,9 @@ def test_a_reproduction_keeps_its_papers_scaling_and_says_it_is_outside_epsilon(
     assert "statistics of the private rows" in notes and "outside epsilon" in notes
     assert f'scenario.feature_scaling = "{ADULT_SETUPS[name]}"' in notes
     if name == "softadaclip-adult-age":
-        assert validate(planner.final_runs(1, {})[0].raw).scenario.age_split == "median"
+        spec = validate(planner.final_runs(1, {})[0].raw).scenario
+        assert spec.age_split == "median" and spec.protected == "age"
+        assert spec.balance and spec.balance_by == "sex"  # softadaclip-adult's rows, grouped by age
         assert 'scenario.age_split = "median"' in notes
 
 
