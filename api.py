@@ -239,6 +239,18 @@ def simulate_config(
     )
 
 
+def _refuse_repeats(values: Sequence[Any], what: str) -> None:
+    """One :class:`ConfigError` line where ``values`` names something twice (a run planned twice)."""
+    from fairclip.sims.errors import ConfigError
+
+    seen: set[Any] = set()
+    for value in values:
+        if value in seen:
+            shown = f"{value:g}" if isinstance(value, float) else value
+            raise ConfigError(f"{what} names {shown} twice")
+        seen.add(value)
+
+
 def _raw_config(
     scenario: str | Scenario | None, config_file: str | Path | None, overrides: Mapping[str, Any] | None
 ) -> dict[str, Any]:
@@ -337,12 +349,22 @@ def compare(
                 register(strategy, replace=True)
                 strategy = strategy.name
             names.append(strategy)
+        if not names:
+            raise ConfigError("strategies names no strategy (none runs anyway, as the reference): give one")
+        _refuse_repeats(names, "strategies")
     targets: list[float | None] | None = None
     if epsilons is not None:
         targets = [float(e) for e in epsilons]
         for target in targets:
             if not (math.isfinite(target) and target > 0):
                 raise ConfigError(f"every target ε must be a finite number > 0 (got {target})")
+        if not targets:
+            raise ConfigError("epsilons names no target ε: give one, or leave it out for the scenario's")
+        _refuse_repeats(targets, "epsilons")
+    if out is not None:
+        from fairclip.sims.outputs import check_output_folder
+
+        check_output_folder(Path(out))
     if "strategy.name" in (overrides or {}):
         raise ConfigError("--set strategy.name: compare sets it for each run (--strategies)")
     for key in ("privacy.target_epsilon", "privacy.noise_multiplier"):  # a target calibrates σ
@@ -383,7 +405,7 @@ def compare(
 def tune(
     scenario: str | Scenario | None = None,
     *,
-    grid: Mapping[str, Sequence[Any]],
+    grid: Mapping[str, Sequence[Any]] | None = None,
     metric: str = "macro_accuracy",
     distribution: str = "tnb",
     eta: float = 1.0,
@@ -419,7 +441,9 @@ def tune(
     not DP-protected. ``out`` receives the specification and the release at its top
     (``tuning.json``, ``report.md``) and the rest in ``not-dp-protected/`` (each run as it
     finishes); ``resume`` continues such a folder. Runs go one after the other in this process,
-    or as parallel Ray tasks with ``ray`` (or a cluster's ``address``).
+    or as parallel Ray tasks with ``ray`` (or a cluster's ``address``). With ``resume``, ``out`` and
+    neither a scenario, a config file nor a ``grid``, the search stored in ``out`` continues as it
+    was asked.
     """
     from fairclip.sims import compare as sweep
     from fairclip.sims import tune as search
@@ -429,22 +453,27 @@ def tune(
 
     if workers < 1:
         raise ConfigError(f"workers must be >= 1 (got {workers})")
-    both = sorted(set(overrides or {}) & set(grid))
-    if both:  # each grid point sets its key, so the override would be silently replaced
-        raise ConfigError(f"{both[0]} is both set (--set) and searched (--grid): give it one way")
-    try:
-        trials = TrialCount(distribution, float(eta), float(gamma), float(mu))
-    except PolicyConfigError as error:
-        raise ConfigError(str(error)) from None
-    spec = search.TuneSpec(
-        raw=_raw_config(scenario, config_file, overrides),
-        grid={key: list(values) for key, values in grid.items()},
-        metric=metric,
-        trials=trials,
-        seed=int(seed),
-        grid_baseline=grid_baseline,
-        search_index=int(search_index),
-    )
+    if grid is None:
+        if not (resume and out is not None and scenario is None and config_file is None and not overrides):
+            raise ConfigError("give the grid to search (or resume a stored search: resume=True and out)")
+        spec = search.stored_search(Path(out))
+    else:
+        both = sorted(set(overrides or {}) & set(grid))
+        if both:  # each grid point sets its key, so the override would be silently replaced
+            raise ConfigError(f"{both[0]} is both set (--set) and searched (--grid): give it one way")
+        try:
+            trials = TrialCount(distribution, float(eta), float(gamma), float(mu))
+        except PolicyConfigError as error:
+            raise ConfigError(str(error)) from None
+        spec = search.TuneSpec(
+            raw=_raw_config(scenario, config_file, overrides),
+            grid={key: list(values) for key, values in grid.items()},
+            metric=metric,
+            trials=trials,
+            seed=int(seed),
+            grid_baseline=grid_baseline,
+            search_index=int(search_index),
+        )
     folder_data = Path(data_dir) if data_dir is not None else None
 
     def run(jobs: list[tuple[Any, dict[str, Any]]]) -> Any:
@@ -461,6 +490,10 @@ def tune(
         on_start=on_start,
         on_run=on_run,
     )
+
+
+CURVE_OPTIONS = ("metric", "distribution", "eta", "gamma", "mu", "seed", "grid_baseline")
+"""The options of :func:`tune_curve` a curve stores, to be continued with the same ones."""
 
 
 def tune_curve(
@@ -490,12 +523,15 @@ def tune_curve(
     from fairclip.sims import sweep_folder
     from fairclip.sims import tune as search
     from fairclip.sims.errors import ConfigError
+    from fairclip.sims.outputs import json_normalised, write_json
     from fairclip.strategies.errors import PolicyConfigError
     from fairclip.strategies.tuning import TrialCount
 
     if not strategies or not epsilons:
         raise ConfigError("a tuning curve needs at least one strategy and one target ε")
+    _refuse_repeats(list(strategies), "strategies")
     targets = [float(e) for e in epsilons]
+    _refuse_repeats(targets, "epsilons")
     for target in targets:
         if not (math.isfinite(target) and target > 0):
             raise ConfigError(f"every target ε must be a finite number > 0 (got {target})")
@@ -519,6 +555,21 @@ def tune_curve(
             raw = _raw_config(scenario, options.get("config_file"), settings(strategy, target))
             search.check_spec(search.TuneSpec(raw, search.strategy_grid(grid, strategy), metric, law, 0))
     with sweep_folder.locked(folder):  # one process per curve folder
+        if isinstance(scenario, str | None):  # what --resume --out alone continues with
+            stored = {
+                "scenario": scenario,
+                "config_file": None if options.get("config_file") is None else str(options["config_file"]),
+                "strategies": list(strategies),
+                "epsilons": targets,
+                "grid": {key: list(values) for key, values in grid.items()},
+                "overrides": dict(overrides or {}),
+                "options": {key: options[key] for key in CURVE_OPTIONS if key in options},
+            }
+            path = folder / search.CURVE_SPEC_FILE
+            if not path.is_file():
+                write_json(path, stored)
+            elif search.stored_curve(folder) != json_normalised(stored):
+                raise ConfigError(f"{folder} holds another tuning curve; use a new --out folder")
         if resume:
             search.move_old_curve(folder, metric)
         rows = []

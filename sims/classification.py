@@ -96,10 +96,13 @@ def model_factory(reference: str) -> str | Callable[[tuple[int, ...], int], nn.M
     return factory
 
 
-def checked_model(model: object) -> nn.Module:
-    """What a model factory returned, if it is a torch module with parameters and without layers
+def checked_model(model: object, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+    """What a model factory returned, if it is a torch module with parameters, without layers
     that batch or running statistics of the clients' data pass through
-    (:func:`fairclip.client.models.batch_statistics_layers`)."""
+    (:func:`fairclip.client.models.batch_statistics_layers`), that takes examples of
+    ``input_shape`` and gives ``num_classes`` outputs each: one forward pass of two zero examples,
+    without gradients, tells before any training (a width that does not match failed deep in
+    torch)."""
     if not isinstance(model, nn.Module):
         raise ValueError(f"the model factory returned {type(model).__name__}, not a torch.nn.Module")
     if not any(True for _ in model.parameters()):
@@ -110,6 +113,24 @@ def checked_model(model: object) -> nn.Module:
         raise ValueError(
             f"the model's layer {name!r} is a {type(layer).__name__}: it normalises with batch or "
             "running statistics of the clients' data, which DP does not cover; use GroupNorm or LayerNorm"
+        )
+    was_training = model.training
+    try:
+        with torch.no_grad():
+            outputs = model.eval()(torch.zeros((2, *input_shape)))
+    except Exception as error:  # whatever the user's forward raises
+        text = " ".join(str(error).split())
+        raise ValueError(
+            f"the model fails on examples of shape {input_shape} ({type(error).__name__}: {text}): "
+            "does its input layer match the data's features?"
+        ) from None
+    finally:
+        model.train(was_training)
+    if not isinstance(outputs, torch.Tensor) or tuple(outputs.shape) != (2, num_classes):
+        shape = tuple(outputs.shape[1:]) if isinstance(outputs, torch.Tensor) else type(outputs).__name__
+        raise ValueError(
+            f"the model gives {shape} outputs per example, but the data have {num_classes} classes: "
+            f"its last layer must give {num_classes} (one logit per class)"
         )
     return model
 
@@ -225,7 +246,7 @@ class ClassificationTask:
         if isinstance(model, str):
             self.model = build_model(model, input_shape, data.num_classes)
         else:
-            self.model = checked_model(model(input_shape, data.num_classes))
+            self.model = checked_model(model(input_shape, data.num_classes), input_shape, data.num_classes)
         self.model = self.model.to(self.device)  # initialised on the CPU: the same θ_0 on any device
         self._initial = model_to_vector(self.model)
         self.evaluation_model = copy.deepcopy(self.model)

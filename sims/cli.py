@@ -463,7 +463,8 @@ def tune(
     from fairclip.api import tune_curve
     from fairclip.sims import compare as sweep
     from fairclip.sims.config import parse_override, scenario_source
-    from fairclip.sims.tune import INTERNAL
+    from fairclip.sims.sweep_folder import TUNE_CURVE_FILE
+    from fairclip.sims.tune import CURVE_SPEC_FILE, INTERNAL, stored_curve
 
     typed = dict((".".join(path), value) for path, value in map(parse_override, overrides or []))
     searched: dict[str, list] = {}
@@ -473,6 +474,18 @@ def tune(
             raise ConfigError(f"--grid expects KEY=V1,V2,... (got {entry!r})")
         searched[key.strip()] = [parse_override(f"{key}={value.strip()}")[1] for value in values.split(",")]
     _check_cluster(address, workers)
+    bare_resume = resume and scenario is None and config is None and not searched and not typed
+    stored_options: dict = {}
+    if bare_resume and strategies is None and epsilons is None:  # continue what --out holds
+        if out is None:
+            raise ConfigError("--resume without a scenario continues the search in --out: give --out")
+        if (out / TUNE_CURVE_FILE).is_file() or (out / CURVE_SPEC_FILE).is_file():
+            stored = stored_curve(out)
+            scenario, config = stored["scenario"], stored["config_file"]
+            strategies, epsilons = ",".join(stored["strategies"]), ",".join(map(str, stored["epsilons"]))
+            searched, typed, stored_options = stored["grid"], stored["overrides"], stored["options"]
+        else:
+            searched = None  # the stored search, as it was asked
     if out is None:
         out = Path("runs") / f"tune-{_scenario_name(scenario_source(scenario, config), typed)}"
     check_output_folder(out)
@@ -504,6 +517,7 @@ def tune(
         on_start=started_runs,
         on_run=lambda key, _result: progress.advance(progress.task_ids[-1], note=key),
     )
+    options.update(stored_options)  # a curve continued from its folder keeps its own options
     try:
         if strategies is None:
             tune_search(scenario, grid=searched, overrides=typed, out=out, resume=resume, **options)
@@ -650,7 +664,7 @@ def _print_run_summary(summary: dict, out: Path) -> None:
 @app.command()
 def privacy(
     sample_rate: Annotated[float, typer.Option("--sample-rate", help="Client sampling rate q.")],
-    rounds: Annotated[int, typer.Option("--rounds", help="Number of rounds T.")],
+    rounds: Annotated[int, typer.Option("--rounds", min=1, help="Number of rounds T.")],
     delta: Annotated[float, typer.Option("--delta", help="δ of the (ε, δ) claim.")],
     noise_multiplier: Annotated[
         float | None,
@@ -745,9 +759,14 @@ FLOWER_HELP = (
 )
 def flower(context: typer.Context) -> int:
     """:func:`fairclip.sims.flower_status.run_flower_app` with the exit status of the run."""
-    from fairclip.sims.flower_status import run_flower_app
+    from fairclip.sims.flower_status import check_app, flwr_command, run_flower_app
 
-    status = run_flower_app(list(context.args))
+    try:  # before flwr starts: an app folder without an app, no flwr at all
+        check_app(list(context.args))
+        flwr = flwr_command()
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
+    status = run_flower_app(list(context.args), flwr=flwr)
     if status.succeeded:
         stdout.print(status.message())
         return 0

@@ -511,6 +511,10 @@ def resolve_strategy(raw_strategy: dict[str, Any], num_cohorts: int) -> Strategy
             except PolicyConfigError as error:
                 raise ConfigError(f"strategy.{policy_name}: {error}") from None
             _check_keys(policy_name, table, f"strategy.{policy_name}")
+            try:  # the values too, also of a policy that does not run in this configuration
+                policy_class(policy_name).Params.check_values(table, policy_name)
+            except PolicyConfigError as error:
+                raise ConfigError(f"strategy.{policy_name}: {error}") from None
     params = {**raw_strategy.get(name, {}), **direct}
     _check_keys(name, params, "strategy")
     try:

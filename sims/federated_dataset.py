@@ -109,10 +109,17 @@ class FederatedDataset:
         metrics it counts for (the same kind of values). Cohorts are ordered by first appearance
         among the clients. ``num_classes`` defaults to the largest label + 1.
         """
-        train_x = np.ascontiguousarray(np.asarray(x), dtype=np.float32)
+        train_x = _features(x, "x")
         train_y = _labels(y, "y")
-        test_features = np.ascontiguousarray(np.asarray(test_x), dtype=np.float32)
+        test_features = _features(test_x, "test_x")
         test_labels = _labels(test_y, "test_y")
+        for features, labels, name in ((train_x, train_y, ""), (test_features, test_labels, "test_")):
+            if features.shape[0] != labels.shape[0]:
+                raise ValueError(
+                    f"{name}x has {features.shape[0]} examples but {name}y has {labels.shape[0]} labels"
+                )
+        if train_y.shape[0] == 0:
+            raise ValueError("the training set is empty: x and y have no examples")
         if isinstance(clients, Partition):
             client_indices = [np.asarray(rows, dtype=np.int64) for rows in clients.client_indices]
             if cohorts is None:
@@ -190,6 +197,17 @@ def _stacked(dataset: Any, what: str) -> tuple[np.ndarray, np.ndarray]:
             f"the {what} dataset must give (features, label) pairs of one shape ({error})"
         ) from None
     return features, labels
+
+
+def _features(values: Any, name: str) -> np.ndarray:
+    """``values`` as contiguous float32 features, or one ValueError line saying what they hold."""
+    array = np.asarray(values)
+    if array.dtype.kind not in "biuf":
+        hint = ": encode strings and categories as numbers first" if array.dtype.kind in "OUS" else ""
+        raise ValueError(f"{name} must hold numbers (features), not values of dtype {array.dtype}{hint}")
+    if array.ndim < 1:
+        raise ValueError(f"{name} must have one row per example (got a scalar)")
+    return np.ascontiguousarray(array, dtype=np.float32)
 
 
 def _labels(values: Any, what: str) -> np.ndarray:

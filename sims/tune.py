@@ -120,6 +120,46 @@ class TuneSpec:
         }
 
 
+def stored_search(out: Path) -> TuneSpec:
+    """The search stored in ``out`` (its ``tuning.json``), to continue it from the folder alone;
+    :class:`ConfigError` where there is none or it cannot be read."""
+    path = Path(out) / SPEC_FILE
+    if not path.is_file():
+        raise ConfigError(f"{out} holds no search to resume ({SPEC_FILE} is missing)")
+    try:
+        stored = json.loads(path.read_text())
+        return TuneSpec(
+            raw=stored["raw"],
+            grid={key: list(values) for key, values in stored["grid"].items()},
+            metric=stored["metric"],
+            trials=TrialCount(**stored["trials"]),
+            seed=int(stored["seed"]),
+            grid_baseline=bool(stored.get("grid_baseline", True)),
+            search_index=int(stored.get("search_index", 0)),
+        )
+    except (OSError, ValueError, KeyError, TypeError, PolicyConfigError) as error:
+        raise ConfigError(f"{path} is unreadable ({error!r}); use a new --out folder") from None
+
+
+CURVE_SPEC_FILE = "tuning-curve.json"
+"""Where a tuning curve keeps what it was asked (scenario or config file, overrides, grid,
+strategies, target ε and the search options), so that ``--resume --out DIR`` alone continues it."""
+
+
+def stored_curve(folder: Path) -> dict[str, Any]:
+    """The options of the tuning curve stored in ``folder`` (:data:`CURVE_SPEC_FILE`)."""
+    path = Path(folder) / CURVE_SPEC_FILE
+    if not path.is_file():
+        raise ConfigError(
+            f"{folder} holds a tuning curve without {CURVE_SPEC_FILE} (written before it was kept): "
+            "resume it with its --strategies, --epsilons, --grid and scenario"
+        )
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as error:
+        raise ConfigError(f"{path} is unreadable ({error}); use a new --out folder") from None
+
+
 def grid_points(grid: Mapping[str, Sequence[Any]]) -> list[dict[str, Any]]:
     """The product of the grid's values, one settings dict per point (keys in the given order);
     an empty grid is one point, the configuration as given (the search then picks among seeds)."""
@@ -161,15 +201,25 @@ def draw_trials(spec: TuneSpec, points: int) -> list[int]:
     return [int(i) for i in rng.integers(points, size=count)]
 
 
-def trial_plans(configs: list[dict[str, Any]], data_dir: Path | None) -> list[tuple[float, float, int]]:
-    """(σ_eff, q, rounds) of each grid point's run, as its engine will plan it."""
+def trial_plans(
+    configs: list[dict[str, Any]], data_dir: Path | None
+) -> tuple[list[tuple[float, float, int]], set[str]]:
+    """(σ_eff, q, rounds) of each grid point's run, as its engine will plan it; and the overall
+    results a run of this scenario gives (read from one evaluation of its initial model), so a
+    metric no run reports is refused before any run."""
     from fairclip.sims.privacy_plan import plan_privacy
     from fairclip.sims.tasks import build_task
     from fairclip.strategies.registry import build_policy
 
     first = validate(configs[0])
     task = build_task(first, data_dir)
-    dimension = task.initial_model().shape[0]
+    model = task.initial_model()
+    dimension = model.shape[0]
+    reported = set(task.evaluate(model)[0])
+    group_metrics = getattr(task, "group_metrics", None)
+    grouped = group_metrics(model) if group_metrics is not None else None
+    if grouped is not None:
+        reported |= set(grouped[0])
     plans = []
     for raw in configs:
         config = validate(raw)
@@ -178,7 +228,7 @@ def trial_plans(configs: list[dict[str, Any]], data_dir: Path | None) -> list[tu
         )
         plan = plan_privacy(config, policy, dimension)
         plans.append((plan.effective_noise_multiplier, plan.sample_rate, plan.rounds_allowed))
-    return plans
+    return plans, reported
 
 
 def better(metric: str, a: float, b: float) -> bool:
@@ -323,12 +373,16 @@ def run_search(
     configs = check_spec(spec)
     points = grid_points(spec.grid)
     try:
-        plans = trial_plans(configs, data_dir)
+        plans, reported = trial_plans(configs, data_dir)
         rdp = trial_rdp(plans)
         delta = validate(configs[0]).privacy.delta
         epsilon = tuning_epsilon(rdp, spec.trials, delta)
     except PolicyConfigError as error:
         raise ConfigError(f"privacy: {error}") from None
+    if spec.metric not in reported:
+        raise ConfigError(
+            f"metric {spec.metric} is not among this scenario's results ({', '.join(sorted(reported))})"
+        )
     from fairclip.strategies.accountants import rdp_epsilon
 
     epsilon_trial = rdp_epsilon(rdp, delta) if not np.all(np.isinf(rdp)) else math.inf

@@ -45,7 +45,19 @@ class PolicyParams(BaseModel):
         try:
             return cls.model_validate(dict(values))
         except ValidationError as error:
-            raise PolicyConfigError(_first_problem(error, cls, policy)) from None
+            raise PolicyConfigError(_first_problem(error.errors(), cls, policy)) from None
+
+    @classmethod
+    def check_values(cls, values: Mapping[str, Any], policy: str) -> None:
+        """Check the parameters ``values`` gives, each against its type and range, where the rest
+        may be missing (a scenario's table of a policy that does not run: a value it holds is
+        refused now, not when the policy is chosen); one :class:`PolicyConfigError` line."""
+        try:
+            cls.model_validate(dict(values))
+        except ValidationError as error:
+            problems = [problem for problem in error.errors() if problem["type"] != "missing"]
+            if problems:
+                raise PolicyConfigError(_first_problem(problems, cls, policy)) from None
 
     @classmethod
     def defaults(cls) -> dict[str, Any]:
@@ -56,8 +68,7 @@ class PolicyParams(BaseModel):
         }
 
 
-def _first_problem(error: ValidationError, schema: type[PolicyParams], policy: str) -> str:
-    problems = error.errors()
+def _first_problem(problems: list[Any], schema: type[PolicyParams], policy: str) -> str:
     first = next((p for p in problems if p["type"] == "extra_forbidden"), problems[0])  # a typo first
     key = ".".join(str(part) for part in first["loc"])
     message = first["msg"].removeprefix("Value error, ")

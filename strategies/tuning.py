@@ -52,6 +52,11 @@ MIN_ETA = 1e-3
 """Smallest positive η: below it 1 − γ^η loses its digits (the law is then the logarithmic, η = 0)."""
 
 
+MAX_EXPECTED_TRIALS = 10_000
+"""Largest mean number of trials a search may draw: each trial is a whole run, and a larger draw
+overflows the trials' table before any run starts."""
+
+
 @dataclass(frozen=True)
 class TrialCount:
     """The distribution of the number of trials K: ``tnb`` (η, γ) or ``poisson`` (μ)."""
@@ -76,6 +81,11 @@ class TrialCount:
                 raise PolicyConfigError(f"tnb gamma must be in (0, 1) (got {self.gamma})")
         elif not (math.isfinite(self.mu) and self.mu > 0):
             raise PolicyConfigError(f"poisson mu must be a finite number > 0 (got {self.mu})")
+        if not self.expected <= MAX_EXPECTED_TRIALS:
+            raise PolicyConfigError(
+                f"the number of trials K would be {self.expected:.3g} on average (each a whole run); "
+                f"at most {MAX_EXPECTED_TRIALS:,} on average"
+            )
 
     def _scipy(self) -> stats.rv_discrete:
         if self.distribution == "poisson":

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 
 import pytest
 
@@ -124,3 +125,122 @@ def test_a_run_whose_every_update_is_dropped_says_so(tmp_path):
     assert result.summary["status"] == "finished"
     (flag,) = result.summary["flags"]
     assert "not finite (all dropped) in 3 of 3 rounds, first round 1" in flag
+
+
+SEARCH = ["--scenario", "demo", "--grid", "training.client_lr=0.1,0.5", "--set", "training.rounds=2",
+          "--distribution", "poisson", "--mu", "2", "--backend", "local"]  # fmt: skip
+TUNE = [*SEARCH, "--set", "privacy.target_epsilon=2"]
+
+
+def test_tune_errors_come_first_and_in_one_line(cli, tmp_path):
+    """--mu 1e12 was a 49-line traceback; a metric the scenario does not report was refused only
+    once its first run had finished."""
+    out = tmp_path / "search"
+    status, _, err = cli("tune", *TUNE, "--mu", "1e12", "--out", str(out))
+    assert status == 2 and len(err.strip().splitlines()) == 1 and "1e+12 on average" in err, err
+    status, _, err = cli(
+        "tune", "--scenario", "bimodal-mean", "--grid", "training.server_lr=0.5,1", "--set",
+        "privacy.noise_multiplier=1", "--metric", "accuracy", "--out", str(out), "--backend", "local",
+    )  # fmt: skip
+    assert status == 2 and "metric accuracy is not among this scenario's results" in err, err
+    assert not out.exists()
+
+
+@pytest.mark.slow
+def test_a_bare_tune_resume_continues_the_search_or_curve_in_its_folder(cli, tmp_path):
+    """`fairclip tune --resume --out DIR` failed ("give exactly one of --scenario or --config")
+    where compare and reproduce continue from the folder alone."""
+    out = tmp_path / "search"
+    status, _, err = cli("tune", *TUNE, "--out", str(out))
+    assert status == 0, err
+    status, again, err = cli("tune", "--resume", "--out", str(out), "--backend", "local")
+    assert status == 0, err
+    assert "already finished" in err or "already finished" in again
+    assert (out / "report.md").read_text() in again
+    curve = tmp_path / "curve"
+    status, _, err = cli("tune", *SEARCH, "--strategies", "bounded", "--epsilons", "2", "--out", str(curve))
+    assert status == 0, err
+    before = (curve / "curve.csv").read_text()
+    status, _, err = cli("tune", "--resume", "--out", str(curve), "--backend", "local")
+    assert status == 0, err
+    assert (curve / "curve.csv").read_text() == before
+
+
+def test_what_was_silently_accepted_is_refused_in_one_line(cli, tmp_path):
+    out = str(tmp_path / "out")
+    cases = [
+        (["run", "--scenario", "demo", "--set", "strategy.name=bounded", "--set",
+          "strategy.adaptive.normalize=False", "--out", out],
+         "strategy.adaptive: normalize must be true or false (got 'False')"),
+        (["compare", "--scenario", "demo", "--strategies", "", "--out", out], "names no strategy"),
+        (["compare", "--scenario", "demo", "--epsilons", "2,2", "--out", out], "epsilons names 2 twice"),
+        (["compare", "--scenario", "demo", "--strategies", "bounded,bounded", "--out", out],
+         "strategies names bounded twice"),
+        (["privacy", "--noise-multiplier", "1", "--sample-rate", "0.1", "--rounds", "0", "--delta", "1e-5"],
+         "'--rounds': 0 is not in the range x>=1"),
+    ]  # fmt: skip
+    for args, message in cases:
+        status, _, err = cli(*args)
+        assert status == 2 and len(err.strip().splitlines()) == 1 and message in err, (args, err)
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_api_refuses_a_file_for_out_and_no_strategies(tmp_path):
+    a_file = tmp_path / "a-file"
+    a_file.write_text("")
+    with pytest.raises(ConfigError, match="is a file"):
+        fairclip.compare("demo", out=a_file)
+    with pytest.raises(ConfigError, match="names no strategy"):
+        fairclip.compare("demo", strategies=[])
+
+
+def _arrays(n=40, features=3):
+    import numpy as np
+
+    x = np.random.default_rng(0).normal(size=(n, features)).astype(np.float32)
+    y = (x[:, 0] > 0).astype(np.int64)
+    return x, y, {"clients": np.repeat(np.arange(n // 4), 4), "cohorts": ["a"] * (n // 4), "test_x": x,
+                  "test_y": y, "test_cohorts": np.array(["a"] * n)}  # fmt: skip
+
+
+def test_a_model_that_does_not_fit_the_data_is_one_config_error_before_training():
+    """A last layer of 5 outputs for 2 classes, or an input layer of 7 features for 3, used to
+    fail deep in torch (16-18 frames)."""
+    from torch import nn
+
+    x, y, options = _arrays()
+    data = fairclip.FederatedDataset.from_arrays(x, y, **options)
+    wide_out = lambda shape, classes: nn.Sequential(nn.Flatten(), nn.Linear(3, 5))  # noqa: E731
+    wide_in = lambda shape, classes: nn.Sequential(nn.Flatten(), nn.Linear(7, 2))  # noqa: E731
+    for name, model, message in (
+        ("wide-out", wide_out, "the model gives (5,) outputs per example, but the data have 2 classes"),
+        ("wide-in", wide_in, "the model fails on examples of shape (3,)"),
+    ):
+        with pytest.raises(ConfigError, match=re.escape(message)):
+            fairclip.simulate(fairclip.Scenario(name, dataset=data, model=model, sample_rate=1.0, rounds=1))
+
+
+def test_dataset_mistakes_are_named_as_what_they_are():
+    import numpy as np
+
+    x, y, options = _arrays()
+    objects = np.array([["a", 1, 2]] * 40, dtype=object)
+    for args, message in (
+        ((x, y[:30]), "x has 40 examples but y has 30 labels"),
+        ((x[:0], y[:0]), "the training set is empty"),
+        ((objects, y), "x must hold numbers (features), not values of dtype object"),
+    ):
+        with pytest.raises(ValueError, match=re.escape(message)):
+            fairclip.FederatedDataset.from_arrays(*args, **options)
+
+
+def test_fairclip_flower_without_an_app_is_one_line(cli, tmp_path, monkeypatch):
+    """It printed "flwr run did not start a run" and a box of rich border characters."""
+    from fairclip.sims.flower_status import last_message
+
+    monkeypatch.chdir(tmp_path)
+    status, _, err = cli("flower")
+    message = f"no Flower app in {tmp_path}: it has no pyproject.toml (fairclip flower APP-FOLDER ...)"
+    assert status == 2 and err.strip() == f"fairclip: error: {message}"
+    panel = ["╭─ Error ──╮", "│ Failed to load the app.  │", "│ File may be missing. │", "╰──────────╯"]
+    assert last_message(["started", *panel]) == "Failed to load the app. File may be missing."

@@ -279,7 +279,10 @@ def test_resume_moves_a_folder_of_the_old_layout_into_not_dp_protected(tmp_path)
                             on_start=lambda n, m: started.append((n, m)))  # fmt: skip
     assert started == [(len(tuning.trials) + 4, 1)]  # only the lost run again
     pd.testing.assert_frame_equal(resumed.trials, tuning.trials, check_dtype=False)
-    assert sorted(p.name for p in out.iterdir() if p.is_file()) == ["report.md", "tuning.json"]
+    assert sorted(p.name for p in out.iterdir() if p.is_file() and not p.name.startswith(".")) == [
+        "report.md",
+        "tuning.json",
+    ]
     assert (out / "report.md").read_text() == public_report
     stored = json.loads((out / "tuning.json").read_text())
     assert "trial_points" not in stored and "grid_best" not in stored["result"]
@@ -427,8 +430,8 @@ def test_tuning_curve_runs_one_search_per_strategy_and_epsilon(tmp_path):
     pd.testing.assert_frame_equal(moved, table)
     assert list(pd.read_csv(out / "curve.csv").columns) == public
     assert "grid_epsilon_run" not in (out / "report.md").read_text()
-    files = sorted(p.name for p in out.iterdir() if p.is_file())
-    assert files == ["curve.csv", "report.md", "tuning_curve.png"]
+    files = sorted(p.name for p in out.iterdir() if p.is_file() and not p.name.startswith("."))
+    assert files == ["curve.csv", "report.md", "tuning-curve.json", "tuning_curve.png"]
     assert (out / INTERNAL / "README.txt").exists()
 
 
