@@ -329,3 +329,21 @@ def test_mixed_rdp_histories_are_opacus_bit_for_bit():
     epsilon = ours.get_epsilon(1e-6)
     assert epsilon == theirs.get_epsilon(1e-6)
     assert math.isfinite(epsilon) and ours.get_epsilon(1e-6) == epsilon
+
+
+def test_a_report_takes_a_varying_runs_epsilon_from_its_own_accountant():
+    """A run whose multiplier changed every round holds only the last one in its claim: the
+    report's RDP column is the run's own ε, and PRV (which it could not recompute) is blank."""
+    from fairclip.sims.reproduce import both_accountants
+
+    claim = {
+        "accountant": "rdp",
+        "noise_multiplier_varies": True,
+        "effective_noise_multiplier": 5.0,  # the last round's: recomputing from it would mislead
+        "sample_rate": 0.01,
+        "rounds": 100,
+        "delta": 1e-6,
+    }
+    summaries = [{"epsilon": 3.25, "privacy": claim}, {"epsilon": 3.75, "privacy": claim}]
+    assert both_accountants(summaries, "rdp") == 3.5
+    assert both_accountants(summaries, "prv") == ""
