@@ -347,3 +347,15 @@ def test_a_report_takes_a_varying_runs_epsilon_from_its_own_accountant():
     summaries = [{"epsilon": 3.25, "privacy": claim}, {"epsilon": 3.75, "privacy": claim}]
     assert both_accountants(summaries, "rdp") == 3.5
     assert both_accountants(summaries, "prv") == ""
+
+
+def test_naive_reweighting_can_weight_a_round_by_its_own_counts():
+    """Seed 004's Algorithm 3 weights the batch by its own noisy counts: θ_k = (m̂/K)/max(b̃_k, 1)
+    for this round, in two exchanges; the state between rounds does not move."""
+    policy = build_policy("reweight", {"initial_bound": 0.5, "same_round": True}, num_cohorts=2)
+    state = policy.initial_state(2)
+    assert policy.counts_first and not build_policy("reweight", num_cohorts=2).counts_first
+    weighted = policy.with_counts(state, np.array([18.0, 0.4]), 20.0)
+    assert weighted.weights == pytest.approx((10 / 18, 10.0), rel=1e-12)
+    assert policy.next_state(weighted, np.zeros(2), np.array([5.0, 5.0]), 20.0) is weighted
+    check_policy("reweight", {"initial_bound": 0.5, "same_round": True}, max_examples=30)
