@@ -359,3 +359,14 @@ def test_naive_reweighting_can_weight_a_round_by_its_own_counts():
     assert weighted.weights == pytest.approx((10 / 18, 10.0), rel=1e-12)
     assert policy.next_state(weighted, np.zeros(2), np.array([5.0, 5.0]), 20.0) is weighted
     check_policy("reweight", {"initial_bound": 0.5, "same_round": True}, max_examples=30)
+
+
+def test_the_flower_wrapper_accounts_a_quiet_plugin_with_rdp_only():
+    from flwr.serverapp.strategy import FedAvg
+
+    from fairclip.server.dp_strategy import DifferentialPrivacy
+
+    common = {"num_clients": 10, "sample_rate": 0.5, "noise_multiplier": 1.0}
+    with pytest.raises(PolicyConfigError, match="accountant='rdp'"):
+        DifferentialPrivacy(FedAvg(), _DeclaredQuiet(initial_bound=1.0), **common)
+    DifferentialPrivacy(FedAvg(), _DeclaredQuiet(initial_bound=1.0), accountant="rdp", **common)
