@@ -62,8 +62,8 @@ The noise (``noise_bound``): the sensitivity of the sum is s_t = max_k C_{t,k}.
   that ran, not a bound fixed before the run (which would need the smallest possible one,
   σ_Δ / (1 + K) under ``"esipova"``).
 
-The authors' code takes the maximum over the cohorts present in the batch, which depends on the
-batch; fairclip takes it over all cohorts, which is what seed 004's analysis covers.
+Seed 003's code takes max_k C_k over the cohorts present in the batch, which depends on the
+batch; fairclip takes it over all cohorts, which is what seed 004's analysis (section 5.2) covers.
 """
 
 from __future__ import annotations
