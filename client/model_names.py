@@ -13,5 +13,6 @@ MODELS = (
     "esipova-cnn",
     "zhao-cnn",
     "xu-cnn",
+    "xu-cnn-normalized",
     "galli-cnn",
 )

@@ -26,6 +26,11 @@
 * ``xu-cnn``: seed 004's MNIST CNN (Xu et al. 2021, DPSGD-F): conv 20@5×5, max-pool 2, conv
   50@5×5, max-pool 2, dense 500, dense 10, ReLU (the LeNet of Bagdasaryan et al. 2019, whose
   experiments seed 004 follows; 431,080 parameters on 1×28×28 and 10 classes).
+* ``xu-cnn-normalized``: ``xu-cnn`` on inputs standardised by MNIST's published mean 0.1307 and
+  standard deviation 0.3081, fixed constants (``transforms.Normalize((0.1307,), (0.3081,))`` in the
+  MNIST loader of Bagdasaryan et al.'s code, ``ebagdasa/differential-privacy-vs-fairness``,
+  ``image_helper.py``, whose setting seed 004 runs): the same parameters, no statistic of the
+  rows or of a batch.
 * ``galli-cnn``: seed 002's MNIST CNN (Galli et al. 2024, OSO): conv 16@8×8 with padding 3,
   max-pool 2 with stride 1, conv 32@4×4, dense 32, dense 10, ReLU, no strides (551,322
   parameters on 1×28×28 and 10 classes: 28 -> 27 -> 26 -> 23, so 32·23·23 = 16,928 inputs to
@@ -68,7 +73,7 @@ def build_model(name: str, input_shape: tuple[int, ...], num_classes: int) -> nn
             activation(),
             *head,
         )
-    if name in ("cnn", "tanh-cnn", "esipova-cnn", "zhao-cnn", "xu-cnn", "galli-cnn"):
+    if name in ("cnn", "tanh-cnn", "esipova-cnn", "zhao-cnn", "xu-cnn", "xu-cnn-normalized", "galli-cnn"):
         if len(input_shape) != 3:
             raise ValueError(
                 f"model {name!r} needs image inputs (channels, height, width), got {input_shape}"
@@ -107,8 +112,10 @@ def build_model(name: str, input_shape: tuple[int, ...], num_classes: int) -> nn
                 nn.ReLU(),
                 nn.Linear(500, num_classes),
             ]
-        elif name == "xu-cnn":
+        elif name in ("xu-cnn", "xu-cnn-normalized"):
+            standardize = [Standardize(MNIST_MEAN, MNIST_STD)] if name == "xu-cnn-normalized" else []
             layers = nn.Sequential(
+                *standardize,
                 nn.Conv2d(channels, 20, 5),
                 nn.ReLU(),
                 nn.MaxPool2d(2),
@@ -144,6 +151,25 @@ def build_model(name: str, input_shape: tuple[int, ...], num_classes: int) -> nn
             model(torch.zeros(1, *input_shape))  # materialise the lazy layer
         return model
     raise ValueError(f"unknown model {name!r} (known: {', '.join(MODELS)})")
+
+
+MNIST_MEAN = 0.1307
+MNIST_STD = 0.3081
+"""MNIST's published pixel mean and standard deviation (torchvision's examples, Bagdasaryan et
+al.'s loader): public constants, not statistics of a run's rows."""
+
+
+class Standardize(nn.Module):
+    """x -> (x − mean) / std with fixed constants: no parameters, no statistic of the batch, so
+    every example is transformed on its own."""
+
+    def __init__(self, mean: float, std: float) -> None:
+        super().__init__()
+        self.mean = float(mean)
+        self.std = float(std)
+
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        return (inputs - self.mean) / self.std
 
 
 class ZeroLogit(nn.Module):

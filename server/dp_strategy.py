@@ -132,6 +132,11 @@ class DifferentialPrivacy(Strategy):
                 f"policy {self.policy.name!r} asks its clients twice a round (counts first): "
                 "use fairclip's own ServerApp"
             )
+        if self.policy.noises_below_sensitivity and accountant == "prv":
+            raise PolicyConfigError(
+                f"policy {self.policy.name!r} noises below its sensitivity (each round with its own "
+                "multiplier): account it with accountant='rdp', PRV would compose one mechanism per round"
+            )
         if num_clients is None:
             raise PolicyConfigError(
                 "num_clients is required: the population size N, so that each round divides by the "

@@ -88,7 +88,8 @@ class RoundServer:
         counts = self.policy.count_side(
             self.state, sums.report_sum, expected_clients=self.expected_clients, noise=self.noise, rng=noise
         )
-        event = DPEvent.planned(self.noise, releases_reports=True)
+        # the whole round's event, with the noise scale of the state that clips it
+        event = self.policy.round_event(counts.state, self.noise, releases_reports=True)
         self.accountant.step(event, self.sample_rate)
         self.last_event = event
         self.pending = _CountedRound(round_number, counts, noise)

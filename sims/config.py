@@ -126,6 +126,14 @@ class ClassificationSpec(_ScenarioBase):
     """Adult: the attribute whose groups ``balance`` samples 14,000 rows of each, where it is not
     ``protected`` (seed 001 draws 14,000 men and 14,000 women and groups them by age:
     ``protected = "age"``, ``balance_by = "sex"``); unset: the protected attribute."""
+    group_rows: dict[str, Annotated[int, Field(ge=1)]] | None = None
+    """Keep exactly this many rows of each group of the protected attribute, by group name, drawn
+    (seeded, without replacement) before the split into training and test rows (``adult`` with
+    ``balance = false``, ``dutch``); a group not named keeps no row. Seed 004's unbalanced Dutch:
+    ``{ female = 30000, male = 10000 }``."""
+    include_protected: bool = True
+    """Whether the sex column is an input feature (``adult``, ``dutch``); seed 004 trains on
+    the unprotected attributes only (``false``)."""
     protected: Literal["sex", "age", "marital-status"] = "sex"
     """The protected attribute, which ``attribute`` cohorts name: ``sex`` (``male``,
     ``female``); for Adult ``age`` binarised at ``age_split`` (``younger``, ``older``; seed
@@ -198,6 +206,12 @@ class ClassificationSpec(_ScenarioBase):
             raise ValueError(
                 f"split_seed applies to the {named} datasets only (the others have a fixed test set)"
             )
+        if self.group_rows is not None and self.dataset not in ROW_SPLIT_DATASETS:
+            raise ValueError("group_rows applies to the adult and dutch datasets only")
+        if self.group_rows is not None and self.dataset == "adult" and self.balance:
+            raise ValueError("group_rows samples Adult's groups itself: set balance = false")
+        if not self.include_protected and self.dataset not in ROW_SPLIT_DATASETS:
+            raise ValueError("include_protected applies to the adult and dutch datasets only")
         if self.feature_scaling != "public" and self.dataset != "adult":
             raise ValueError("feature_scaling applies to the adult dataset only (its numeric columns)")
         if self.age_split != "public" and "age" not in (self.protected, self.balance_by):

@@ -32,6 +32,7 @@ from fairclip.server.round_server import RoundServer
 from fairclip.sims.checkpoint import Checkpointing
 from fairclip.sims.clipping_errors import keep_one_error
 from fairclip.sims.config import RunConfig
+from fairclip.sims.errors import ConfigError
 from fairclip.sims.interrupts import interrupts_deferred
 from fairclip.sims.local_engine import ClientExecutor, LocalExecutor
 from fairclip.sims.privacy_plan import json_number, plan_privacy
@@ -248,7 +249,16 @@ class RunServer:
     def charge_released_again(self, rounds: int) -> None:
         """Account for ``rounds`` rounds that an interrupted process released and that this run
         computes again with fresh noise: each is a release of its own
-        (:mod:`fairclip.sims.checkpoint`)."""
+        (:mod:`fairclip.sims.checkpoint`). Refused (:class:`ConfigError`) for a policy that
+        noises below its sensitivity: the multipliers of rounds the checkpoint lost are not
+        known, and the planned one would undercharge them."""
+        if rounds and self.policy.noises_below_sensitivity:
+            raise ConfigError(
+                f"cannot resume: {rounds} round(s) released before the interruption are not in the "
+                f"checkpoint, and policy {self.policy.name!r} noises each round with its own multiplier, "
+                "so what they cost is unknown; start the run again (or run with seeded noise, which a "
+                "resume recomputes exactly)"
+            )
         event = DPEvent.planned(self.plan.noise, self.plan.releases_reports)
         for _ in range(rounds):
             self.rounds.accountant.step(event, self.plan.sample_rate)
@@ -460,6 +470,10 @@ class RunServer:
         ).as_dict()
         if self.rounds_released_again:
             claim["rounds_released_again"] = self.rounds_released_again
+        if self.policy.noises_below_sensitivity and accountant.history:
+            # each round ran with its own multiplier (the ones above are the last round's)
+            claim["noise_multiplier_varies"] = True
+            claim["smallest_effective_noise_multiplier"] = min(sigma for sigma, _, _ in accountant.history)
         if self.not_private:
             claim.update(
                 guarantee=False,

@@ -6,6 +6,15 @@ calibrates σ_Δ and σ_b = k σ_Δ for the configured number of rounds; otherwi
 ``count_noise_ratio`` (default 10). The budget is ``epsilon_budget``, or the target when
 calibrating; a run stops before the first round whose ε would exceed it. The non-private
 ``none`` policy adds no noise and has ε = ∞.
+
+A policy that noises below its sensitivity (:attr:`Policy.noises_below_sensitivity`:
+``per-cohort`` with ``noise_bound = "initial"``) runs each round with its own multiplier
+σ_Δ · n_t / s_t, known only once that round's state is (for a same-round ``per-cohort``, after
+its own noisy counts). Its ε is the accountant's over the multipliers that ran; a budget or a
+target ε, which this plan turns into a number of rounds or a σ assuming every round has the
+planned multiplier, cannot be kept for it, and no check before a round can know what the round
+will cost. So such a plan is refused (:class:`ConfigError`), as is the PRV accountant, which
+would compose thousands of different mechanisms; its ε comes from the RDP accountant.
 """
 
 from __future__ import annotations
@@ -88,6 +97,26 @@ def check_accountable(config: RunConfig) -> None:
         raise ConfigError(f"privacy: {error}") from None
 
 
+def check_noise_follows_sensitivity(config: RunConfig, policy: Policy) -> None:
+    """Refuse (one :class:`ConfigError` line) a budget, a target ε or the PRV accountant for a
+    policy whose rounds may noise below their sensitivity (module docstring)."""
+    if not policy.noises_below_sensitivity:
+        return
+    privacy = config.privacy
+    why = f"policy {policy.name!r} noises below its sensitivity (each round with its own multiplier)"
+    if privacy.target_epsilon is not None or privacy.epsilon_budget is not None:
+        key = "target_epsilon" if privacy.target_epsilon is not None else "epsilon_budget"
+        raise ConfigError(
+            f"privacy.{key}: {why}, so no plan of rounds or sigma can keep an epsilon; "
+            "set privacy.noise_multiplier and read epsilon from the run"
+        )
+    if privacy.accountant == "prv":
+        raise ConfigError(
+            f"privacy.accountant: {why}; account it with rdp (privacy.accountant = rdp), "
+            "PRV would compose one mechanism per round"
+        )
+
+
 def plan_privacy(config: RunConfig, policy: Policy, dimension: int) -> PrivacyPlan:
     """Resolve the noise multipliers and the budget of a run."""
     privacy = config.privacy
@@ -96,6 +125,7 @@ def plan_privacy(config: RunConfig, policy: Policy, dimension: int) -> PrivacyPl
     releases_reports = policy.report_size(dimension) > 0
     if policy.private:
         check_accountable(config)
+        check_noise_follows_sensitivity(config, policy)
     try:
         ratio = DEFAULT_COUNT_RATIO if privacy.count_noise_ratio is None else privacy.count_noise_ratio
         if not policy.private:

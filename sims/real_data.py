@@ -52,10 +52,17 @@ def load(spec: ClassificationSpec, data_dir: Path | None, seed: int) -> Dataset:
             protected=spec.protected,
             age_split=spec.age_split,
             balance_by=spec.balance_by,
+            include_protected=spec.include_protected,
+            group_rows=spec.group_rows,
         )
     elif spec.dataset == "dutch":
         dataset = load_dutch(
-            directory, seed=rows_seed, test_fraction=spec.test_fraction, protected=spec.protected
+            directory,
+            seed=rows_seed,
+            test_fraction=spec.test_fraction,
+            protected=spec.protected,
+            include_protected=spec.include_protected,
+            group_rows=spec.group_rows,
         )
     else:
         dataset = load_dataset(spec.dataset, directory, seed=seed)

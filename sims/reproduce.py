@@ -774,10 +774,17 @@ def both_accountants(summaries: list[dict[str, Any]], accountant: str) -> float 
     """The mean ε of runs under ``accountant`` (``rdp`` or ``prv``), whichever accountant they ran
     with: both seed papers report Opacus' RDP ε, and fairclip defaults to PRV; every run's claim
     holds the parameters (σ_eff, q, T, δ) to compute either. "inf" without noise; "" where the
-    accountant refuses the parameters (PRV beyond its rounds)."""
+    accountant refuses the parameters (PRV beyond its rounds), or where a run's rounds had
+    different multipliers (``per-cohort`` with ``noise_bound = "initial"``): its claim holds only
+    the last one, so only the run's own accountant (RDP) knows its ε, and that ε is taken."""
     values = []
     for summary in summaries:
         claim = summary["privacy"]
+        if claim.get("noise_multiplier_varies"):
+            if claim["accountant"] != accountant:
+                return ""
+            values.append(float(summary["epsilon"]) if summary["epsilon"] != "inf" else math.inf)
+            continue
         try:
             values.append(
                 accounting.epsilon(

@@ -28,9 +28,10 @@ import math
 from dataclasses import dataclass
 from functools import lru_cache
 
+import numpy as np
 from opacus.accountants.utils import MAX_SIGMA
 
-from fairclip.strategies.accountants import PRVAccountantSharedRDP, one_blas_thread, rdp_curve
+from fairclip.strategies.accountants import PRVAccountantSharedRDP, one_blas_thread, rdp_curve, rdp_epsilon
 from fairclip.strategies.base import DPEvent, NoiseMultipliers
 from fairclip.strategies.errors import PolicyConfigError
 
@@ -231,7 +232,11 @@ class Accountant:
     :class:`DPEvent`); consecutive rounds with the same (σ_eff, q) are kept as one entry of
     ``history`` [(σ_eff, q, rounds)], as Opacus keeps it. A history of one entry is accounted by
     :func:`epsilon` (the same number the privacy plan gives); a mixed history by Opacus'
-    accountant over all entries.
+    accountant over all entries. RDP composes a mixed history as Opacus' ``RDPAccountant`` does
+    (Σ over entries of the per-step RDP × steps, in history order, converted at Opacus' orders),
+    with each (σ_eff, q)'s per-step RDP computed once: a policy whose multiplier changes every
+    round (``per-cohort`` with ``noise_bound = "initial"``) has thousands of entries, which
+    Opacus would recompute at every call (0.06 s each).
     """
 
     def __init__(self, mechanism: str = "prv") -> None:
@@ -239,6 +244,8 @@ class Accountant:
             raise PolicyConfigError(f"accountant must be one of {', '.join(ACCOUNTANTS)} (got {mechanism!r})")
         self.mechanism = mechanism
         self.history: list[tuple[float, float, int]] = []
+        self._per_step_rdp: dict[tuple[float, float], np.ndarray] = {}
+        """Opacus' per-step RDP at :data:`ORDERS` of each (σ_eff, q) met (RDP only)."""
 
     def step(self, event: DPEvent, sample_rate: float) -> None:
         """Account for one round that released ``event`` with clients sampled at rate q."""
@@ -262,11 +269,20 @@ class Accountant:
         if len(self.history) == 1:
             sigma, q, steps = self.history[0]
             return epsilon(sigma, q, steps, delta, self.mechanism)
-        from opacus.accountants import RDPAccountant
-
         for _, q, steps in self.history:
             check_privacy_parameters(q, steps, delta, self.mechanism)
-        accountant = RDPAccountant() if self.mechanism == "rdp" else PRVAccountantSharedRDP()
+        if self.mechanism == "rdp":
+            composed = sum([self._rdp_per_step(sigma, q) * steps for sigma, q, steps in self.history])
+            return rdp_epsilon(composed, delta)
+        accountant = PRVAccountantSharedRDP()
         accountant.history = list(self.history)
         with one_blas_thread():
             return float(accountant.get_epsilon(delta=delta))
+
+    def _rdp_per_step(self, sigma: float, q: float) -> np.ndarray:
+        """Opacus' ``compute_rdp(q, σ, steps=1)`` at :data:`ORDERS`, kept for this accountant."""
+        kept = self.__dict__.setdefault("_per_step_rdp", {})  # (an accountant pickled before it)
+        per_step = kept.get((sigma, q))
+        if per_step is None:
+            per_step = kept[(sigma, q)] = rdp_curve(sigma, q).complete()
+        return per_step

@@ -16,13 +16,20 @@ Notation (docs/design.md, section 2)::
     Δ̄_i        its contribution after the policy's client transform
     a_i        its report vector (L2 norm <= 1 under add/remove of client i)
     s_t        sensitivity of one contribution in round t: ||Δ̄_i|| <= s_t for every i
+    n_t        the scale the update noise is calibrated to: n_t = s_t, unless a policy that
+               declares ``noises_below_sensitivity`` gives 0 < n_t < s_t (:meth:`Policy.noise_scale`)
     σ_Δ, σ_b   noise multipliers of the update sum and of the report sum
     m̂ = qN    expected number of sampled clients (public)
 
-    S   = Σ Δ̄_i + N(0, (σ_Δ s_t)² I)       noise calibrated to the bound that clipped round t
+    S   = Σ Δ̄_i + N(0, (σ_Δ n_t)² I)       noise calibrated to the bound that clipped round t
     A   = Σ a_i + N(0, σ_b² I)              (only if the policy releases reports)
     Δ̂   = S / m̂        or  S / (m̂ s_t) with ``normalize`` (De et al. 2022)
     state_{t+1} = policy.next_state(state_t, Δ̂, A, m̂)    after noise, never before
+
+The round's :class:`DPEvent` -- what the accountant is told -- is derived here, never by a
+policy (:meth:`Policy.round_event`): the update sum ran the Gaussian mechanism of sensitivity s_t
+with noise standard deviation σ_Δ n_t, i.e. with multiplier σ_Δ · n_t / s_t (σ_Δ exactly where
+n_t = s_t), so a policy that noises below its sensitivity is charged for it.
 
 The engines (in-process, Ray, Flower) call exactly these two methods with flattened update
 vectors; no engine re-implements any part of a policy.
@@ -37,6 +44,11 @@ each policy, and not to a plug-in author remembering :func:`fairclip.policies.ch
 * every contribution leaves :meth:`Policy.client_side` (and :meth:`Policy.scaled_client_side`,
   the one-step path) with norm at most its client's bound -- a final guarded projection,
   :func:`fairclip.strategies.clipping.clip_rows_with_norms` -- and so at most the sensitivity;
+* every round's noise scale n_t (:meth:`Policy.noise_scale`) must be a finite number in
+  (0, s_t], and below s_t only for a policy that declares ``noises_below_sensitivity``
+  (:class:`PolicyError` otherwise); the round's :class:`DPEvent` then carries the multiplier
+  σ_Δ · n_t / s_t of what ran (:meth:`Policy.round_event`), which a plan with a privacy budget
+  or target ε refuses in advance (:func:`fairclip.sims.privacy_plan.plan_privacy`);
 * every report vector leaves them with norm at most 1, the sensitivity its noise assumes
   (:func:`fairclip.strategies.clipping.project_reports`);
 * a client whose update, contribution or report is not finite sends zeros, so a diverged client
@@ -86,6 +98,7 @@ GUARDED_METHODS = (
     "checked_broadcast",
     "count_side",
     "server_side",
+    "round_event",
 )
 """What a private policy may not override: the steps of :class:`Policy` that project every
 contribution and report, check the bounds against the sensitivity, and noise with it. A policy
@@ -224,10 +237,11 @@ class DPEvent:
     """What one round released, for the accountant (:class:`fairclip.strategies.accounting.Accountant`).
 
     The round ran the Gaussian mechanism on the sum of contributions with noise multiplier
-    ``noise_multiplier`` (σ_Δ, relative to the sensitivity s_t the contributions were bounded
-    by) and, where ``report_noise_multiplier`` is not ``None``, on the sum of report vectors
-    (σ_b, sensitivity 1). Together they are one Gaussian mechanism of multiplier
-    σ_eff = (σ_Δ^−2 + σ_b^−2)^−1/2 (0: no noise, no privacy).
+    ``noise_multiplier`` (relative to the sensitivity s_t the contributions were bounded by:
+    σ_Δ, or σ_Δ · n_t / s_t for a policy that noises below its sensitivity, as
+    :meth:`Policy.round_event` derives it) and, where ``report_noise_multiplier`` is not
+    ``None``, on the sum of report vectors (σ_b, sensitivity 1). Together they are one Gaussian
+    mechanism of multiplier σ_eff = (σ_Δ^−2 + σ_b^−2)^−1/2 (0: no noise, no privacy).
     """
 
     noise_multiplier: float
@@ -263,7 +277,8 @@ class ServerRound:
     server_lr_factor: float
     """Factor on the server learning rate for this round's step (1 except for ``online``)."""
     noise_std: float
-    """Standard deviation σ_Δ · s_t of the noise added to the sum of contributions."""
+    """Standard deviation σ_Δ · n_t of the noise added to the sum of contributions (n_t = s_t
+    unless the policy ``noises_below_sensitivity``)."""
     noisy_reports: np.ndarray | None
     """The noisy sum of report vectors, or ``None`` when the policy releases none."""
     info: dict[str, float] = field(default_factory=dict)
@@ -353,6 +368,51 @@ class Policy(ABC):
     @abstractmethod
     def contribution_bounds(self, params: Broadcast, cohorts: np.ndarray) -> np.ndarray:
         """Per-client norm bound of the contribution (each at most the round's sensitivity)."""
+
+    @property
+    def noises_below_sensitivity(self) -> bool:
+        """Whether this policy may noise a round with a scale below its sensitivity
+        (:meth:`noise_scale`; ``per-cohort`` with ``noise_bound = "initial"``). Its rounds then
+        have different noise multipliers, which the accountant follows but a privacy budget or
+        target ε, planned for one multiplier, cannot: such a plan is refused. Default False."""
+        return False
+
+    def noise_scale(self, state: State) -> float:
+        """n_t, the scale the update sum's noise is calibrated to (standard deviation σ_Δ · n_t):
+        the sensitivity, unless the policy ``noises_below_sensitivity``. Whatever it returns,
+        the round is accounted with the multiplier σ_Δ · n_t / s_t (:meth:`round_event`)."""
+        return self.sensitivity(state)
+
+    def round_event(self, state: State, noise: NoiseMultipliers, releases_reports: bool) -> DPEvent:
+        """The :class:`DPEvent` of a round whose contributions are clipped under ``state`` and
+        noised with ``noise``: the update release has sensitivity s_t = ``sensitivity(state)``
+        and noise standard deviation σ_Δ · n_t (n_t = :meth:`noise_scale`), so its multiplier is
+        σ_Δ · n_t / s_t (exactly σ_Δ where n_t = s_t); σ_b only where reports are released.
+        Refuses (:class:`PolicyError`) a noise scale that is not a finite number in (0, s_t],
+        or one below s_t from a policy that does not declare ``noises_below_sensitivity``."""
+        sensitivity, scale = self._noise_scales(state)
+        multiplier = noise.update if scale == sensitivity else noise.update * (scale / sensitivity)
+        return DPEvent(multiplier, noise.report if releases_reports else None)
+
+    def _noise_scales(self, state: State) -> tuple[float, float]:
+        """(s_t, n_t) of ``state``, n_t checked as :meth:`round_event` says."""
+        sensitivity = float(self.sensitivity(state))
+        if not self.private:
+            return sensitivity, sensitivity
+        scale = float(self.noise_scale(state))
+        name = getattr(self, "name", type(self).__name__)
+        if not (math.isfinite(scale) and 0 < scale <= sensitivity):
+            raise PolicyError(
+                f"policy {name!r} noises with scale {scale!r}: noise_scale() must be a finite number "
+                f"in (0, sensitivity() = {sensitivity!r}]"
+            )
+        if scale < sensitivity and not self.noises_below_sensitivity:
+            raise PolicyError(
+                f"policy {name!r} noises with scale {scale!r} below its sensitivity {sensitivity!r} "
+                "but does not declare noises_below_sensitivity (a privacy budget would be planned "
+                "for noise it does not add)"
+            )
+        return sensitivity, scale
 
     def scales(self, norms: np.ndarray, cohorts: np.ndarray, params: Broadcast) -> RowScales:
         """The client transform of a row-scaling policy, from the norms of finite updates:
@@ -585,9 +645,12 @@ class Policy(ABC):
             raise ValueError(f"policy {self.name!r} releases its counts first: pass released_reports")
         if released_reports is not None and not self.counts_first:
             raise ValueError(f"policy {self.name!r} releases its reports with its contributions")
+        releases_reports = released_reports is not None or self.report_size(contribution_sum.shape[0]) > 0
+        event = self.round_event(state, noise, releases_reports)
         sensitivity = float(self.sensitivity(state))
         sampler = as_sampler(rng)
-        noisy_sum, noise_std = sampler.add_noise(contribution_sum, noise.update, sensitivity)
+        # a release of sensitivity s_t with the multiplier the accountant is told: std σ_Δ · n_t
+        noisy_sum, noise_std = sampler.add_noise(contribution_sum, event.noise_multiplier, sensitivity)
         noisy_reports = released_reports
         if released_reports is None and self.report_size(contribution_sum.shape[0]) > 0:
             if report_sum is None:
@@ -605,7 +668,7 @@ class Policy(ABC):
             noise_std=noise_std,
             noisy_reports=noisy_reports,
             info=self.round_info(state),
-            event=DPEvent(noise.update, noise.report if noisy_reports is not None else None),
+            event=event,
         )
 
 

@@ -1,8 +1,9 @@
 """``per-cohort``: a clipping bound per cohort from noisy clipped counts (DPSGD-F, seed 004).
 
 Xu, Du, Wu, "Removing Disparate Impact on Model Accuracy in Differentially Private Stochastic
-Gradient Descent", KDD 2021 (DPSGD-F), as written in Esipova et al. 2023, Algorithm 3.
-Client i of cohort k(i), round t::
+Gradient Descent", KDD 2021 (DPSGD-F, seed 004, Algorithm 2), and the same method as its
+re-implementers ran it (Esipova et al. 2023, seed 003, Algorithm 3 and their code
+``layer6ai-labs/fair-dp``, ``DpsgdFTrainer``). Client i of cohort k(i), round t::
 
     Δ̄_i = Δ_i · min(1, C_{t,k(i)} / ||Δ_i||)
     report: one-hot e_{2k+0} if ||Δ_i|| > C_0 (counts m_k), e_{2k+1} otherwise (counts o_k)
@@ -10,40 +11,65 @@ Client i of cohort k(i), round t::
 Server, with σ_1 = σ_b on each of the 2K counts (a client adds 1 to exactly one count, so the
 count vector has L2 sensitivity 1)::
 
-    m̃_k, õ_k = counts + N(0, σ_1²), clamped >= 0;   b̃_k = m̃_k + õ_k;   m̃ = Σ_k m̃_k
-    C_{t+1,k} = C_0 · (1 + (m̃_k / b̃_k) / (m̃ / m̂))          s_t = max_k C_{t,k}
+    m̃_k, õ_k = counts + N(0, σ_1²);   b̃_k = m̃_k + õ_k;   m̃ = Σ_k m̃_k;   f_k = m̃_k / b̃_k
 
-The sum is noised with s_t = max_k C_{t,k} as in seed 004's paper (seed 003's Algorithm 3
-noises with C_0, which adds too little noise when some C_k > C_0; fairclip does not copy that).
+and the bounds from them by one of two rules (``rule``), each choice below being
+post-processing of the released counts:
 
-Two ways to run a round:
+* ``"xu"``, seed 004's Algorithm 2 (line 14) as the paper writes it::
 
-* **previous round** (``same_round = false``, the default, the federated form): the bounds of
-  round t+1 come from the counts of round t, so clients need one message per round, like
-  ``adaptive``. The per-cohort fraction m̃_k/b̃_k is clamped to [0, 1] and taken as 0 when
-  b̃_k = 0; the overall fraction m̃/m̂ is clamped to [1/m̂, 1], which caps each C_k at
-  C_0 (1 + m̂). All bounds start at C_0.
-* **same round** (``same_round = true``, DPSGD-F as its authors ran it, seed 004's Algorithm 1
-  and the code of Esipova et al., ``layer6ai-labs/fair-dp``, ``DpsgdFTrainer``): the bounds
-  that clip round t come from round t's own noisy counts. In a federation that is one more
-  exchange per round (:attr:`Policy.counts_first`): the sampled clients first send only their
-  count bits, the server releases the noisy counts and broadcasts the round's C_k, then the same
-  clients send their clipped updates. Both releases are accounted, as one round of
-  σ_eff = (σ^-2 + σ_1^-2)^-1/2. In this mode the authors' code is followed, each choice being
-  post-processing of the released counts::
+      C_k = C_0 · (1 + f_k / (m̃ / m̂))
+
+  with the batch size b of the paper's fixed batches taken as the public expected batch m̂ = qN
+  (a Poisson batch's size is private). The paper is silent on noisy counts outside their range;
+  here the counts are clamped to >= 0, f_k = 0 where b̃_k = 0 (no released member: no
+  evidence of clipping), and m̃ / m̂ is clamped to [1/m̂, 1] (without noise it lies in [0, 1];
+  below one clipped update per round it is noise), so C_0 <= C_k <= C_0 (1 + m̂).
+* ``"esipova"``, seed 003's Algorithm 3 as its authors' code computes it::
 
       m̃_k, õ_k = max(int(count + N(0, σ_1²)), 0)          (int truncates toward zero)
       f_k = m̃_k / b̃_k,  and f_k = 1 where b̃_k = 0     ("0/0 = 1": an empty cohort counts as clipped)
-      C_{t,k} = C_0 · (1 + f_k / (mean_k f_k + 1e-8))   (the mean of the cohorts' fractions, not m̃/m̂)
+      C_k = C_0 · (1 + f_k / (mean_k f_k + 1e-8))      (the mean of the cohorts' fractions, not m̃/m̂)
 
-  so every C_k is at most C_0 (1 + K). The noise is still calibrated to max_k C_k over all
-  cohorts; the authors' code takes the maximum over the cohorts present in the batch, which
-  depends on the batch and is not what their paper's analysis covers.
+  so C_0 <= C_k <= C_0 (1 + K).
+
+Which round's counts set the bounds (``same_round``):
+
+* **previous round** (``same_round = false``, the default, the federated form): the bounds of
+  round t+1 come from the counts of round t, so clients need one message per round, like
+  ``adaptive``. All bounds start at C_0.
+* **same round** (``same_round = true``, DPSGD-F as both papers run it: Algorithm 2 clips the
+  batch with the bounds of its own counts): in a federation that is one more exchange per round
+  (:attr:`Policy.counts_first`): the sampled clients first send only their count bits, the
+  server releases the noisy counts and broadcasts the round's C_k, then the same clients send
+  their clipped updates. Both releases are accounted, as one round of
+  σ_eff = (σ_Δ^-2 + σ_1^-2)^-1/2 (σ_Δ the update release's multiplier, below).
+
+``rule`` left unset keeps what each mode always did: ``"esipova"`` in the same-round mode,
+``"xu"`` in the previous-round mode.
+
+The noise (``noise_bound``): the sensitivity of the sum is s_t = max_k C_{t,k}.
+
+* ``"max"`` (default; seed 004's Algorithm 2, line 19-20, and its section 5.2: "it accounts for
+  the worst clipping bound max_k C_k"): noise N(0, (σ_Δ s_t)² I), multiplier σ_Δ.
+* ``"initial"`` (seed 003's Algorithm 3 and its authors' code: N(0, (σ_Δ C_0)² I) while
+  clients clip at C_k >= C_0): the noise scale n_t = C_0 is below the sensitivity whenever some
+  C_k > C_0, so the round is accounted as what it is, a Gaussian mechanism of multiplier
+  σ_Δ · C_0 / max_k C_k (:meth:`Policy.round_event`), which changes every round. ε is then the
+  accountant's over those multipliers (RDP only; no budget or target ε can be planned for it,
+  :func:`fairclip.sims.privacy_plan.plan_privacy`). The multiplier of a same-round round is
+  chosen from that round's released counts: ε is the accountant's reading of the multipliers
+  that ran, not a bound fixed before the run (which would need the smallest possible one,
+  σ_Δ / (1 + K) under ``"esipova"``).
+
+Seed 003's code takes max_k C_k over the cohorts present in the batch, which depends on the
+batch; fairclip takes it over all cohorts, which is what seed 004's analysis (section 5.2) covers.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 
@@ -70,13 +96,32 @@ class PerCohortClipping(Policy):
         """C_0."""
         same_round: bool = False
         """Clip each round at the bounds of its own noisy counts (two exchanges per round)."""
+        rule: Literal["esipova", "xu"] | None = None
+        """How the bounds follow from the counts: ``"xu"`` (seed 004's Algorithm 2) or
+        ``"esipova"`` (seed 003's code); unset: ``"esipova"`` with ``same_round``, else ``"xu"``."""
+        noise_bound: Literal["max", "initial"] = "max"
+        """Noise with max_k C_k (the sensitivity) or with C_0 (seed 003's Algorithm 3, accounted
+        with the smaller multiplier it amounts to)."""
 
     initial_bound: float
     same_round: bool
+    rule: str | None
+    noise_bound: str
+
+    @property
+    def bound_rule(self) -> str:
+        """The rule in force: ``rule``, or the mode's own when it is unset."""
+        if self.rule is not None:
+            return self.rule
+        return "esipova" if self.same_round else "xu"
 
     @property
     def counts_first(self) -> bool:
         return self.same_round
+
+    @property
+    def noises_below_sensitivity(self) -> bool:
+        return self.noise_bound == "initial"
 
     def initial_state(self, dim: int) -> CohortBoundsState:
         return CohortBoundsState((self.initial_bound,) * self.num_cohorts)
@@ -86,6 +131,10 @@ class PerCohortClipping(Policy):
 
     def sensitivity(self, state: CohortBoundsState) -> float:
         return max(state.bounds)
+
+    def noise_scale(self, state: CohortBoundsState) -> float:
+        largest = max(state.bounds)
+        return min(self.initial_bound, largest) if self.noise_bound == "initial" else largest
 
     def contribution_bounds(self, params: Broadcast, cohorts: np.ndarray) -> np.ndarray:
         return np.asarray(params["cohort_bounds"], dtype=np.float64)[cohorts]
@@ -106,25 +155,32 @@ class PerCohortClipping(Policy):
         return RowScales(np.ones(norms.shape[0]), reports, norms > own_bounds, clip=own_bounds)
 
     def with_counts(self, state, noisy_reports, expected_clients) -> CohortBoundsState:
-        """The bounds of a same-round round from its own noisy counts, as the authors' code."""
-        released = np.asarray(noisy_reports, dtype=np.float64).reshape(self.num_cohorts, 2)
-        counts = np.maximum(np.trunc(released), 0.0)
-        above, below = counts[:, 0], counts[:, 1]
-        sizes = above + below
-        fraction = np.divide(above, sizes, out=np.ones_like(above), where=sizes > 0)
-        bounds = self.initial_bound * (1.0 + fraction / (fraction.mean() + 1e-8))
-        return CohortBoundsState(tuple(float(b) for b in bounds))
+        """The bounds of a same-round round from its own noisy counts."""
+        return self._bounds(noisy_reports, expected_clients)
 
     def next_state(self, state, estimate, noisy_reports, expected_clients) -> CohortBoundsState:
         if self.same_round:  # the next round's bounds come from the next round's counts
             return state
-        counts = np.maximum(np.asarray(noisy_reports, dtype=np.float64).reshape(self.num_cohorts, 2), 0.0)
-        above, below = counts[:, 0], counts[:, 1]
-        sizes = above + below
-        cohort_fraction = np.divide(above, sizes, out=np.zeros_like(above), where=sizes > 0)
-        cohort_fraction = np.clip(cohort_fraction, 0.0, 1.0)
-        overall_fraction = min(max(above.sum() / expected_clients, 1.0 / expected_clients), 1.0)
-        bounds = self.initial_bound * (1.0 + cohort_fraction / overall_fraction)
+        return self._bounds(noisy_reports, expected_clients)
+
+    def _bounds(self, noisy_reports: np.ndarray, expected_clients: float) -> CohortBoundsState:
+        """C_k of every cohort from the released counts [m̃_0, õ_0, m̃_1, õ_1, ...] (module
+        docstring, by :attr:`bound_rule`)."""
+        released = np.asarray(noisy_reports, dtype=np.float64).reshape(self.num_cohorts, 2)
+        if self.bound_rule == "esipova":
+            counts = np.maximum(np.trunc(released), 0.0)
+            above, below = counts[:, 0], counts[:, 1]
+            sizes = above + below
+            fraction = np.divide(above, sizes, out=np.ones_like(above), where=sizes > 0)
+            bounds = self.initial_bound * (1.0 + fraction / (fraction.mean() + 1e-8))
+        else:
+            counts = np.maximum(released, 0.0)
+            above, below = counts[:, 0], counts[:, 1]
+            sizes = above + below
+            cohort_fraction = np.divide(above, sizes, out=np.zeros_like(above), where=sizes > 0)
+            cohort_fraction = np.clip(cohort_fraction, 0.0, 1.0)
+            overall_fraction = min(max(above.sum() / expected_clients, 1.0 / expected_clients), 1.0)
+            bounds = self.initial_bound * (1.0 + cohort_fraction / overall_fraction)
         return CohortBoundsState(tuple(float(b) for b in bounds))
 
     def round_info(self, state: CohortBoundsState) -> dict[str, float]:

@@ -11,9 +11,15 @@ Server, with σ_b on each of the K counts (L2 sensitivity 1)::
     θ_{t+1,k} = (m̂ / K) / max(b̃_k, 1)               s_t = C_0 · max_k θ_{t,k}
 
 A cohort that is rare in the sample gets a large weight, and the noise grows with the
-largest weight: the price of naïve reweighting that seed 004 shows. Decisions: weights of
-round t+1 come from the counts of round t (θ_1 = 1 for all cohorts), and b̃_k is floored at
-1 before division (post-processing).
+largest weight: the price of naïve reweighting that seed 004 shows. b̃_k is floored at 1 before
+division (post-processing). Which round's counts set the weights (``same_round``):
+
+* previous round (default, the federated form): the weights of round t+1 come from the counts
+  of round t (θ_1 = 1 for all cohorts);
+* same round (``same_round = true``, seed 004's Algorithm 3, lines 6-13: the batch is weighted
+  by its own noisy counts): the sampled clients first send their cohort bits, the server releases
+  the noisy counts and broadcasts the round's θ_k, then the same clients send their weighted
+  contributions (:attr:`Policy.counts_first`, as ``per-cohort`` with ``same_round``).
 """
 
 from __future__ import annotations
@@ -43,8 +49,15 @@ class CohortReweighting(Policy):
     class Params(PolicyParams):
         initial_bound: PositiveFinite = 1.0
         """C_0."""
+        same_round: bool = False
+        """Weight each round by its own noisy counts (two exchanges per round)."""
 
     initial_bound: float
+    same_round: bool
+
+    @property
+    def counts_first(self) -> bool:
+        return self.same_round
 
     def initial_state(self, dim: int) -> CohortWeightsState:
         return CohortWeightsState((1.0,) * self.num_cohorts)
@@ -76,7 +89,17 @@ class CohortReweighting(Policy):
         reports[np.arange(norms.shape[0]), cohorts] = 1.0
         return RowScales(weights, reports, norms > bound, clip=np.full(norms.shape[0], bound))
 
+    def with_counts(self, state, noisy_reports, expected_clients) -> CohortWeightsState:
+        """The weights of a same-round round from its own noisy counts."""
+        return self._weights(noisy_reports, expected_clients)
+
     def next_state(self, state, estimate, noisy_reports, expected_clients) -> CohortWeightsState:
+        if self.same_round:  # the next round's weights come from the next round's counts
+            return state
+        return self._weights(noisy_reports, expected_clients)
+
+    def _weights(self, noisy_reports: np.ndarray, expected_clients: float) -> CohortWeightsState:
+        """θ_k = (m̂ / K) / max(b̃_k, 1)."""
         sizes = np.maximum(np.asarray(noisy_reports, dtype=np.float64), 1.0)
         weights = (expected_clients / self.num_cohorts) / sizes
         return CohortWeightsState(tuple(float(w) for w in weights))

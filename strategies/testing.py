@@ -9,9 +9,10 @@
 * every report vector is finite, of norm at most 1 and of length ``report_size``, and the policy
   accepts the honest reports it produced (``report_is_valid``); a non-finite update sends zeros;
 * ``server_side`` noises round t with the sensitivity of round t (noise standard deviation at
-  least σ_Δ · s_t), returns a finite estimate, and reaches only states whose sensitivity and
-  clip bound are finite and > 0, whatever sums and noisy reports it was given (noisy counts can
-  be negative or huge);
+  least σ_Δ · s_t; for a policy that ``noises_below_sensitivity``, at least the accounted
+  multiplier times s_t, and the round's event never claims more than σ_Δ), returns a finite
+  estimate, and reaches only states whose sensitivity and clip bound are finite and > 0,
+  whatever sums and noisy reports it was given (noisy counts can be negative or huge);
 * the broadcast is JSON-serialisable (it is sent to clients in public).
 
 The built-in policies pass it in fairclip's own tests. A plug-in's test is one line::
@@ -120,8 +121,25 @@ def _check_round(policy: Policy, state: Any, d: int, inputs: dict[str, Any]) -> 
         f"round noised with sensitivity {result.sensitivity}, but its contributions were bounded by {before}"
     )
     if policy.private:
-        assert result.noise_std >= inputs["noise"].update * before, (
-            f"noise std {result.noise_std} < σ_Δ · s_t = {inputs['noise'].update * before}"
+        event = result.event
+        # the accountant is told a multiplier the noise really has: std >= multiplier · s_t
+        assert result.noise_std >= event.noise_multiplier * before * (1 - 1e-12), (
+            f"noise std {result.noise_std} < the accounted multiplier {event.noise_multiplier} · s_t = "
+            f"{event.noise_multiplier * before}"
+        )
+        assert event.noise_multiplier <= inputs["noise"].update, (
+            f"the round claims multiplier {event.noise_multiplier} > σ_Δ = {inputs['noise'].update}"
+        )
+        if not policy.noises_below_sensitivity:
+            assert event.noise_multiplier == inputs["noise"].update, (
+                f"the round is accounted with {event.noise_multiplier}, not σ_Δ = {inputs['noise'].update}"
+            )
+            assert result.noise_std >= inputs["noise"].update * before, (
+                f"noise std {result.noise_std} < σ_Δ · s_t = {inputs['noise'].update * before}"
+            )
+        expected_report = inputs["noise"].report if result.noisy_reports is not None else None
+        assert event.report_noise_multiplier == expected_report, (
+            f"the round's report multiplier {event.report_noise_multiplier} is not {expected_report}"
         )
     assert np.all(np.isfinite(result.estimate)), "the update estimate is not finite"
     _check_state(policy, result.state)

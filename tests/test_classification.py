@@ -16,7 +16,7 @@ from fairclip.sims.config import load_config
 from fairclip.sims.engine import simulate
 from fairclip.sims.tasks import build_task
 
-IMAGE_MODELS = ["cnn", "tanh-cnn", "esipova-cnn", "zhao-cnn", "xu-cnn", "galli-cnn"]
+IMAGE_MODELS = ["cnn", "tanh-cnn", "esipova-cnn", "zhao-cnn", "xu-cnn", "xu-cnn-normalized", "galli-cnn"]
 INPUT_SHAPES = {
     **{
         name: (10,)
@@ -104,9 +104,25 @@ def test_the_papers_cnns_have_their_published_sizes():
     # seed 004's: conv 20@5x5 28 -> 24, pool 12, conv 50@5x5 -> 8, pool 4: 800 inputs to dense 500
     assert count["xu-cnn"] == 431_080 == (25 + 1) * 20 + (500 + 1) * 50 + (800 + 1) * 500 + (500 + 1) * 10
     assert pools("xu-cnn") == [(2, 2), (2, 2)]
+    assert count["xu-cnn-normalized"] == count["xu-cnn"]
     # seed 002's: conv 16@8x8 padding 3: 28 -> 27, pool 2 stride 1 -> 26, conv 32@4x4 -> 23
     assert count["galli-cnn"] == 551_322 == (64 + 1) * 16 + (256 + 1) * 32 + (16_928 + 1) * 32 + (32 + 1) * 10
     assert pools("galli-cnn") == [(2, 1)]
+
+
+def test_the_normalized_xu_cnn_is_the_xu_cnn_on_standardised_pixels():
+    """Bagdasaryan et al.'s loader standardises MNIST by (0.1307, 0.3081), constants: the model
+    computes xu-cnn of (x − 0.1307) / 0.3081 with the same parameters, each example on its own."""
+    torch.manual_seed(0)
+    plain = build_model("xu-cnn", (1, 28, 28), 10)
+    torch.manual_seed(0)
+    normalized = build_model("xu-cnn-normalized", (1, 28, 28), 10)
+    np.testing.assert_array_equal(model_to_vector(plain), model_to_vector(normalized))
+    pixels = torch.rand(3, 1, 28, 28)
+    with torch.no_grad():
+        expected = plain((pixels - 0.1307) / 0.3081)
+        torch.testing.assert_close(normalized(pixels), expected)
+        torch.testing.assert_close(normalized(pixels[:1]), expected[:1])
 
 
 def test_unknown_model_is_refused():

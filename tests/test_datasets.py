@@ -570,3 +570,60 @@ def test_dataset_validates_its_arrays() -> None:
         Dataset(x.astype(np.float64), y, None, x, y, None, num_classes=2, name="bad")
     with pytest.raises(ValueError):
         Dataset(x, y, y, x, y, None, num_classes=2, name="bad")
+
+
+def test_dutch_group_rows_sample_each_group_before_the_split(dutch) -> None:
+    """Seed 004's unbalanced Dutch: 30,000 rows of one sex and 10,000 of the other, drawn before
+    the 80/20 split; without ``group_rows`` the rows and split are the usual ones."""
+    path = need("dutch/dutch_census_2001.arff")
+    sampled = load_dutch(path, seed=0, group_rows={"female": 30_000, "male": 10_000})
+    groups = np.concatenate([sampled.g_train, sampled.g_test])
+    assert np.bincount(groups).tolist() == [10_000, 30_000]
+    assert (sampled.num_train, sampled.num_test) == (32_000, 8_000)
+    again = load_dutch(path, seed=0, group_rows={"female": 30_000, "male": 10_000})
+    np.testing.assert_array_equal(again.x_train, sampled.x_train)
+    other = load_dutch(path, seed=1, group_rows={"female": 30_000, "male": 10_000})
+    assert not np.array_equal(other.y_train, sampled.y_train)
+    unsampled = load_dutch(path, seed=0, group_rows=None)
+    np.testing.assert_array_equal(unsampled.x_train, dutch.x_train)
+    with pytest.raises(ValueError, match=r"fewer than group_rows\.female = 40000"):
+        load_dutch(path, seed=0, group_rows={"female": 40_000})
+    with pytest.raises(ValueError, match="names no group 'men'"):
+        load_dutch(path, seed=0, group_rows={"men": 10})
+
+
+def test_adult_group_rows_need_balance_off() -> None:
+    path = need("adult/adult.data", "adult/adult.test")
+    sampled = load_adult(path, seed=0, balance=False, group_rows={"male": 3_000, "female": 1_000})
+    assert np.bincount(np.concatenate([sampled.g_train, sampled.g_test])).tolist() == [3_000, 1_000]
+    with pytest.raises(ValueError, match="balance=False"):
+        load_adult(path, seed=0, group_rows={"male": 3_000})
+
+
+def test_the_protected_column_can_be_left_out_of_the_inputs(dutch, adult) -> None:
+    """Seed 004 trains on the unprotected attributes only: the sex column goes, nothing else."""
+    path = need("dutch/dutch_census_2001.arff")
+    without = load_dutch(path, seed=0, include_protected=False)
+    assert "sex=female" not in without.feature_names
+    assert len(without.feature_names) == len(dutch.feature_names) - 1
+    kept = [dutch.feature_names.index(name) for name in without.feature_names]
+    np.testing.assert_array_equal(without.x_train, dutch.x_train[:, kept])
+    np.testing.assert_array_equal(without.g_train, dutch.g_train)
+    adult_without = load_adult(need("adult/adult.data", "adult/adult.test"), seed=0, include_protected=False)
+    assert adult_without.x_train.shape[1] == adult.x_train.shape[1] - 1
+
+
+@pytest.mark.parametrize(
+    ("settings", "mentions"),
+    [
+        (["scenario.group_rows={ female = 10 }"], "group_rows samples Adult's groups itself"),
+        (["scenario.include_protected=false", "scenario.dataset=mnist"], "include_protected applies"),
+    ],
+)
+def test_group_rows_and_include_protected_are_checked_in_one_line(settings, mentions) -> None:
+    from fairclip.sims.config import load_config
+    from fairclip.sims.errors import ConfigError
+
+    with pytest.raises(ConfigError) as caught:
+        load_config("adult", None, settings)
+    assert_one_line(caught.value, mentions)

@@ -65,6 +65,8 @@ HANDLED = {
     "server_lr_rate",
     "normalize",
     "same_round",
+    "rule",
+    "noise_bound",
 }
 
 
@@ -92,6 +94,10 @@ def configurations(draw, name: str) -> tuple[dict, int]:
         params["tanh_epsilon"] = draw(log_uniform(-12, 0))
     if "scale_threshold" in known:
         params["scale_threshold"] = draw(BOUNDS)
+    if "rule" in known:
+        params["rule"] = draw(st.sampled_from([None, "esipova", "xu"]))
+    if "noise_bound" in known:
+        params["noise_bound"] = draw(st.sampled_from(["max", "initial"]))
     cohorts = draw(st.integers(1, 4)) if POLICIES[name].needs_cohorts else 1
     return params, cohorts
 
@@ -159,7 +165,7 @@ def check_state(name: str, policy, state, expected_clients: float | None) -> Non
         assert bounds.shape == (policy.num_cohorts,)
         assert np.all(bounds >= policy.initial_bound)
         assert np.all(np.isfinite(bounds))
-        if policy.same_round:  # C_k <= C_0 (1 + K): f_k / mean f <= K
+        if policy.bound_rule == "esipova":  # C_k <= C_0 (1 + K): f_k / mean f <= K
             assert np.all(bounds <= policy.initial_bound * (1 + policy.num_cohorts) * (1 + 1e-12))
         elif expected_clients is not None:  # C_k <= C_0 (1 + m̂), a decision in per_cohort.py
             assert np.all(bounds <= policy.initial_bound * (1 + max(expected_clients, 1.0)) * (1 + 1e-12))
@@ -288,7 +294,15 @@ def test_contributions_stay_within_the_noised_sensitivity(name, data):
         # noise of round t uses the sensitivity of round t, whatever the state becomes
         assert result.sensitivity == before
         expected_std = 0.0 if name == "none" else inputs["noise"].update * before
-        assert result.noise_std == expected_std
+        if name == "per-cohort" and policy.noise_bound == "initial":  # seed 003's Algorithm 3: C_0
+            scale = policy.initial_bound
+            assert result.noise_std == pytest.approx(inputs["noise"].update * scale, rel=1e-12)
+            assert result.event.noise_multiplier == pytest.approx(
+                inputs["noise"].update * scale / before, rel=1e-12
+            )
+        else:
+            assert result.noise_std == expected_std
+            assert result.event.noise_multiplier == (0.0 if name == "none" else inputs["noise"].update)
         assert np.all(np.isfinite(result.estimate))
         assert (result.noisy_reports is None) == (policy.report_size(d) == 0 or name == "none")
         check_state(name, policy, result.state, inputs["expected_clients"])

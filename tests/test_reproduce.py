@@ -650,24 +650,75 @@ def test_reproduce_reports_paired_tests_between_strategies_of_the_same_seeds(tmp
 
 
 def test_seed_004_setups_are_its_table_5():
-    for name, balance in (("xu-adult-balanced", True), ("xu-adult", False), ("xu-dutch", True)):
+    census = {  # name: (rows kept, scenario.balance, scenario.group_rows)
+        "xu-adult-balanced": (28_000, True, None),
+        "xu-adult": (45_222, False, None),
+        "xu-dutch": (60_420, True, None),
+        "xu-dutch-unbalanced": (40_000, True, {"female": 30_000, "male": 10_000}),
+    }
+    for name, (rows, balance, group_rows) in census.items():
         setup = repro.load_setup(name)
         assert setup.settings["scenario.model"] == "binary-logistic"
         assert setup.settings["training.weight_decay"] == 0.01
         assert setup.settings.get("scenario.balance", True) is balance
+        assert setup.settings.get("scenario.group_rows") == group_rows
+        assert setup.settings["scenario.include_protected"] is False  # unprotected attributes only
+        assert setup.settings["privacy.delta"] == 1e-6  # section 6.1
         assert setup.relative_to == "none" and setup.batch_size == 256 and setup.epochs == 20
         by_name = {s.name: s for s in setup.strategies}
-        assert by_name["per-cohort"].settings["strategy.same_round"] is True
         assert by_name["constant"].settings["strategy.initial_bound"] == 0.5
         # lr = 1/sqrt(T), T = ceil(20 N / 256) over the 80 % training rows
-        rows = {"xu-adult-balanced": 28_000, "xu-adult": 45_222, "xu-dutch": 60_420}[name]
         train = rows - round(0.2 * rows)
         steps = math.ceil(20 * train / 256)
         assert setup.settings["training.server_lr"] == pytest.approx(1 / math.sqrt(steps), abs=1e-6)
+        _check_seed_004_strategies(setup, sigma=1.0, sample_rate=256 / train, steps=steps)
     dutch = {s.name: s for s in repro.load_setup("xu-dutch").strategies}
     # seed 004's "male" Dutch rows are fairclip's female rows: its columns are swapped here
-    assert dutch["constant"].paper[""]["accuracy_change_female"] == -0.153
-    assert "reweight" in dutch
+    assert dutch["constant"].paper[""]["accuracy_change_female"] == -0.1534
+    unbalanced = {s.name: s for s in repro.load_setup("xu-dutch-unbalanced").strategies}
+    assert unbalanced["reweight"].paper[""]["accuracy_change_male"] == 0.025  # the paper's women
+
+
+def test_seed_004_mnist_setups_are_its_tables_3_and_4():
+    """Bagdasaryan et al.'s setting, which seed 004 replicates: standardised pixels, SGD with
+    momentum 0.5; Algorithm 2 and 3 as written, stopped at DP-SGD's epsilon."""
+    for name, train in (("xu-mnist", 54_649), ("xu-mnist-balanced", 60_000), ("xu-mnist-bounds", 54_649)):
+        setup = repro.load_setup(name)
+        assert setup.settings["scenario.model"] == "xu-cnn-normalized"
+        assert setup.settings["training.server_momentum"] == 0.5
+        assert setup.settings["training.server_lr"] == 0.01
+        assert setup.settings["privacy.delta"] == 1e-6
+        assert setup.batch_size == 256 and setup.epochs == 60
+        _check_seed_004_strategies(
+            setup, sigma=0.8, sample_rate=256 / train, steps=math.ceil(60 * train / 256)
+        )
+    bounds = {s.name: s for s in repro.load_setup("xu-mnist-bounds").strategies}
+    mnist = {s.name: s for s in repro.load_setup("xu-mnist").strategies}
+    # the runs shared with xu-mnist have its configurations exactly
+    assert bounds["per-cohort-c1"].settings == mnist["per-cohort"].settings
+    assert bounds["constant-c1"].settings == mnist["constant"].settings
+    assert [s for s in bounds if s.startswith("per-cohort")] == ["per-cohort-c1"]  # Table 4's only DPSGD-F
+
+
+def _check_seed_004_strategies(setup, sigma: float, sample_rate: float, steps: int) -> None:
+    """DPSGD-F is Algorithm 2 as written, the naive baseline Algorithm 3 with the batch's own
+    counts, and both stop at the epsilon DP-SGD spends (section 6.1): a budget at most DP-SGD's
+    epsilon and within 1e-4 of it; every paper value of a setup is a claim's or a row's."""
+    from fairclip.strategies.accounting import epsilon
+
+    dpsgd = epsilon(sigma, sample_rate, steps, 1e-6, "rdp")
+    for strategy in setup.strategies:
+        settings = strategy.settings
+        assert strategy.paper[""], f"{setup.name}: {strategy.name} has no paper values"
+        if strategy.policy_name == "per-cohort":
+            assert settings["strategy.same_round"] is True and settings["strategy.rule"] == "xu"
+            assert settings["strategy.noise_bound"] == "max"
+        if strategy.policy_name == "reweight":
+            assert settings["strategy.same_round"] is True
+        if strategy.policy_name in ("per-cohort", "reweight"):
+            assert dpsgd - 1e-4 <= settings["privacy.epsilon_budget"] <= dpsgd, (setup.name, dpsgd)
+        else:
+            assert "privacy.epsilon_budget" not in settings
 
 
 def test_a_setup_runs_a_policy_variant_under_its_own_label(tmp_path):

@@ -102,10 +102,12 @@ Dutch census 2001 (:func:`load_dutch`; Esipova et al. 2023, appendix B.1, ``fair
       cur_eco_activity 200) have no column, which keeps the 59-feature layout of the recorded
       Dutch results. Which codes occur is, strictly, a fact of the rows (fixed here by the
       file's checksum).
-    * No group rebalancing; ``numpy.random.default_rng(seed)`` shuffles the rows and the first
-      ``round(test_fraction·n)`` (12,084) form the test set, the remaining 48,336 the training
-      set. (``fair-dp``'s Dutch runs additionally subsample women to a 1 : 0.333 ratio; the
-      cohort partitioners, not the loader, are the place for such skews here.)
+    * No group rebalancing by default; ``numpy.random.default_rng(seed)`` shuffles the rows and
+      the first ``round(test_fraction·n)`` (12,084) form the test set, the remaining 48,336 the
+      training set. ``group_rows`` first draws the given number of rows of each group from the
+      same generator (seed 004's unbalanced Dutch: 30,000 of one sex, 10,000 of the other), and
+      the split then shuffles those. (``fair-dp``'s Dutch runs additionally subsample women to a
+      1 : 0.333 ratio; the cohort partitioners are the place for such skews there.)
 """
 
 from __future__ import annotations
@@ -117,6 +119,7 @@ import io
 import math
 import os
 import zlib
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -319,6 +322,39 @@ def _split_rows(rows: np.ndarray, test_fraction: float, rng: np.random.Generator
     if not 0 < n_test < len(shuffled):
         raise ValueError(f"test_fraction {test_fraction} leaves {len(rows)} rows an empty train or test set")
     return shuffled[n_test:], shuffled[:n_test]
+
+
+def sample_group_rows(
+    g: np.ndarray,
+    group_names: tuple[str, ...],
+    counts: Mapping[str, int],
+    rng: np.random.Generator,
+    dataset: str,
+) -> np.ndarray:
+    """The sorted indices of ``counts[name]`` rows of each group, drawn without replacement in
+    the order of ``group_names`` (a group not named keeps no row): seed 004's sampled census
+    sets (balanced Adult, 14,000 + 14,000; unbalanced Dutch, 30,000 + 10,000)."""
+    unknown = sorted(set(counts) - set(group_names))
+    if unknown:
+        raise ValueError(
+            f"group_rows names no group {unknown[0]!r} of {dataset} (its groups: {', '.join(group_names)})"
+        )
+    chosen = []
+    for group, name in enumerate(group_names):
+        if name not in counts:
+            continue
+        wanted = counts[name]
+        members = np.flatnonzero(g == group)
+        if isinstance(wanted, bool) or not isinstance(wanted, int | np.integer) or wanted < 1:
+            raise ValueError(f"group_rows.{name} must be a positive integer, not {wanted!r}")
+        if len(members) < wanted:
+            raise ValueError(
+                f"{dataset} has {len(members)} {name} rows, fewer than group_rows.{name} = {wanted}"
+            )
+        chosen.append(rng.choice(members, size=wanted, replace=False))
+    if not chosen:
+        raise ValueError("group_rows keeps no row")
+    return np.sort(np.concatenate(chosen))
 
 
 def _one_hot(values: pd.Series, column: str, categories: list[str]) -> tuple[np.ndarray, list[str]]:
@@ -573,13 +609,15 @@ def load_adult(
     protected: str = "sex",
     age_split: str = "public",
     balance_by: str | None = None,
+    group_rows: Mapping[str, int] | None = None,
 ) -> Dataset:
     """UCI Adult, income > 50K; see the module docstring. The protected attribute is sex (0 male,
     1 female), or with ``protected="age"`` the age binarised at ``age_split`` (0 younger, 1 at
     least :data:`ADULT_AGE_THRESHOLD`, or with ``"median"`` at least the median age of the
     complete rows: seed 001's second grouping); ``balance`` samples ``per_group`` rows of each
     group of the protected attribute, or of ``balance_by`` (one of :data:`PROTECTED_ATTRIBUTES`)
-    where given. ``scaling`` is one of :data:`ADULT_SCALINGS`."""
+    where given, ``group_rows`` (with ``balance=False``) the given number of rows of each group
+    by name (:func:`sample_group_rows`). ``scaling`` is one of :data:`ADULT_SCALINGS`."""
     _check_split_args(seed, test_fraction)
     if protected not in PROTECTED_ATTRIBUTES:
         raise ValueError(f"protected must be one of {', '.join(PROTECTED_ATTRIBUTES)}, not {protected!r}")
@@ -605,7 +643,11 @@ def load_adult(
     g, group_names = groupings[protected]
 
     rng = np.random.default_rng(seed)
-    if balance:
+    if balance and group_rows is not None:
+        raise ValueError("group_rows samples the groups itself: give it with balance=False")
+    if group_rows is not None:
+        rows = sample_group_rows(g, group_names, group_rows, rng, "Adult")
+    elif balance:
         if per_group <= 0:
             raise ValueError(f"per_group must be positive, not {per_group}")
         strata, strata_names = groupings[balance_by or protected]
@@ -790,8 +832,12 @@ def load_dutch(
     *,
     include_protected: bool = True,
     protected: str = "sex",
+    group_rows: Mapping[str, int] | None = None,
 ) -> Dataset:
     """Dutch census 2001, high-level occupation, protected attribute sex (0 male, 1 female).
+
+    ``group_rows`` keeps the given number of rows of each group by name, drawn before the split
+    (:func:`sample_group_rows`; seed 004's unbalanced Dutch); the split then shuffles those.
 
     ``protected="marital-status"`` groups the rows by ``Marital_status`` code 4 (``g = 1``,
     ``marital-4``) against codes 1-3 (``g = 0``, ``marital-other``) instead: the grouping seed
@@ -821,11 +867,16 @@ def load_dutch(
         names.extend(labels)
     x = np.concatenate(columns, axis=1)
 
-    train, test = _split_rows(np.arange(len(frame)), test_fraction, np.random.default_rng(seed))
     if protected == "marital-status":
-        g = (frame["Marital_status"] == "4").to_numpy(dtype=np.int64)
-        return _tabular(x, y, g, train, test, "dutch", names, MARITAL_GROUPS)
-    return _tabular(x, y, sex, train, test, "dutch", names)
+        g, group_names = (frame["Marital_status"] == "4").to_numpy(dtype=np.int64), MARITAL_GROUPS
+    else:
+        g, group_names = sex, SEX_GROUPS
+    rng = np.random.default_rng(seed)
+    rows = np.arange(len(frame))
+    if group_rows is not None:
+        rows = sample_group_rows(g, group_names, group_rows, rng, "Dutch")
+    train, test = _split_rows(rows, test_fraction, rng)
+    return _tabular(x, y, g, train, test, "dutch", names, group_names)
 
 
 # ----------------------------------------------------------------------------------------------
