@@ -26,10 +26,12 @@
 * ``xu-cnn``: seed 004's MNIST CNN (Xu et al. 2021, DPSGD-F): conv 20@5×5, max-pool 2, conv
   50@5×5, max-pool 2, dense 500, dense 10, ReLU (the LeNet of Bagdasaryan et al. 2019, whose
   experiments seed 004 follows; 431,080 parameters on 1×28×28 and 10 classes).
-* ``galli-cnn``: seed 002's MNIST CNN (Galli et al. 2024, OSO): conv 16@8×8 with padding 3,
-  max-pool 2 with stride 1, conv 32@4×4, dense 32, dense 10, ReLU, no strides (551,322
-  parameters on 1×28×28 and 10 classes: 28 -> 27 -> 26 -> 23, so 32·23·23 = 16,928 inputs to
-  the dense layer; the strided, twice-pooled ``cnn`` of Papernot et al. has 26,010).
+* ``galli-cnn``: seed 002's MNIST CNN (Galli et al. 2024, OSO, appendix Table 5): conv 16@8×8
+  with padding 3, max-pool 2 with stride 1, conv 32@4×4, dense 32, dense 10, ReLU after every
+  layer *including the output* (Table 5 gives the last Linear a ReLU, as its other models' last
+  layers have their own non-linearity), no strides (551,322 parameters on 1×28×28 and 10
+  classes, Table 1: 28 -> 27 -> 26 -> 23, so 32·23·23 = 16,928 inputs to the dense layer; the
+  strided, twice-pooled ``cnn`` of Papernot et al. has 26,010).
 
 A client's update Δ = θ_i − θ_t is the difference of two flat vectors made by
 :func:`model_to_vector`, in the order of ``model.parameters()``.
@@ -127,7 +129,7 @@ def build_model(name: str, input_shape: tuple[int, ...], num_classes: int) -> nn
                 nn.ReLU(),
                 nn.Flatten(),
             )
-            head = [nn.LazyLinear(32), nn.ReLU(), nn.Linear(32, num_classes)]
+            head = [nn.LazyLinear(32), nn.ReLU(), nn.Linear(32, num_classes), nn.ReLU()]
         else:
             layers = nn.Sequential(
                 nn.Conv2d(channels, 32, 3),
