@@ -31,10 +31,12 @@
   MNIST loader of Bagdasaryan et al.'s code, ``ebagdasa/differential-privacy-vs-fairness``,
   ``image_helper.py``, whose setting seed 004 runs): the same parameters, no statistic of the
   rows or of a batch.
-* ``galli-cnn``: seed 002's MNIST CNN (Galli et al. 2024, OSO): conv 16@8×8 with padding 3,
-  max-pool 2 with stride 1, conv 32@4×4, dense 32, dense 10, ReLU, no strides (551,322
-  parameters on 1×28×28 and 10 classes: 28 -> 27 -> 26 -> 23, so 32·23·23 = 16,928 inputs to
-  the dense layer; the strided, twice-pooled ``cnn`` of Papernot et al. has 26,010).
+* ``galli-cnn``: seed 002's MNIST CNN (Galli et al. 2024, OSO, appendix Table 5): conv 16@8×8
+  with padding 3, max-pool 2 with stride 1, conv 32@4×4, dense 32, dense 10, ReLU after every
+  layer *including the output* (Table 5 gives the last Linear a ReLU, as its other models' last
+  layers have their own non-linearity), no strides (551,322 parameters on 1×28×28 and 10
+  classes, Table 1: 28 -> 27 -> 26 -> 23, so 32·23·23 = 16,928 inputs to the dense layer; the
+  strided, twice-pooled ``cnn`` of Papernot et al. has 26,010).
 
 A client's update Δ = θ_i − θ_t is the difference of two flat vectors made by
 :func:`model_to_vector`, in the order of ``model.parameters()``.
@@ -134,7 +136,7 @@ def build_model(name: str, input_shape: tuple[int, ...], num_classes: int) -> nn
                 nn.ReLU(),
                 nn.Flatten(),
             )
-            head = [nn.LazyLinear(32), nn.ReLU(), nn.Linear(32, num_classes)]
+            head = [nn.LazyLinear(32), nn.ReLU(), nn.Linear(32, num_classes), nn.ReLU()]
         else:
             layers = nn.Sequential(
                 nn.Conv2d(channels, 32, 3),

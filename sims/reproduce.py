@@ -25,6 +25,11 @@ there have finished, while the rest of the grid still runs. Every run is one Ray
 ``fairclip compare``), written atomically into ``DIR/runs/<key>/`` as it finishes;
 ``DIR/reproduction.csv`` and ``DIR/reproduction.md`` are written at the end.
 
+A setup with ``budget = "per-grid"`` (seed 002) spends each target ε on a strategy's whole grid
+search rather than on each run: every run of a strategy with k grid points, final runs included,
+is calibrated so that k such runs compose to ε (:func:`per_run_epsilon`), and the table gives the
+ε of the k runs composed.
+
 A fairclip mean is flagged when it lies outside the paper's mean ± 2 combined standard errors,
 2·sqrt(se_paper² + se_fairclip²), where both give one, and outside ± 2 points (0.02) otherwise.
 
@@ -163,6 +168,12 @@ class Setup:
     and sampling), as seed 004 reports accuracy change against non-private SGD. The reference's
     own rows hold its absolute values, named ``COHORT/METRIC``."""
 
+    budget: str = "per-run"
+    """How a target ε is spent (:data:`BUDGETS`): ``per-run``, each run spends it; ``per-grid``,
+    a strategy's whole grid search spends it (seed 002 after Mohapatra et al. 2022): each of
+    its k runs is calibrated so that k such runs compose to ε (:func:`per_run_epsilon`), and
+    its rows report the ε of the k runs composed (:func:`both_accountants`)."""
+
     selects: bool = False
     """Whether the setup, with all its strategies, has a grid (reduced or full) to select from:
     then every run splits Adult's and Dutch's rows as the first seed does, whichever strategies
@@ -183,6 +194,9 @@ class Run:
     seed: int
     raw: dict[str, Any] = field(compare=False)
     grid_point: dict[str, Any] = field(default_factory=dict, compare=False)
+    search_runs: int = field(default=1, compare=False)
+    """k: the runs of the search whose composition the target ε covers (``per-grid``: the
+    strategy's grid points; 1 otherwise)."""
 
 
 # ----- setup files ----------------------------------------------------------------------------
@@ -231,6 +245,7 @@ def load_setup(name: str) -> Setup:
             notes=head.get("notes", ""),
             select_by=head.get("select_by", "accuracy"),
             relative_to=head.get("relative_to"),
+            budget=_budget(head, where),
             selects=any([grid, full_grid, *(t for s in strategies for t in (s.grid, s.full_grid))]),
         )
         if setup.select_by not in SELECTION_METRICS:
@@ -249,6 +264,21 @@ def load_setup(name: str) -> Setup:
     except KeyError as error:
         raise ConfigError(f"{where}: required key {error.args[0]!r} is missing") from None
     return setup
+
+
+BUDGETS = ("per-run", "per-grid")
+"""The values of ``setup.budget``."""
+
+
+def _budget(head: dict[str, Any], where: str) -> str:
+    """``setup.budget`` (default ``per-run``); a :class:`ConfigError` for another value, or for
+    ``per-grid`` in a setup without target epsilons (there is no ε to split)."""
+    budget = head.get("budget", "per-run")
+    if budget not in BUDGETS:
+        raise ConfigError(f"{where}: setup.budget must be one of {', '.join(BUDGETS)} (got {budget!r})")
+    if budget == "per-grid" and not head.get("epsilons"):
+        raise ConfigError(f"{where}: setup.budget = per-grid needs setup.epsilons (the budgets it splits)")
+    return budget
 
 
 def _refuse_per_run_keys(setup: Setup, where: str) -> None:
@@ -382,6 +412,26 @@ def grid_points(setup: Setup, strategy: StrategySetup, full: bool, limit: int | 
     return [dict(zip(keys, values, strict=True)) for values in itertools.product(*axes.values())]
 
 
+def per_run_epsilon(
+    target: float, runs: int, sample_rate: float, rounds: int, delta: float, accountant: str
+) -> float:
+    """The ε of each of ``runs`` equal runs (T = ``rounds`` rounds at rate q) whose composition
+    spends ``target``: σ_eff calibrated for ``runs`` · T rounds, then the ε of T rounds at it.
+
+    k runs of T rounds at one (σ_eff, q) compose exactly as one run of k·T rounds (RDP adds per
+    step; PRV composes the same mechanism k·T times): seed 002's per-grid budget ("the moment
+    accountant to distribute the privacy budget among the configurations", after Mohapatra et
+    al. 2022). A run calibrated to this ε gets σ_eff' >= σ_eff, so its k runs spend at most
+    ``target``. One run: ``target`` itself."""
+    if runs == 1:
+        return target
+    try:
+        sigma = accounting.calibrate_effective(target, sample_rate, runs * rounds, delta, accountant)
+        return accounting.epsilon(sigma, sample_rate, rounds, delta, accountant)
+    except PolicyConfigError as error:
+        raise ConfigError(f"privacy of a search of {runs} runs: {error}") from None
+
+
 _PER_RUN_KEYS = {
     "strategy.name": "--strategies picks the strategies",
     "scenario.evaluate_on": "grid runs evaluate on the validation split, final runs on the test set",
@@ -454,8 +504,27 @@ class Planner:
         first seed, ``seed``, stays in :attr:`base`)."""
         self.base = apply_overrides(_apply(scenario_source(setup.scenario, None), setup.settings), overrides)
         self._counts: dict[tuple[int, bool], int] = {}
+        self._searched: tuple[bool, int | None] = (False, None)
+        """(full, limit) of the grid last planned (:meth:`grid_runs`): the search a final run
+        stands for; before any, the default reduced grid."""
 
-    def raw(self, strategy: StrategySetup, point, epsilon: float | None, seed: int, validation: bool):
+    def search_runs(self, strategy: StrategySetup) -> int:
+        """k of ``strategy``'s runs (:attr:`Run.search_runs`): under a ``per-grid`` budget, its
+        points in the grid last planned, else 1."""
+        if self.setup.budget != "per-grid" or not self.setup.has_grid:
+            return 1
+        full, limit = self._searched
+        return len(grid_points(self.setup, strategy, full, limit))
+
+    def raw(
+        self,
+        strategy: StrategySetup,
+        point,
+        epsilon: float | None,
+        seed: int,
+        validation: bool,
+        search_runs: int = 1,
+    ):
         base = set_value(self.base, "seed", seed)
         if validation:
             base = set_value(base, "scenario.evaluate_on", "validation")
@@ -478,6 +547,17 @@ class Planner:
         count = self._counts[marker]
         sample_level = sample_level_settings(self.setup, count, self.max_rounds, self.max_batch, strategy)
         raw = _apply(raw, sample_level)
+        if epsilon is not None and search_runs > 1:  # this run's share of its search's ε
+            privacy = validate(raw).privacy
+            share = per_run_epsilon(
+                epsilon,
+                search_runs,
+                sample_level["federation.sample_rate"],
+                sample_level["training.rounds"],
+                privacy.delta,
+                privacy.accountant,
+            )
+            raw = set_value(raw, "privacy.target_epsilon", share)
         if validation and "eval_every" not in raw.get("training", {}):
             # a grid run yields one number, its final validation metric: evaluating only after its
             # last round leaves that number, and the training, as they are (tests/test_eval_every.py),
@@ -491,14 +571,16 @@ class Planner:
         choose: its final runs start at once, :meth:`ungridded_runs`)."""
         runs = []
         seed = int(self.base.get("seed", 0))
+        self._searched = (full, limit)
         for strategy in self.setup.strategies:
             if not grid_axes(self.setup, strategy, full):
                 continue
+            k = self.search_runs(strategy)
             for epsilon in self.setup.epsilons:
                 for index, point in enumerate(grid_points(self.setup, strategy, full, limit)):
                     key = f"grid__{strategy.name}__eps-{_epsilon_text(epsilon) or 'none'}__{index:03d}"
-                    raw = self.raw(strategy, point, epsilon, seed, validation=True)
-                    runs.append(Run(key, strategy.name, epsilon, seed, raw, point))
+                    raw = self.raw(strategy, point, epsilon, seed, validation=True, search_runs=k)
+                    runs.append(Run(key, strategy.name, epsilon, seed, raw, point, search_runs=k))
         return runs
 
     def ungridded_runs(self, seeds: int, full: bool) -> list[Run]:
@@ -526,11 +608,12 @@ class Planner:
     ) -> list[Run]:
         """One strategy's runs at one target ε on the test set, ``seeds`` of them, at ``point``."""
         first = int(self.base.get("seed", 0))
+        k = self.search_runs(strategy)
         runs = []
         for seed in range(first, first + seeds):
             key = f"{strategy.name}__eps-{_epsilon_text(epsilon) or 'none'}__seed-{seed}"
-            raw = self.raw(strategy, point, epsilon, seed, validation=False)
-            runs.append(Run(key, strategy.name, epsilon, seed, raw, point))
+            raw = self.raw(strategy, point, epsilon, seed, validation=False, search_runs=k)
+            runs.append(Run(key, strategy.name, epsilon, seed, raw, point, search_runs=k))
         return runs
 
 
@@ -741,7 +824,10 @@ def table_rows(setup: Setup, runs: list[Run], summaries: dict[str, dict[str, Any
                         "setup": setup.name,
                         "strategy": strategy.name,
                         "epsilon": "inf" if math.isinf(shown) else float(f"{shown:.4g}"),
-                        **{f"epsilon_{name}": both_accountants(found, name) for name in ("rdp", "prv")},
+                        **{
+                            f"epsilon_{name}": both_accountants(found, name, mine[0].search_runs)
+                            for name in ("rdp", "prv")
+                        },
                         "metric": metric,
                         "paper": "" if paper is None else paper,
                         "paper_stderr": "" if paper_se is None else paper_se,
@@ -770,13 +856,15 @@ def _paired_reference(
     return [by_seed[run.seed] for run in mine]
 
 
-def both_accountants(summaries: list[dict[str, Any]], accountant: str) -> float | str:
+def both_accountants(summaries: list[dict[str, Any]], accountant: str, runs: int = 1) -> float | str:
     """The mean ε of runs under ``accountant`` (``rdp`` or ``prv``), whichever accountant they ran
     with: both seed papers report Opacus' RDP ε, and fairclip defaults to PRV; every run's claim
-    holds the parameters (σ_eff, q, T, δ) to compute either. "inf" without noise; "" where the
-    accountant refuses the parameters (PRV beyond its rounds), or where a run's rounds had
-    different multipliers (``per-cohort`` with ``noise_bound = "initial"``): its claim holds only
-    the last one, so only the run's own accountant (RDP) knows its ε, and that ε is taken."""
+    holds the parameters (σ_eff, q, T, δ) to compute either. With ``runs`` = k > 1 (a ``per-grid``
+    budget), each run's ε is that of its search: k such runs composed, k·T rounds. "inf" without
+    noise; "" where the accountant refuses the parameters (PRV beyond its rounds), or where a
+    run's rounds had different multipliers (``per-cohort`` with ``noise_bound = "initial"``): its
+    claim holds only the last one, so only the run's own accountant (RDP) knows its ε, and that
+    ε is taken."""
     values = []
     for summary in summaries:
         claim = summary["privacy"]
@@ -790,7 +878,7 @@ def both_accountants(summaries: list[dict[str, Any]], accountant: str) -> float 
                 accounting.epsilon(
                     float(claim["effective_noise_multiplier"]),
                     float(claim["sample_rate"]),
-                    int(claim["rounds"]),
+                    int(claim["rounds"]) * runs,
                     float(claim["delta"]),
                     accountant,
                 )
@@ -995,6 +1083,17 @@ def markdown(
     return "\n".join(lines)
 
 
+def budget_line(setup: Setup, planner: Planner) -> str:
+    """The report's line on a ``per-grid`` budget: each strategy's k and what the ε columns are."""
+    sizes = ", ".join(f"`{s.name}` {planner.search_runs(s)}" for s in setup.strategies)
+    return (
+        "Privacy budget per grid (`setup.budget = per-grid`): each target ε covers a strategy's whole "
+        f"search of k runs ({sizes}); each run is calibrated so that k such runs compose to it, and "
+        "the ε RDP / PRV columns are those of the k runs composed. The selection on the validation "
+        "split and the seeds are not accounted, as in the paper."
+    )
+
+
 def notes_line(setup: Setup) -> str:
     """The report's line with the setup's notes (where the flags' likely causes are)."""
     return "Notes: " + " ".join(setup.notes.split())
@@ -1110,6 +1209,8 @@ def reproduce(
             f"Grid search: {'the paper grid' if full_grid else 'the reduced default grid'}, "
             f"{len(grid)} runs on the validation split (seed {grid[0].seed})."
         )
+    if setup.budget == "per-grid":
+        extra.append(budget_line(setup, planner))
     rows = table_rows(setup, final, summaries)
     wall = time.perf_counter() - started
     if reused:

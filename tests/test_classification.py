@@ -108,6 +108,12 @@ def test_the_papers_cnns_have_their_published_sizes():
     # seed 002's: conv 16@8x8 padding 3: 28 -> 27, pool 2 stride 1 -> 26, conv 32@4x4 -> 23
     assert count["galli-cnn"] == 551_322 == (64 + 1) * 16 + (256 + 1) * 32 + (16_928 + 1) * 32 + (32 + 1) * 10
     assert pools("galli-cnn") == [(2, 1)]
+    # seed 002's Table 5 gives its output layer a ReLU too: the logits are never negative
+    assert isinstance(list(models["galli-cnn"].modules())[-1], torch.nn.ReLU)
+    images = torch.rand(64, 1, 28, 28, generator=torch.Generator().manual_seed(0))
+    logits = models["galli-cnn"](images)
+    assert (logits >= 0).all() and (logits == 0).any() and (logits > 0).any()
+    assert (models["xu-cnn"](images) < 0).any()  # the other models' logits are not cut at 0
 
 
 def test_the_normalized_xu_cnn_is_the_xu_cnn_on_standardised_pixels():

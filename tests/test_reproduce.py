@@ -770,6 +770,105 @@ def test_a_lower_bound_above_the_initial_bound_raises_the_initial_bound():
     }
 
 
+def _galli_planner(*strategies: str) -> repro.Planner:
+    """galli-mnist (budget per grid) planned on MNIST's 60,000 training rows: q = 512/60,000,
+    T = 1,172 rounds for grid and final runs alike."""
+    setup = repro.select_strategies(repro.load_setup("galli-mnist"), list(strategies) or None)
+    return repro.Planner(setup, None, [], None, examples=lambda *_: 60_000)
+
+
+def test_a_per_grid_budget_gives_each_run_of_a_search_its_share_of_the_target():
+    """Seed 002 spends each target ε on a strategy's whole grid search (Mohapatra et al.'s
+    per-grid budget): every run of a strategy with k grid points, its final runs included, is
+    calibrated so that k such runs compose to ε. online searches 5 learning rates, fixed and
+    fixed-quantile 25 points, so their runs get less than online's, and far less than ε."""
+    from fairclip.strategies.accounting import calibrate_effective, epsilon
+
+    planner = _galli_planner()
+    assert planner.setup.budget == "per-grid"
+    grid = planner.grid_runs(full=False, limit=None)
+    finals = planner.final_runs(2, {})
+    q, rounds, delta = 512 / 60_000, 1172, 1e-5
+    sizes = {"online": 5, "fixed": 25, "fixed-quantile": 25}
+    shares: dict[tuple[str, float], float] = {}
+    for run in grid + finals:
+        config = validate(run.raw)
+        assert (config.federation.sample_rate, config.training.rounds) == (q, rounds)
+        assert run.search_runs == sizes[run.strategy]
+        share = config.privacy.target_epsilon
+        assert shares.setdefault((run.strategy, run.target_epsilon), share) == share  # grid and finals alike
+        sigma = calibrate_effective(share, q, rounds, delta, "rdp")  # what the run calibrates
+        whole = epsilon(sigma, q, run.search_runs * rounds, delta, "rdp")
+        assert 0.99 * run.target_epsilon <= whole <= run.target_epsilon
+        assert share < 0.55 * run.target_epsilon
+    assert len(grid) == 4 * sum(sizes.values())
+    for target in (3.0, 5.0, 7.0, 9.0):
+        assert shares["fixed", target] == shares["fixed-quantile", target] < shares["online", target]
+    # the noise the notes give at epsilon 3: 2.302 for 25 runs, 1.208 for 5 (0.837 for one run)
+    assert calibrate_effective(shares["fixed", 3.0], q, rounds, delta, "rdp") == pytest.approx(
+        2.302, abs=0.01
+    )
+    assert calibrate_effective(shares["online", 3.0], q, rounds, delta, "rdp") == pytest.approx(
+        1.208, abs=0.01
+    )
+    # a smaller grid is a smaller search: k follows the grid last planned, final runs included
+    assert repro.per_run_epsilon(3.0, 1, q, rounds, delta, "rdp") == 3.0
+    small = planner.grid_runs(full=False, limit=2)
+    assert {run.strategy: run.search_runs for run in small} == {"online": 2, "fixed": 4, "fixed-quantile": 4}
+    assert {run.strategy: run.search_runs for run in planner.final_runs(1, {})} == {
+        "online": 2,
+        "fixed": 4,
+        "fixed-quantile": 4,
+    }
+    line = repro.budget_line(planner.setup, planner)
+    assert "`online` 2, `fixed` 4, `fixed-quantile` 4" in line and "per-grid" in line
+
+
+def test_a_per_grid_rows_report_the_epsilon_of_the_whole_search():
+    """The ε of a selected baseline's row is its whole search's: its k runs composed (k·T rounds
+    at the run's σ_eff), not the share one run spent; a per-run setup keeps one run's ε."""
+    from fairclip.strategies.accounting import calibrate_effective, epsilon
+
+    planner = _galli_planner("online", "fixed")
+    planner.grid_runs(full=False, limit=None)
+    runs = planner.final_runs(2, {("fixed", 3.0): {"strategy.initial_bound": 0.01}})
+    summaries = {}
+    for run in runs:
+        config = validate(run.raw)
+        q, rounds = config.federation.sample_rate, config.training.rounds
+        share = config.privacy.target_epsilon
+        sigma = calibrate_effective(share, q, rounds, 1e-5, "rdp")
+        claim = {"effective_noise_multiplier": sigma, "sample_rate": q, "rounds": rounds, "delta": 1e-5}
+        summaries[run.key] = {"epsilon": share, "overall": {"accuracy": 0.9}, "privacy": claim}
+    rows = {
+        (row["strategy"], row["epsilon"]): row for row in repro.table_rows(planner.setup, runs, summaries)
+    }
+    for strategy, k in (("online", 5), ("fixed", 25)):
+        for target in (3.0, 9.0):
+            row = rows[strategy, target]
+            run = next(r for r in runs if r.strategy == strategy and r.target_epsilon == target)
+            claim = summaries[run.key]["privacy"]
+            sigma, q, rounds = claim["effective_noise_multiplier"], claim["sample_rate"], claim["rounds"]
+            assert row["epsilon_rdp"] == float(f"{epsilon(sigma, q, k * rounds, 1e-5, 'rdp'):.4g}")
+            assert row["epsilon_prv"] == float(f"{epsilon(sigma, q, k * rounds, 1e-5, 'prv'):.4g}")
+            assert 0.99 * target <= row["epsilon_rdp"] <= target
+            assert row["epsilon_rdp"] > 1.5 * summaries[run.key]["epsilon"]  # not the one run's share
+    assert rows["fixed", 3.0]["grid_point"] == {"strategy.initial_bound": 0.01}
+
+
+def test_setup_budget_is_checked(tmp_path, monkeypatch):
+    """``setup.budget`` is per-run (the default) or per-grid, and per-grid needs target epsilons."""
+    text = repro.builtin_setups()["galli-mnist"].read_text()
+    assert repro.load_setup("esipova-adult").budget == "per-run"
+    monkeypatch.setattr(repro, "SETUP_DIR", tmp_path)
+    (tmp_path / "galli-mnist.toml").write_text(text.replace('budget = "per-grid"', 'budget = "per-seed"'))
+    with pytest.raises(ConfigError, match=re.escape("setup.budget must be one of per-run, per-grid")):
+        repro.load_setup("galli-mnist")
+    (tmp_path / "galli-mnist.toml").write_text(text.replace("epsilons = [3.0, 5.0, 7.0, 9.0]\n", ""))
+    with pytest.raises(ConfigError, match=re.escape("per-grid needs setup.epsilons")):
+        repro.load_setup("galli-mnist")
+
+
 def test_grid_runs_evaluate_after_their_last_round_only():
     """A grid run's one product is its final validation metric, so it is evaluated once, after
     its last round, unless the user sets ``training.eval_every``; the final runs keep their curve."""
