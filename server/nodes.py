@@ -6,11 +6,21 @@ and its cohort only where the policy needs it (``per-cohort``, ``reweight``; doc
 A node whose answer is anything else -- an error, a missing record, a value that is not an integer
 in range, a cohort label the policy does not need, a partition another node claims too -- is
 *refused*: one clear log line, and the run goes on without it (its client never replies, like a
-client that is never sampled, which costs utility but not privacy). Where two nodes claim one
-partition, both are refused: the server cannot tell which is honest.
+client that is never sampled, which costs utility but not privacy).
 
-What the server can verify is only what it is told: an authenticated node (TLS, SuperNode key)
-is trusted about its partition and its cohort.
+Which node may hold which partition: what the server can verify is only what it is told, so an
+authenticated node (TLS, SuperNode key) is trusted about its partition and its cohort -- but no
+node may take a partition from another:
+
+* where the operator registered the nodes (``flwr supernode register`` prints each key's node
+  id) and names them in ``node-partitions`` (node id -> partition id), each listed node holds
+  its partition and no other node can claim it: a node that claims another's partition, or a
+  listed node that claims another partition than its own, is refused alone;
+* otherwise (a simulation, or an operator who lists none), the first node whose answer claims a
+  partition holds it, and a later claimant is refused alone. Refusing both, as the server did
+  before, let any authenticated node evict an honest one by claiming its partition; now it can
+  take only a partition nobody claimed before it, and a deployment that must rule that out too
+  lists its nodes.
 """
 
 from __future__ import annotations
@@ -126,13 +136,22 @@ def check_federation_size(grid: Grid, node_ids: list[int], num_clients: int, tim
 
 
 def identify_nodes(
-    grid: Grid, num_clients: int, num_cohorts: int, wait_seconds: float, needs_cohorts: bool
+    grid: Grid,
+    num_clients: int,
+    num_cohorts: int,
+    wait_seconds: float,
+    needs_cohorts: bool,
+    registered: dict[int, int] | None = None,
 ) -> Federation:
     """Wait for ``num_clients`` nodes, ask each who it is, and refuse those that answer wrongly.
+    ``registered`` (node id -> partition id, the run's ``node-partitions``) binds those nodes to
+    their partitions (module docstring); without it the first claimant of a partition holds it.
 
     Raises :class:`FederationError` when not exactly ``num_clients`` nodes connect in
     ``wait_seconds``, or when every node is refused.
     """
+    registered = dict(registered or {})
+    owners = {partition: node for node, partition in registered.items()}
     deadline = time.monotonic() + wait_seconds
     node_ids = list(grid.get_node_ids())
     probed = False
@@ -150,7 +169,8 @@ def identify_nodes(
         Message(RecordDict({IDENTIFY: ConfigRecord({})}), dst_node_id=node, message_type=MessageType.QUERY)
         for node in node_ids
     ]
-    claims: dict[int, list[tuple[int, int | None]]] = {}
+    held: dict[int, tuple[int, int | None]] = {}
+    """partition id -> (node, cohort) of the node that holds it, in the order the answers came."""
     refused: dict[int, str] = {}
     answered: set[int] = set()
     for reply in grid.send_and_receive(query, timeout=wait_seconds):
@@ -162,7 +182,17 @@ def identify_nodes(
             if reply.has_error():
                 raise IdentityError(f"its ClientApp failed: {reply.error.reason}")
             client, cohort = read_identity(reply.content, num_clients, num_cohorts, needs_cohorts)
-            claims.setdefault(client, []).append((node, cohort))
+            owner = owners.get(client)
+            if node in registered and registered[node] != client:
+                raise IdentityError(
+                    f"partition-id={client}, but node-partitions gives it partition-id={registered[node]}"
+                )
+            if owner is not None and owner != node:
+                raise IdentityError(f"partition-id={client} belongs to node {owner} (node-partitions)")
+            if client in held:
+                first = held[client][0]
+                raise IdentityError(f"partition-id={client} is held by node {first}, which claimed it first")
+            held[client] = (node, cohort)
         except IdentityError as error:
             refused[node] = str(error)
     for node in node_ids:
@@ -170,13 +200,7 @@ def identify_nodes(
             refused[node] = f"no answer within {wait_seconds:g} s"
     nodes: dict[int, int] = {}
     cohorts = np.full(num_clients, -1, dtype=np.int64) if needs_cohorts else None
-    for client, claimants in sorted(claims.items()):
-        if len(claimants) > 1:
-            for node, _ in claimants:
-                others = ", ".join(str(other) for other, _ in claimants if other != node)
-                refused[node] = f"partition-id={client} is also claimed by node {others}"
-            continue
-        node, cohort = claimants[0]
+    for client, (node, cohort) in sorted(held.items()):
         if node in refused:  # answered twice: its claim does not count
             continue
         nodes[client] = node

@@ -474,6 +474,7 @@ class RunServer:
             # each round ran with its own multiplier (the ones above are the last round's)
             claim["noise_multiplier_varies"] = True
             claim["smallest_effective_noise_multiplier"] = min(sigma for sigma, _, _ in accountant.history)
+            claim["epsilon_note"] = REALIZED_EPSILON_NOTE
         if self.not_private:
             claim.update(
                 guarantee=False,
@@ -504,6 +505,13 @@ class RunServer:
             "provenance": self._provenance(),
         }
 
+
+REALIZED_EPSILON_NOTE = (
+    "each round's noise multiplier was chosen from counts released during the run: epsilon is the "
+    "accountant's reading of the multipliers that ran (an odometer), not a guarantee fixed before "
+    "the run, which only the smallest multiplier the policy can reach would give"
+)
+"""What the privacy claim of a run whose multipliers varied with its releases says of its ε."""
 
 NOT_PRIVATE_NOTE = (
     "client sampling and DP noise followed the configuration's seed (not-private run): anyone who "

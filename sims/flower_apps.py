@@ -77,6 +77,7 @@ def run_federation(grid: Grid, context: Context, observers: Sequence[RunObserver
         len(task.cohort_names),
         run.node_wait,
         needs_cohorts=server.policy.needs_cohorts,
+        registered=run.node_partitions,
     )
     out = run.out.resolve()
     strategy = PolicyStrategy(

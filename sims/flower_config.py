@@ -30,7 +30,7 @@ infinite, docs/design.md, section 6): for tests and debugging only, never a depl
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +56,7 @@ CONTROL_KEYS = (
     "node-wait",
     "simulation-diagnostics",
     "not-private",
+    "node-partitions",
 )
 
 DEFAULT_NODE_WAIT_SECONDS = 300.0
@@ -73,6 +74,9 @@ class FlowerRun:
     not_private: bool = False
     """Whether sampling and (numpy) DP noise follow the configuration's seed, which makes the run
     not private (module docstring)."""
+    node_partitions: dict[int, int] = field(default_factory=dict)
+    """``node-partitions``: node id -> partition id of the nodes the operator registered, which no
+    other node can claim (:func:`fairclip.server.nodes.identify_nodes`)."""
 
 
 def flower_run(run_config: dict[str, Any]) -> FlowerRun:
@@ -100,6 +104,7 @@ def flower_run(run_config: dict[str, Any]) -> FlowerRun:
     not_private = run_config.get("not-private", False)
     if not isinstance(not_private, bool):
         raise ConfigError(f"not-private must be true or false (got {not_private!r})")
+    node_partitions = parse_node_partitions(run_config.get("node-partitions", UNSET))
     data_dir = str(run_config.get("data-dir", UNSET))
     node_wait = run_config.get("node-wait", DEFAULT_NODE_WAIT_SECONDS)
     if isinstance(node_wait, bool) or not isinstance(node_wait, int | float) or not node_wait > 0:
@@ -117,4 +122,27 @@ def flower_run(run_config: dict[str, Any]) -> FlowerRun:
         node_wait=float(node_wait),
         simulation_diagnostics=diagnostics,
         not_private=not_private,
+        node_partitions=node_partitions,
     )
+
+
+def parse_node_partitions(value: Any) -> dict[int, int]:
+    """``"NODE:PARTITION,NODE:PARTITION"`` (``node-partitions``; "" for none) as a dict, each
+    node and partition once; a malformed value is one :class:`ConfigError` line."""
+    pairs: dict[int, int] = {}
+    for entry in str(value).replace(";", ",").split(","):
+        if not entry.strip():
+            continue
+        node, separator, partition = entry.partition(":")
+        try:
+            if not separator:
+                raise ValueError
+            node_id, partition_id = int(node), int(partition)
+        except ValueError:
+            raise ConfigError(
+                f"node-partitions expects NODE:PARTITION,... (node and partition ids; got {entry.strip()!r})"
+            ) from None
+        if node_id in pairs or partition_id in pairs.values() or partition_id < 0:
+            raise ConfigError(f"node-partitions names node {node_id} or partition {partition_id} twice")
+        pairs[node_id] = partition_id
+    return pairs

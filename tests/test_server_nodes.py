@@ -80,12 +80,36 @@ def test_bad_identities_refuse_their_node_and_the_run_goes_on(server_task_identi
     assert len(refused_lines) == 6, refused_lines
 
 
-def test_a_partition_claimed_twice_refuses_both_claimants(server_task_identity):
+def test_a_partition_claimed_twice_stays_with_its_first_claimant(server_task_identity):
+    """Issue 68: refusing both claimants let any authenticated node evict an honest one by
+    claiming its partition (with three nodes the honest one was evicted); the first claimant
+    keeps it and only the later one is refused."""
     grid = FakeGrid({10: _identity(0), 11: _identity(1), 12: _identity(1), 13: _identity(3)})
     federation = identify_nodes(grid, 4, 2, 1.0, needs_cohorts=False)
-    assert federation.nodes == {0: 10, 3: 13}
-    assert "also claimed by node 12" in federation.refused[11]
-    assert "also claimed by node 11" in federation.refused[12]
+    assert federation.nodes == {0: 10, 1: 11, 3: 13}
+    assert set(federation.refused) == {12}
+    assert "partition-id=1 is held by node 11, which claimed it first" in federation.refused[12]
+
+
+def test_a_registered_partition_cannot_be_taken_whoever_answers_first(server_task_identity):
+    """With node-partitions, a hostile node that answers first still cannot take a registered
+    node's partition, and a registered node claiming another partition is refused alone."""
+    grid = FakeGrid({12: _identity(1), 11: _identity(1), 10: _identity(0), 13: _identity(2)})
+    federation = identify_nodes(grid, 4, 2, 1.0, needs_cohorts=False, registered={11: 1, 13: 3})
+    assert federation.nodes == {0: 10, 1: 11}
+    assert "partition-id=1 belongs to node 11 (node-partitions)" in federation.refused[12]
+    assert "node-partitions gives it partition-id=3" in federation.refused[13]
+
+
+def test_node_partitions_are_read_strictly():
+    from fairclip.sims.errors import ConfigError
+    from fairclip.sims.flower_config import parse_node_partitions
+
+    assert parse_node_partitions("") == {}
+    assert parse_node_partitions("123:0, 456:1") == {123: 0, 456: 1}
+    for bad in ("123", "a:1", "1:2,1:3", "1:2,3:2", "1:-1"):
+        with pytest.raises(ConfigError, match="node-partitions"):
+            parse_node_partitions(bad)
 
 
 def test_a_node_that_answers_twice_is_refused(server_task_identity):
