@@ -122,6 +122,10 @@ class ClassificationSpec(_ScenarioBase):
     """Keep exactly this many training examples of ``skew_class`` (a seeded subset) instead of
     each with probability ``skew_keep``."""
     balance: bool = True
+    balance_per_group: Annotated[int, Field(ge=1)] = 14_000
+    """Rows of each protected group that ``balance`` draws (Adult): 14,000, as seeds 003 and 004
+    write it; 14,695, all complete female rows, is what seed 003's code keeps (its
+    ``group_ratios`` 1,1 keep every row of the smaller group and thin the other to its size)."""
     protected: Literal["sex", "age", "marital-status"] = "sex"
     """The protected attribute, which ``attribute`` cohorts name: ``sex`` (``male``,
     ``female``); for Adult ``age`` binarised at ``age_split`` (``younger``, ``older``; seed
@@ -194,6 +198,8 @@ class ClassificationSpec(_ScenarioBase):
             raise ValueError(
                 f"split_seed applies to the {named} datasets only (the others have a fixed test set)"
             )
+        if self.balance_per_group != 14_000 and (self.dataset != "adult" or not self.balance):
+            raise ValueError("balance_per_group applies to the adult dataset with balance = true only")
         if self.feature_scaling != "public" and self.dataset != "adult":
             raise ValueError("feature_scaling applies to the adult dataset only (its numeric columns)")
         if self.age_split != "public" and self.protected != "age":
