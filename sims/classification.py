@@ -36,6 +36,7 @@ from fairclip.server.evaluation import evaluate, predict
 from fairclip.server.fairness import group_fairness, partition
 from fairclip.sims.config import ClassificationSpec, TrainingSpec
 from fairclip.sims.data import cohort_client_counts
+from fairclip.sims.fairlens import FairLens
 from fairclip.sims.federated_dataset import FederatedDataset
 from fairclip.sims.generated_clients import GeneratedClients, generates_clients
 from fairclip.sims.synthetic import sample_cohort
@@ -262,6 +263,48 @@ class ClassificationTask:
         self.one_step_rows = training.one_step_rows or rows_per_one_step_call(self.device)
         """``training.one_step_rows``, or the device's default: examples per one-step call."""
 
+    objective: FairLens | None = None
+    """The batch regulariser of ``training.objective = "fairlens"`` (:meth:`use_objective`), or
+    ``None`` for the plain cross-entropy."""
+
+    def use_objective(self, objective: FairLens) -> None:
+        """Train on FairLens's regularised loss (:mod:`fairclip.sims.fairlens`): each one-step
+        client's update becomes Δ_i = −η_l (∇ℓ_i + r) with the round's batch term r, computed by
+        :meth:`begin_round`. Needs one-example, one-step clients and two classes
+        (``ValueError`` otherwise)."""
+        if not self.one_step:
+            raise ValueError("training.objective = fairlens needs clients of one example that take one step")
+        if self.num_classes != 2:
+            raise ValueError(f"training.objective = fairlens needs two classes (got {self.num_classes})")
+        self.objective = objective
+        self._round_terms = {}
+
+    def begin_round(self, model: np.ndarray, client_ids: np.ndarray, round_number: int) -> None:
+        """Before round ``round_number``'s clients train: the objective's batch term r over all
+        of them (nothing for the plain cross-entropy). Kept for that round only, shared with the
+        :meth:`worker` views."""
+        if self.objective is None:
+            return
+        features, labels = self._examples(client_ids) if len(client_ids) else self._no_examples()
+        groups = torch.as_tensor(self.client_cohorts[np.asarray(client_ids, dtype=np.int64)])
+        term = self.objective.shift(self.model, model, features, labels, groups.to(features.device))
+        self._round_terms.clear()
+        self._round_terms[round_number] = term
+
+    def _round_term(self, round_number: int) -> np.ndarray:
+        """The batch term r of ``round_number`` (:meth:`begin_round` must have run for it)."""
+        term = self._round_terms.get(round_number)
+        if term is None:
+            raise RuntimeError(
+                f"round {round_number}: the FairLens batch term was not computed (begin_round was not "
+                "called with the round's clients; only the in-process engine does)"
+            )
+        return term
+
+    def _no_examples(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """An empty batch of this task's examples."""
+        return self.train_x[:0], self.train_y[:0]
+
     @property
     def rows_per_call(self) -> int:
         return self.one_step_rows if self.one_step else 1
@@ -313,13 +356,16 @@ class ClassificationTask:
             # per-client generator; all sampled clients' gradients at once.
             if len(client_ids) == 0:
                 return np.empty((0, model.shape[0]))
-            return one_step_updates(
+            updates = one_step_updates(
                 self.model,
                 model,
                 *self._examples(client_ids),
                 self.training.lr,
                 class_weights=self.training.class_weights,
             )
+            if self.objective is not None:  # Δ_i = −η_l (∇ℓ_i + r)
+                updates -= self.training.lr * self._round_term(round_number)[None, :]
+            return updates
         updates = np.empty((len(client_ids), model.shape[0]))
         for row, client in enumerate(client_ids):
             features, labels = self._examples(np.array([client]))
@@ -333,6 +379,8 @@ class ClassificationTask:
         """Whether a call for ``policy`` forms its clients' update rows (``local_updates``), or
         clips one-step clients of a row-scaling policy from their per-example norms without
         forming them (:meth:`per_example_gradients`)."""
+        if self.objective is not None:  # rows ∇ℓ_i + r are no scalings of ∇ℓ_i
+            return True
         return not (self.one_step and self.per_example == "auto" and policy.row_scaling)
 
     def per_example_gradients(
@@ -386,6 +434,23 @@ class ClassificationTask:
             return None
         predictions = predict(self.evaluation_model, model, self.test_x).argmax(dim=1).cpu().numpy()
         return group_fairness(self.test_y.cpu().numpy(), predictions, rows, list(self.cohort_weights))
+
+    def train_losses(self, model: np.ndarray) -> dict[str, float]:
+        """Each cohort's mean cross-entropy of ``model`` over its clients' training examples
+        (``training.train_loss``): a simulation-only diagnostic of private data."""
+        if self.generated is not None or self.client_indices is None:
+            raise ValueError("training.train_loss needs the clients' examples held in memory")
+        losses = nn.functional.cross_entropy(
+            predict(self.evaluation_model, model, self.train_x), self.train_y, reduction="none"
+        )
+        losses = losses.double().cpu().numpy()
+        found = {}
+        for index, name in enumerate(self.cohort_names):
+            clients = np.flatnonzero(self.client_cohorts == index)
+            rows = [np.asarray(self.client_indices[c]) for c in clients]
+            rows = np.concatenate(rows) if rows else np.empty(0, dtype=np.int64)
+            found[name] = float(losses[rows].mean()) if rows.size else float("nan")
+        return found
 
     def summary(self, model: np.ndarray) -> dict[str, Any]:
         """``preprocessing.outside_epsilon``, the preprocessing steps outside the run's ε, where

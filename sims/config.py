@@ -134,6 +134,10 @@ class ClassificationSpec(_ScenarioBase):
     include_protected: bool = True
     """Whether the sex column is an input feature (``adult``, ``dutch``); seed 004 trains on
     the unprotected attributes only (``false``)."""
+    balance_per_group: Annotated[int, Field(ge=1)] = 14_000
+    """Rows of each protected group that ``balance`` draws (Adult): 14,000, as seeds 003 and 004
+    write it; 14,695, all complete female rows, is what seed 003's code keeps (its
+    ``group_ratios`` 1,1 keep every row of the smaller group and thin the other to its size)."""
     protected: Literal["sex", "age", "marital-status"] = "sex"
     """The protected attribute, which ``attribute`` cohorts name: ``sex`` (``male``,
     ``female``); for Adult ``age`` binarised at ``age_split`` (``younger``, ``older``; seed
@@ -212,6 +216,8 @@ class ClassificationSpec(_ScenarioBase):
             raise ValueError("group_rows samples Adult's groups itself: set balance = false")
         if not self.include_protected and self.dataset not in ROW_SPLIT_DATASETS:
             raise ValueError("include_protected applies to the adult and dutch datasets only")
+        if self.balance_per_group != 14_000 and (self.dataset != "adult" or not self.balance):
+            raise ValueError("balance_per_group applies to the adult dataset with balance = true only")
         if self.feature_scaling != "public" and self.dataset != "adult":
             raise ValueError("feature_scaling applies to the adult dataset only (its numeric columns)")
         if self.age_split != "public" and "age" not in (self.protected, self.balance_by):
@@ -322,6 +328,20 @@ class TrainingSpec(_Section):
     one Σ Δ_i (clipping's direction error alone); ``magnitude`` steps along Σ Δ_i rescaled to the
     length of Σ c_i (its magnitude error alone); ``both`` is clipping as it is
     (:func:`fairclip.sims.clipping_errors.keep_one_error`)."""
+    objective: Literal["cross-entropy", "fairlens"] = "cross-entropy"
+    """What each client's gradient step minimises: its examples' cross-entropy, or ``fairlens``,
+    the cross-entropy plus FairLens's two batch regularisers (Tran et al. 2021, as seed 003's
+    Algorithm 4 runs it: :mod:`fairclip.sims.fairlens`) with the weights ``fairlens_weights``
+    and the ``constant`` policy's bound as C_0. Simulation only: each example's step then
+    depends on the whole batch, so the run claims no ε; one-example, one-step clients, two
+    cohorts, two classes, the in-process engine."""
+    fairlens_weights: Annotated[list[NonNegativeFloat], Field(min_length=2, max_length=2)] = [1.0, 1.0]
+    """γ_1 and γ_2 of ``objective = "fairlens"`` (seed 003, appendix B.2: both 1)."""
+    train_loss: bool = False
+    """Also report each cohort's mean cross-entropy on its clients' training examples under the
+    final model (``<cohort>/train_loss`` in summary.json): seed 003's tables' Loss columns, which
+    its authors' code takes from the training batches. A simulation-only diagnostic of private
+    data, not covered by DP; the Flower apps refuse it."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """Where clients train and the server evaluates (classification): ``auto`` picks a GPU when
     torch sees one; ``cuda`` requires one."""
@@ -560,6 +580,7 @@ def validate(raw: dict[str, Any]) -> RunConfig:
     strategy = resolve_strategy(raw_strategy, num_cohorts)
     config = partial.model_copy(update={"strategy": strategy})
     _check_clipping_error(config)
+    _check_objective(config)
     if config.training.class_weights is not None and config.scenario.task == "mean-estimation":
         raise ConfigError("training.class_weights: a mean-estimation task has no classes")
     return config
@@ -576,6 +597,40 @@ def _check_clipping_error(config: RunConfig) -> None:
             f"training.clipping_error: {config.training.clipping_error!r} steps with the unclipped sum, "
             "which DP does not cover; set privacy.noise_multiplier = 0 and no privacy.target_epsilon "
             "(a non-private ablation)"
+        )
+
+
+def _check_objective(config: RunConfig) -> None:
+    """``training.train_loss`` only for a classification task, and ``training.objective =
+    "fairlens"`` only where Algorithm 4 of seed 003 is defined: a classification scenario of two
+    cohorts (its groups a and b) whose clients hold one example
+    each and take one step (a DP-SGD batch), clipped by ``constant`` (its fixed C_0), with the
+    plain cross-entropy (no class weights). The task checks the two classes."""
+    training = config.training
+    scenario = config.scenario
+    if training.train_loss and not isinstance(scenario, ClassificationSpec | FederatedDatasetSpec):
+        raise ConfigError(f"training.train_loss needs a classification task (got {scenario.task!r})")
+    if training.objective == "cross-entropy":
+        return
+    where = "training.objective = fairlens"
+    if not isinstance(scenario, ClassificationSpec):
+        raise ConfigError(f"{where} needs a classification scenario (got task {scenario.task!r})")
+    if len(scenario.cohorts) != 2:
+        raise ConfigError(
+            f"{where} needs exactly two cohorts, its groups a and b (got {len(scenario.cohorts)})"
+        )
+    if scenario.partition != "per-example" or training.local_epochs != 1:
+        raise ConfigError(
+            f"{where} needs one-example, one-step clients (scenario.partition = per-example, "
+            "training.local_epochs = 1): its regularisers are functions of a DP-SGD batch"
+        )
+    if config.strategy.name != "constant":
+        raise ConfigError(
+            f"{where} clips at a fixed C_0: strategy.name must be constant (got {config.strategy.name!r})"
+        )
+    if training.class_weights is not None:
+        raise ConfigError(
+            f"{where} regularises the plain cross-entropy: training.class_weights must be unset"
         )
 
 

@@ -142,6 +142,10 @@ class RunServer:
         public and knows no client's diagnostics)."""
         self.dropped_rounds: list[int] = []
         """Rounds in which every sampled client's update was not finite (a simulation's flag)."""
+        self.couples_clients = config.training.objective == "fairlens"
+        """Whether each client's update depends on the other sampled clients' data (FairLens's
+        batch regularisers, :mod:`fairclip.sims.fairlens`): then no contribution's sensitivity is
+        the noise's, and the run claims no ε (:meth:`_claim`)."""
         secure = config.privacy.secure_noise
         self.secure_noise = secure_noise_default if secure is None else secure
         """Whether the DP noise comes from OpenDP's exact sampler (``privacy.secure_noise``, or
@@ -402,6 +406,8 @@ class RunServer:
         if self.summary.get("rounds_completed") != self.rounds_completed:
             self._evaluate()
         self._add_group_metrics()
+        if self.config.training.train_loss:
+            self._add_train_losses()
         budget_cut = self.rounds_to_run < self.config.training.rounds
         if budget_cut and self.rounds_completed >= self.rounds_to_run:
             self.stop_reason = self.plan.budget_message(self.rounds_completed, self.rounds_released_again)
@@ -449,6 +455,15 @@ class RunServer:
         for name, values in per_cohort.items():
             cohorts[name] = {**cohorts.get(name, {}), **values}
 
+    def _add_train_losses(self) -> None:
+        """Each cohort's mean training loss under the evaluated model (``training.train_loss``),
+        as ``train_loss`` beside its test metrics: a simulation-only diagnostic of the clients'
+        data, which the summary names as not covered by DP (``not_covered_by_dp``)."""
+        cohorts = self.summary["cohorts"]
+        for name, value in self.task.train_losses(self.evaluated_model).items():
+            cohorts[name] = {**cohorts.get(name, {}), "train_loss": value}
+        self.summary["not_covered_by_dp"] = ["cohorts.*.train_loss (the clients' training examples)"]
+
     def _claim(self) -> dict[str, Any]:
         """The privacy claim of the rounds that ran: ε from the accountant that was fed each
         round's DP event, with the noise those rounds released (the planned noise before the
@@ -458,8 +473,9 @@ class RunServer:
             self._final_claim.result()  # the background computation of this very ε
         event = self.rounds.last_event or DPEvent.planned(plan.noise, plan.releases_reports)
         mechanism_epsilon = accountant.get_epsilon(plan.delta)
+        claimed = not (self.not_private or self.couples_clients)
         claim = PrivacyClaim(
-            epsilon=math.inf if self.not_private else mechanism_epsilon,
+            epsilon=mechanism_epsilon if claimed else math.inf,
             delta=plan.delta,
             accountant=accountant.mechanism,
             sample_rate=plan.sample_rate,
@@ -475,10 +491,10 @@ class RunServer:
             claim["noise_multiplier_varies"] = True
             claim["smallest_effective_noise_multiplier"] = min(sigma for sigma, _, _ in accountant.history)
             claim["epsilon_note"] = REALIZED_EPSILON_NOTE
-        if self.not_private:
+        if not claimed:
             claim.update(
                 guarantee=False,
-                not_private=NOT_PRIVATE_NOTE,
+                not_private=NOT_PRIVATE_NOTE if self.not_private else COUPLED_CLIENTS_NOTE,
                 mechanism_epsilon=json_number(mechanism_epsilon),
             )
         return claim
@@ -520,6 +536,15 @@ NOT_PRIVATE_NOTE = (
 )
 """What the privacy claim of a not-private run says instead of an ε (:class:`RunServer`)."""
 
+COUPLED_CLIENTS_NOTE = (
+    "training.objective = fairlens: each example's clipped gradient depends on the whole batch "
+    "through FairLens's regularisers, so adding or removing one example changes every contribution "
+    "and the sum's sensitivity is not the bound its noise uses; no privacy is claimed. "
+    "mechanism_epsilon is the epsilon DP-SGD's accounting gives the same noise, as seed 003 reports it"
+)
+"""What the privacy claim of a run whose clients' updates depend on each other says instead of an
+ε (:attr:`RunServer.couples_clients`)."""
+
 
 def simulate(
     config: RunConfig,
@@ -548,8 +573,11 @@ def simulate(
     server.execution = getattr(execute, "execution", None)
     notify_start(watching, server)
     try:
+        begin_round = getattr(task, "begin_round", None)
         for round_number in range(server.rounds_completed + 1, server.rounds_to_run + 1):
             client_ids = server.sample(round_number)
+            if begin_round is not None:  # a batch term of the training objective (FairLens)
+                begin_round(server.model, client_ids, round_number)
             if server.policy.counts_first:
                 counts = execute(server.model, client_ids, round_number, server.broadcast(), Exchange.COUNTS)
                 server.release_counts(round_number, counts)

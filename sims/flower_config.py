@@ -115,6 +115,16 @@ def flower_run(run_config: dict[str, Any]) -> FlowerRun:
             "training.clipping_error is a simulation-only ablation: "
             "a Flower node never sends its unclipped update"
         )
+    if config.training.objective != "cross-entropy":
+        raise ConfigError(
+            f"training.objective = {config.training.objective} is simulation-only: its step needs "
+            "every sampled client's gradients and predictions, which a Flower node never sees"
+        )
+    if config.training.train_loss:
+        raise ConfigError(
+            "training.train_loss is a simulation-only diagnostic: "
+            "the server never sees the nodes' training data"
+        )
     return FlowerRun(
         config=config,
         out=Path(str(run_config.get("out", UNSET)) or "runs/flwr"),

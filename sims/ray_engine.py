@@ -254,6 +254,11 @@ class RayExecutor:
     ) -> RayExecutor:
         """Start ``num_actors`` actors (one CPU each; at most the cluster's CPUs and the
         :data:`SUM_SHARDS` blocks) and wait until every one holds its task."""
+        if config.training.objective != "cross-entropy":
+            raise ConfigError(
+                f"training.objective = {config.training.objective} needs the whole batch in one "
+                "process (its batch term, begin_round): run it with the in-process engine, not Ray actors"
+            )
         available = cluster_cpus()
         num_actors = max(1, min(num_actors, available, SUM_SHARDS))
         raw = config.as_dict()

@@ -47,6 +47,7 @@ def load(spec: ClassificationSpec, data_dir: Path | None, seed: int) -> Dataset:
             directory,
             seed=rows_seed,
             balance=spec.balance,
+            per_group=spec.balance_per_group,
             test_fraction=spec.test_fraction,
             scaling=spec.feature_scaling,
             protected=spec.protected,

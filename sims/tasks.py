@@ -19,6 +19,10 @@ class Task(Protocol):
     :class:`fairclip.client.ghost.OneStepGradients`), or ``None`` where it cannot; the engines use
     it first (:meth:`fairclip.sims.classification.ClassificationTask.per_example_gradients`).
 
+    A task may define ``begin_round(model, client_ids, round_number)``: the engine calls it with
+    each round's sampled clients before any of them trains (a training objective of the whole
+    batch, ``training.objective = "fairlens"``, computes its batch term there).
+
     And ``group_metrics(model)``: extra (overall, per-cohort) metrics of the final model, such as
     :meth:`fairclip.sims.classification.ClassificationTask.group_metrics`'s group-fairness rates,
     merged into the summary once a run, or ``None``.
@@ -68,6 +72,17 @@ def build_task(config: RunConfig, data_dir: Path | None = None) -> Task:
     task = _build(config, data_dir)
     task.cohort_directions = config.training.cohort_directions  # type: ignore[attr-defined]
     task.unclipped_total = config.training.clipping_error != "both"  # type: ignore[attr-defined]
+    if config.training.objective == "fairlens":
+        from fairclip.sims.fairlens import FairLens
+
+        gradient_weight, boundary_weight = config.training.fairlens_weights
+        bound = float(config.strategy.params["initial_bound"])
+        try:
+            task.use_objective(FairLens(gradient_weight, boundary_weight, bound))  # type: ignore[attr-defined]
+        except ValueError as error:
+            from fairclip.sims.errors import ConfigError
+
+            raise ConfigError(f"scenario {config.scenario.name!r}: {error}") from None
     return task
 
 

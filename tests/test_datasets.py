@@ -32,6 +32,7 @@ from fairclip.sims.data import (
 )
 from fairclip.sims.data import datasets as datasets_module
 from fairclip.sims.data import files as files_module
+from fairclip.sims.errors import ConfigError
 
 DATA_DIR = Path(
     os.environ.get("FAIRCLIP_DATA") or Path(__file__).resolve().parents[2] / "shared" / "data"
@@ -340,6 +341,22 @@ def test_adult_balanced_has_14000_per_sex(adult) -> None:
     assert np.bincount(groups).tolist() == [14_000, 14_000]
     assert adult.x_train.dtype == np.float32 and adult.x_train.shape == (22_400, len(adult.feature_names))
     assert set(np.unique(adult.y_train)) == {0, 1}
+
+
+def test_adult_balanced_as_seed_003s_code_keeps_every_female_row() -> None:
+    """``scenario.balance_per_group = 14695``: seed 003's code keeps all 14,695 complete female
+    rows and thins the men to as many (its epsilon 3.41 needs those 23,512 training rows)."""
+    from fairclip.sims.config import load_config
+
+    data = load_adult(need("adult/adult.data", "adult/adult.test"), seed=0, per_group=14_695)
+    assert np.bincount(np.concatenate([data.g_train, data.g_test])).tolist() == [14_695, 14_695]
+    assert (data.num_train, data.num_test) == (23_512, 5_878)
+    assert (
+        load_config("adult", None, ["scenario.balance_per_group=14695"]).scenario.balance_per_group == 14_695
+    )
+    for sets in (["scenario.balance=false"], ["scenario.dataset=dutch"]):
+        with pytest.raises(ConfigError, match="balance_per_group applies to the adult dataset"):
+            load_config("adult", None, [*sets, "scenario.balance_per_group=14695"])
 
 
 def test_adult_features_are_finite_standardised_and_one_hot(adult) -> None:
