@@ -272,3 +272,41 @@ print(rss() - one)
     assert done.returncode == 0, done.stderr[-2000:]
     grown = float(done.stdout.strip().splitlines()[-1])
     assert grown < 100, f"memory grew by {grown:.0f} MB over 30 ε computations"
+
+
+@pytest.mark.slow
+def test_a_killed_compare_drivers_ray_processes_do_not_outlive_it(tmp_path):
+    """kill -9 of a `fairclip compare` on Ray: its run tasks, raylet and GCS go with it (the
+    run tasks within seconds, Ray's agents within about 90 s), by Ray's own lifetime rules."""
+    import contextlib
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    command = [str(Path(sys.executable).parent / "fairclip"), "compare", "--scenario", "demo", "--seeds", "2",
+               "--out", str(tmp_path / "sweep")]  # fmt: skip
+    driver = subprocess.Popen(
+        command, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+
+    def group() -> list[str]:
+        listing = subprocess.run(["ps", "-eo", "pgid=,args="], capture_output=True, text=True).stdout
+        return [line for line in listing.splitlines() if line.split(None, 1)[0] == str(driver.pid)]
+
+    try:
+        deadline = time.monotonic() + 120
+        while not any("ray::run_simulation_task" in line for line in group()):
+            assert time.monotonic() < deadline and driver.poll() is None, "no run task started"
+            time.sleep(1)
+        os.kill(driver.pid, signal.SIGKILL)
+        driver.wait(timeout=30)
+        deadline = time.monotonic() + 150
+        while group() and time.monotonic() < deadline:
+            time.sleep(2)
+        assert not group(), group()
+    finally:  # whatever of the group is left is ours: stop it
+        if group():
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(driver.pid, signal.SIGKILL)
