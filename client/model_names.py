@@ -14,4 +14,8 @@ MODELS = (
     "zhao-cnn",
     "xu-cnn",
     "galli-cnn",
+    "zhao-resnet18",
 )
+
+IMAGE_MODELS = ("cnn", "tanh-cnn", "esipova-cnn", "zhao-cnn", "xu-cnn", "galli-cnn", "zhao-resnet18")
+"""The built-in models that take images (channels, height, width)."""
