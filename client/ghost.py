@@ -18,6 +18,9 @@ forward pass and one backward pass to the layers' outputs (no parameter gradient
   G_i = B_i U_iᵀ with U_i the unfolded input (what Opacus' conv grad sampler forms), here the
   weight gradient of one convolution with one group per example; a convolution's weight is
   small, so G is too, and the sums are w·G.
+* ``GroupNorm`` with its affine weight γ and bias β: y = x̂·γ + β per channel, where x̂ is the
+  input normalised over each group of each example alone, so ∇_γ ℓ_i = Σ_positions x̂_i ⊙ b_i
+  and ∇_β ℓ_i = Σ_positions b_i, per channel (what Opacus' group-norm grad sampler forms).
 
 The gradients are defined by these float32 factors; their norms and every sum are computed
 in float64, so the norm each factor was decided from is the norm of the row it multiplies (to
@@ -217,12 +220,13 @@ class _UnsupportedError(Exception):
 
 def ghost_layers(model: nn.Module) -> list[nn.Module] | None:
     """The model's parameterised layers, in the order of ``model.parameters()``, where every one
-    is a ``Linear`` or an ordinary ``Conv2d`` (one group, zero padding given as numbers) that
-    owns its weight and bias; ``None`` otherwise, and ``None`` where a layer mixes the examples of
-    a batch (:func:`fairclip.client.models.batch_statistics_layers`): this path puts many clients'
-    examples in one batch, so such a layer would make each client's norm and clipped update depend
-    on the others' data (simulations refuse such models from the start,
-    :func:`fairclip.sims.classification.checked_model`)."""
+    is a ``Linear``, an ordinary ``Conv2d`` (one group, zero padding given as numbers) or a
+    ``GroupNorm`` that owns its weight and bias; ``None`` otherwise, and ``None`` where a layer
+    mixes the examples of a batch (:func:`fairclip.client.models.batch_statistics_layers`): this
+    path puts many clients' examples in one batch, so such a layer would make each client's norm
+    and clipped update depend on the others' data (simulations refuse such models from the start,
+    :func:`fairclip.sims.classification.checked_model`). Group normalisation takes its statistics
+    from each example alone and is handled."""
     if batch_statistics_layers(model):
         return None
     layers = []
@@ -232,7 +236,7 @@ def ghost_layers(model: nn.Module) -> list[nn.Module] | None:
         if type(module) is nn.Conv2d:
             if module.groups != 1 or module.padding_mode != "zeros" or isinstance(module.padding, str):
                 return None
-        elif type(module) is not nn.Linear:
+        elif type(module) not in (nn.Linear, nn.GroupNorm):
             return None
         layers.append(module)
     owned = [p for layer in layers for p in (layer.weight, layer.bias) if p is not None]
@@ -313,6 +317,8 @@ def _piece(layer: nn.Module, inputs: torch.Tensor, output_grads: torch.Tensor) -
     """The float64 factors of one layer's per-example gradients."""
     count = inputs.shape[0]
     has_bias = layer.bias is not None
+    if isinstance(layer, nn.GroupNorm):
+        return _group_norm_piece(layer, inputs, output_grads)
     if isinstance(layer, nn.Linear) and inputs.dim() == 2:
         return _OuterProduct(inputs.double(), output_grads.double(), has_bias)
     if isinstance(layer, nn.Linear):  # a sequence: one gradient term per position
@@ -326,6 +332,30 @@ def _piece(layer: nn.Module, inputs: torch.Tensor, output_grads: torch.Tensor) -
     return _PerExample(weight_grads.reshape(count, -1).double(), bias_grads)
 
 
+def _group_norm_piece(layer: nn.GroupNorm, inputs: torch.Tensor, output_grads: torch.Tensor) -> _PerExample:
+    """Per-example gradients of a group normalisation's affine weight and bias (n, C) from its
+    inputs and output gradients (n, C, ...): each example is normalised over its own groups
+    (no other example enters x̂_i), so ∇_γ ℓ_i = Σ x̂_i ⊙ b_i and ∇_β ℓ_i = Σ b_i over the
+    positions of each channel."""
+    count, channels = inputs.shape[:2]
+    normalised = nn.functional.group_norm(inputs, layer.num_groups, eps=layer.eps)
+    weight_grads = (normalised * output_grads).reshape(count, channels, -1).sum(2)
+    bias_grads = output_grads.reshape(count, channels, -1).sum(2)
+    return _PerExample(weight_grads.double(), bias_grads.double())
+
+
+UNFOLD_POSITIONS = 16
+"""Output positions up to which :func:`_conv_weight_grads` forms the unfolded inputs and one
+batched product instead of a grouped convolution's weight gradient. One thread, batches of 8
+and 32, on a loaded machine (2026-12-02; grouped against batched, ms per call):
+``zhao-resnet18``'s 64→128 3×3 stride 2 on 7×7 (16 positions) 8.6 against 1.3 and 10.2 against
+3.5; 128→128 on 4×4 60 against 7.8 (32 rows); 256→256 on 2×2 250 against 15; 512→512 on 1×1
+263 against 117 (8 rows) and 7,000 against 340 (32 rows). With more positions the grouped
+convolution is as fast or faster: 64→64 on 7×7 (49 positions) even; ``zhao-cnn``'s 64→64 on
+12×12 (100) 9.3 against 12.5; ``esipova-cnn``'s 32→16 on 26×26 4.7 against 16.8 (32 rows). No
+other built-in model has a convolution with 16 positions or fewer."""
+
+
 def _conv_weight_grads(layer: nn.Conv2d, inputs: torch.Tensor, output_grads: torch.Tensor) -> torch.Tensor:
     """Per-example weight gradients (n, C_out, C_in·k_h·k_w) of a convolution from its inputs
     (n, C_in, H, W) and output gradients (n, C_out, H', W'): G_i = B_i U_iᵀ with U_i the unfolded
@@ -337,10 +367,19 @@ def _conv_weight_grads(layer: nn.Conv2d, inputs: torch.Tensor, output_grads: tor
     2.5-2.8 ms against 6.7 ms one kernel offset at a time (bmm on strided slices); ``galli-cnn``'s
     16→32 on 26×26, 4×4: 3.0 against 10.9 ms; ``xu-cnn``'s 20→50, 5×5: 3.0 against 4.1 ms;
     ``zhao-cnn``'s 64→64 on 12×12 about even (6.4-7.2 against 6.2-6.7 ms); one input channel
-    (unfold and bmm before): 0.7-0.9 against 0.7-1.1 ms."""
+    (unfold and bmm before): 0.7-0.9 against 0.7-1.1 ms.
+
+    Where the output has at most :data:`UNFOLD_POSITIONS` positions, U_i is formed (``unfold``)
+    and G_i = B_i U_iᵀ is one batched product instead: the grouped convolution is slow on wide,
+    small maps (``zhao-resnet18``'s later stages on 28×28 images)."""
     count, channels, height, width = inputs.shape
     out_channels, out_height, out_width = output_grads.shape[1:]
     kernel_height, kernel_width = layer.kernel_size
+    if out_height * out_width <= UNFOLD_POSITIONS:
+        unfolded = nn.functional.unfold(
+            inputs, layer.kernel_size, dilation=layer.dilation, padding=layer.padding, stride=layer.stride
+        )
+        return torch.bmm(output_grads.reshape(count, out_channels, -1), unfolded.transpose(1, 2))
     grads = nn.grad.conv2d_weight(
         inputs.reshape(1, count * channels, height, width),
         (count * out_channels, channels, kernel_height, kernel_width),

@@ -15,4 +15,17 @@ MODELS = (
     "xu-cnn",
     "xu-cnn-normalized",
     "galli-cnn",
+    "zhao-resnet18",
 )
+
+IMAGE_MODELS = (
+    "cnn",
+    "tanh-cnn",
+    "esipova-cnn",
+    "zhao-cnn",
+    "xu-cnn",
+    "xu-cnn-normalized",
+    "galli-cnn",
+    "zhao-resnet18",
+)
+"""The built-in models that take images (channels, height, width)."""

@@ -37,6 +37,9 @@
   layers have their own non-linearity), no strides (551,322 parameters on 1×28×28 and 10
   classes, Table 1: 28 -> 27 -> 26 -> 23, so 32·23·23 = 16,928 inputs to the dense layer; the
   strided, twice-pooled ``cnn`` of Papernot et al. has 26,010).
+* ``zhao-resnet18``: seed 000's ResNet-18 (section 4.1, appendix A.5): timm's ``resnet18`` with
+  every batch normalisation replaced by ``GroupNorm(32, C)`` as Opacus' ``ModuleValidator.fix``
+  replaces it (:mod:`fairclip.client.resnet`; 11,175,370 parameters on 1×28×28 and 10 classes).
 
 A client's update Δ = θ_i − θ_t is the difference of two flat vectors made by
 :func:`model_to_vector`, in the order of ``model.parameters()``.
@@ -48,7 +51,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from fairclip.client.model_names import MODELS
+from fairclip.client.model_names import IMAGE_MODELS, MODELS
+from fairclip.client.resnet import ResNet18GroupNorm
 
 
 def build_model(name: str, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
@@ -75,12 +79,14 @@ def build_model(name: str, input_shape: tuple[int, ...], num_classes: int) -> nn
             activation(),
             *head,
         )
-    if name in ("cnn", "tanh-cnn", "esipova-cnn", "zhao-cnn", "xu-cnn", "xu-cnn-normalized", "galli-cnn"):
+    if name in IMAGE_MODELS:
         if len(input_shape) != 3:
             raise ValueError(
                 f"model {name!r} needs image inputs (channels, height, width), got {input_shape}"
             )
         channels = input_shape[0]
+        if name == "zhao-resnet18":
+            return ResNet18GroupNorm(channels, num_classes)
         if name == "cnn":
             layers = nn.Sequential(
                 nn.Conv2d(channels, 16, 8, stride=2, padding=3),

@@ -16,7 +16,16 @@ from fairclip.sims.config import load_config
 from fairclip.sims.engine import simulate
 from fairclip.sims.tasks import build_task
 
-IMAGE_MODELS = ["cnn", "tanh-cnn", "esipova-cnn", "zhao-cnn", "xu-cnn", "xu-cnn-normalized", "galli-cnn"]
+IMAGE_MODELS = [
+    "cnn",
+    "tanh-cnn",
+    "esipova-cnn",
+    "zhao-cnn",
+    "xu-cnn",
+    "xu-cnn-normalized",
+    "galli-cnn",
+    "zhao-resnet18",
+]
 INPUT_SHAPES = {
     **{
         name: (10,)
@@ -129,6 +138,43 @@ def test_the_normalized_xu_cnn_is_the_xu_cnn_on_standardised_pixels():
         expected = plain((pixels - 0.1307) / 0.3081)
         torch.testing.assert_close(normalized(pixels), expected)
         torch.testing.assert_close(normalized(pixels[:1]), expected[:1])
+
+
+def test_seed_000s_resnet18_is_timms_with_group_normalisation():
+    """Seed 000's ResNet-18 (section 4.1, appendix A.5): timm's resnet18 on one-channel 28×28
+    images with every BatchNorm2d(C) replaced by GroupNorm(32, C), as Opacus' ModuleValidator.fix
+    replaces it in the authors' code; timm's 11,689,512 parameters (3 channels, 1,000 classes)
+    less 2/3 of the 7×7 stem and the 1,000-class head."""
+    from fairclip.client.ghost import ghost_layers
+    from fairclip.client.models import batch_statistics_layers
+
+    torch.manual_seed(0)
+    model = build_model("zhao-resnet18", (1, 28, 28), 10)
+    count = sum(p.numel() for p in model.parameters())
+    assert count == 11_175_370 == 11_689_512 - 2 * 64 * 49 - (512 * 990 + 990)
+    norms = [m for m in model.modules() if isinstance(m, torch.nn.GroupNorm)]
+    convolutions = [m for m in model.modules() if isinstance(m, torch.nn.Conv2d)]
+    assert len(norms) == len(convolutions) == 20  # stem, 16 in the blocks, 3 projections
+    assert all(norm.num_groups == 32 and norm.affine for norm in norms)
+    assert all(conv.bias is None for conv in convolutions)
+    assert [(c.kernel_size, c.stride) for c in convolutions][:2] == [((7, 7), (2, 2)), ((3, 3), (1, 1))]
+    assert not batch_statistics_layers(model)
+    assert ghost_layers(model) is not None  # its clients are clipped from per-example norms
+
+    sizes = []
+    hooks = [
+        getattr(model, name).register_forward_hook(lambda m, a, out: sizes.append(out.shape[-1]))
+        for name in ("conv1", "maxpool", "layer1", "layer2", "layer3", "layer4")
+    ]
+    logits = model(torch.rand(4, 1, 28, 28))
+    for hook in hooks:
+        hook.remove()
+    assert logits.shape == (4, 10) and sizes == [14, 7, 7, 4, 2, 1]
+    # Group normalisation works per example: an example's logits do not depend on its batch.
+    alone = model(torch.rand(1, 1, 28, 28, generator=_generator(3)))
+    batch = torch.cat([torch.rand(1, 1, 28, 28, generator=_generator(3)), torch.rand(5, 1, 28, 28) * 9])
+    torch.testing.assert_close(model(batch)[:1], alone, rtol=1e-5, atol=1e-5)
+    assert build_model("zhao-resnet18", (3, 32, 32), 100)(torch.rand(2, 3, 32, 32)).shape == (2, 100)
 
 
 def test_unknown_model_is_refused():
