@@ -826,6 +826,11 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(1)
     except (click.exceptions.Abort, KeyboardInterrupt):
         status = 130
+    except ConnectionError as error:  # an OSError, but a cluster or server refused us, not a file
+        from fairclip.sims.engine import one_line
+
+        print(f"fairclip: error: {one_line(error)}", file=sys.stderr)
+        sys.exit(1)
     except OSError as error:  # a file that could not be written or read mid-run: a full disk, say
         from fairclip.sims.engine import one_line
 

@@ -378,9 +378,8 @@ def agreement(folder: Path) -> dict[str, int]:
     counts = {"published": 0, "with_stderr": 0, "within_combined": 0, "within_points": 0}
     for _, row in table[table["paper"].astype(str) != ""].iterrows():
         paper, mean = float(row["paper"]), float(row["fairclip_mean"])
-        stored = str(row.get("paper_stderr", ""))
-        if stored:
-            paper_se = float(stored)
+        if "paper_stderr" in table.columns:  # empty: the paper gives none for this number
+            paper_se = float(row["paper_stderr"]) if str(row["paper_stderr"]) != "" else None
         else:
             text = "" if setup.epsilons == [None] else f"{float(row['epsilon']):g}"
             paper_se = errors.get(row["strategy"], {}).get(text, {}).get(row["metric"])

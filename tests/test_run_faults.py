@@ -137,6 +137,21 @@ def test_a_failed_write_is_one_line_and_keeps_what_was_written(cli, tmp_path, mo
     assert summary["rounds_completed"] <= len(written)
 
 
+def test_a_refused_connection_is_one_line_with_status_1_not_an_output_error(cli, tmp_path, monkeypatch):
+    """ConnectionError is an OSError, but a cluster that refuses us is no file error: status 1,
+    not 74 (a Ray cluster without the driver's token raised it into the output-error branch)."""
+    import fairclip.api as api_module
+
+    def refused(*args, **kwargs):
+        raise ConnectionError("Failed to connect to Ray cluster at 192.0.2.2:1")
+
+    monkeypatch.setattr(api_module, "simulate_config", refused)
+    status, _, err = cli("run", "--scenario", "bimodal-mean", "--out", str(tmp_path))
+    assert status == 1 and err.strip().splitlines() == [
+        "fairclip: error: ConnectionError: Failed to connect to Ray cluster at 192.0.2.2:1"
+    ]
+
+
 def _bad_outs(tmp_path: Path) -> dict[str, Path]:
     a_file = tmp_path / "a-file"
     a_file.write_text("not a folder")
