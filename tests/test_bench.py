@@ -295,20 +295,37 @@ def test_quick_w5_scale_out(tmp_path):
 
 def test_a_background_job_is_seen_and_the_contenders_are_not():
     """A process already running when the benchmark starts is counted with the CPU it takes; one
-    started afterwards (as every contender is) is not."""
+    started afterwards (as every contender is) is not. The processes spin for CPU time, not wall
+    time, and hand over through pipes, so a loaded machine changes no outcome (issue 67: the
+    wall-clock version failed under load)."""
     from fairclip.benchmarks.common import OtherLoad
 
-    spin = [sys.executable, "-c", "import time\nend = time.time() + 1.5\nwhile time.time() < end: pass"]
-    background = subprocess.Popen(spin)
+    background_script = (
+        "import sys, time\n"
+        "print('ready', flush=True)\n"
+        "sys.stdin.readline()  # the benchmark has started\n"
+        "start = time.process_time()\n"
+        "while time.process_time() - start < 0.5: pass\n"
+        "print('spun', flush=True)\n"
+        "sys.stdin.readline()  # stay alive until sampled\n"
+    )
+    spin = [sys.executable, "-c", "import time\nwhile time.process_time() < 0.3: pass"]
+    background = subprocess.Popen(
+        [sys.executable, "-c", background_script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
     contender = None
     try:
-        time.sleep(0.2)  # it runs before the benchmark starts
+        assert background.stdout.readline().strip() == "ready"  # it runs before the benchmark starts
         others = OtherLoad()
         contender = subprocess.Popen(spin)
-        time.sleep(0.8)
+        background.stdin.write("go\n")
+        background.stdin.flush()
+        assert background.stdout.readline().strip() == "spun"
         others.per_process()  # as the runner does after each contender
-        background.wait(timeout=30)  # it ends before the measurement: its last sample counts
-        contender.wait(timeout=30)
+        background.stdin.write("end\n")
+        background.stdin.close()
+        background.wait(timeout=60)  # it ends before the measurement: its last sample counts
+        contender.wait(timeout=60)
         measured, used = others.measure(), {pid: seconds for seconds, pid, _ in others.per_process()}
     finally:
         for process in (background, contender):
