@@ -67,7 +67,7 @@ from fairclip.server.optimizer import ServerSGD
 from fairclip.server.replies import ReplyError, check_reply
 from fairclip.server.round_server import RoundServer
 from fairclip.strategies import NoiseMultipliers, Policy, PolicyConfigError, build_policy
-from fairclip.strategies.accounting import DEFAULT_COUNT_RATIO, Accountant
+from fairclip.strategies.accounting import DEFAULT_COUNT_RATIO, Accountant, calibrate, calibrate_effective
 from fairclip.strategies.aggregation import RoundSums, sum_replies
 from fairclip.strategies.randomness import Stream, rng, sample_ids
 from fairclip.strategies.registry import check_policy_class
@@ -93,7 +93,10 @@ class DifferentialPrivacy(Strategy):
     parameters. ``num_clients`` is N, the size of the population the nodes are drawn from
     (required: the update is divided by the public m̂ = q·N, module docstring). ``sample_rate``
     q, ``noise_multiplier`` σ_Δ and ``count_noise_multiplier`` σ_b (default 10·σ_Δ) set the
-    mechanism; ε at ``delta`` is accounted with ``accountant`` (``prv`` or ``rdp``). The inner
+    mechanism; or, as Opacus' ``make_private_with_epsilon``, ``target_epsilon`` with
+    ``num_rounds`` T calibrates them: σ_eff is the smallest σ whose ε after T rounds is at most
+    the target (:func:`~fairclip.strategies.accounting.calibrate`), split σ_b = 10·σ_Δ, and a
+    round past T is refused. ε at ``delta`` is accounted with ``accountant`` (``prv`` or ``rdp``). The inner
     ``strategy`` must send its train message to every node (``fraction_train=1.0``): the
     wrapper samples. Noise comes from OpenDP's exact sampler (``secure_noise``, default on).
     ``not_private_seed`` makes sampling and noise reproducible, which makes the run not private
@@ -108,8 +111,10 @@ class DifferentialPrivacy(Strategy):
         *,
         num_clients: int | None = None,
         sample_rate: float,
-        noise_multiplier: float,
+        noise_multiplier: float | None = None,
         count_noise_multiplier: float | None = None,
+        target_epsilon: float | None = None,
+        num_rounds: int | None = None,
         delta: float = 1e-5,
         accountant: str = "prv",
         secure_noise: bool | None = None,
@@ -154,12 +159,21 @@ class DifferentialPrivacy(Strategy):
             isinstance(not_private_seed, bool) or not isinstance(not_private_seed, int)
         ):
             raise PolicyConfigError(f"not_private_seed must be an integer (got {not_private_seed!r})")
-        count = (
-            DEFAULT_COUNT_RATIO * noise_multiplier
-            if count_noise_multiplier is None
-            else count_noise_multiplier
+        self.target_epsilon, self.num_rounds = _check_target(
+            self.policy, noise_multiplier, count_noise_multiplier, target_epsilon, num_rounds
         )
-        self.noise = NoiseMultipliers(float(noise_multiplier), float(count))
+        if self.target_epsilon is not None:
+            # σ_eff now, so that a budget no σ reaches fails here; its split between the update
+            # and the reports waits for the model's size (the policy's report length may need it).
+            calibrate_effective(self.target_epsilon, sample_rate, self.num_rounds, delta, accountant)
+            self.noise: NoiseMultipliers | None = None  # calibrated at the first round
+        else:
+            count = (
+                DEFAULT_COUNT_RATIO * noise_multiplier
+                if count_noise_multiplier is None
+                else count_noise_multiplier
+            )
+            self.noise = NoiseMultipliers(float(noise_multiplier), float(count))
         self.strategy = strategy
         self.num_clients = num_clients
         self.sample_rate = float(sample_rate)
@@ -184,13 +198,17 @@ class DifferentialPrivacy(Strategy):
         return self.sample_rate * self.num_clients
 
     def summary(self) -> None:
+        if self.noise is None:
+            noise = f"target ε={self.target_epsilon:g} at δ={self.delta:g} over T={self.num_rounds} rounds"
+        else:
+            noise = f"σ_Δ={self.noise.update:g}"
         log(
             INFO,
-            "\t├──> fairclip DP: policy %r, N=%d, q=%g, σ_Δ=%g",
+            "\t├──> fairclip DP: policy %r, N=%d, q=%g, %s",
             self.policy.name,
             self.num_clients,
             self.sample_rate,
-            self.noise.update,
+            noise,
         )
         if self.not_private_seed is not None:
             log(INFO, "\t├──> fairclip DP: NOT PRIVATE (not_private_seed): sampling and noise follow a seed")
@@ -200,7 +218,22 @@ class DifferentialPrivacy(Strategy):
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
         model = flatten(arrays)
+        if self.num_rounds is not None and server_round > self.num_rounds:
+            raise PolicyConfigError(
+                f"round {server_round}: the privacy budget (target_epsilon {self.target_epsilon:g}) "
+                f"was spent in num_rounds = {self.num_rounds} rounds; start the strategy with "
+                f"num_rounds <= {self.num_rounds}"
+            )
         if self.rounds is None:
+            if self.target_epsilon is not None:
+                self.noise = calibrate(
+                    self.target_epsilon,
+                    self.sample_rate,
+                    self.num_rounds,
+                    self.delta,
+                    self.accountant.mechanism,
+                    releases_reports=self.policy.report_size(model.size) > 0,
+                )
             self.rounds = RoundServer(
                 policy=self.policy,
                 model=model,
@@ -353,3 +386,36 @@ def _source(message: Message) -> int | None:
 
 
 __all__ = ["DifferentialPrivacy"]
+
+
+def _check_target(
+    policy: Policy,
+    noise_multiplier: float | None,
+    count_noise_multiplier: float | None,
+    target_epsilon: float | None,
+    num_rounds: int | None,
+) -> tuple[float | None, int | None]:
+    """The wrapper's (target ε, T), after checking that exactly one way to set the noise is given."""
+    if (noise_multiplier is None) == (target_epsilon is None):
+        raise PolicyConfigError(
+            "give either noise_multiplier or target_epsilon (with num_rounds), not both or neither"
+        )
+    if target_epsilon is None:
+        if num_rounds is not None:
+            raise PolicyConfigError(
+                "num_rounds goes with target_epsilon (it is the T the budget is spent in)"
+            )
+        if isinstance(noise_multiplier, bool) or not isinstance(noise_multiplier, (int, float)):
+            raise PolicyConfigError(f"noise_multiplier must be a number (got {noise_multiplier!r})")
+        return None, None
+    if not policy.private:
+        raise PolicyConfigError(f"policy {policy.name!r} is not private: it has no epsilon to target")
+    if count_noise_multiplier is not None:
+        raise PolicyConfigError(
+            "count_noise_multiplier is calibrated with target_epsilon: give noise multipliers instead"
+        )
+    if isinstance(target_epsilon, bool) or not isinstance(target_epsilon, (int, float)):
+        raise PolicyConfigError(f"target_epsilon must be a number (got {target_epsilon!r})")
+    if isinstance(num_rounds, bool) or not isinstance(num_rounds, int) or num_rounds < 1:
+        raise PolicyConfigError(f"target_epsilon needs num_rounds, an integer >= 1 (got {num_rounds!r})")
+    return float(target_epsilon), num_rounds
