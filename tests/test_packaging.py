@@ -1,0 +1,78 @@
+"""Issue 67, packaging: a wheel built from the repository holds everything fairclip needs (its
+subpackages, the built-in scenarios and reproduction setups) and runs the demo from a folder
+outside the checkout; the version has one source."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tomllib
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_the_version_has_one_source():
+    import fairclip
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert "version" not in project["project"] and "version" in project["project"]["dynamic"]
+    assert project["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "fairclip.__version__"}
+    assert (ROOT / "CITATION.cff").read_text().count(f"version: {fairclip.__version__}") == 1
+    assert project["project"]["requires-python"] == ">=3.11"  # no upper bound it does not need
+
+
+@pytest.mark.slow
+def test_a_wheel_built_from_the_repository_runs_the_demo_outside_the_checkout(tmp_path):
+    import fairclip
+
+    wheels = tmp_path / "wheels"
+    build = [
+        sys.executable,
+        "-m",
+        "pip",
+        "wheel",
+        "--no-deps",
+        "--no-build-isolation",
+        "-q",
+        "-w",
+        str(wheels),
+    ]
+    subprocess.run([*build, str(ROOT)], check=True, capture_output=True, text=True, timeout=600)
+    (wheel,) = wheels.glob("fairclip-*.whl")
+    assert wheel.name.startswith(f"fairclip-{fairclip.__version__}-")
+    names = zipfile.ZipFile(wheel).namelist()
+    assert not any(
+        name.startswith(("fairclip/tests/", "fairclip/results/", "fairclip/docs/")) for name in names
+    )
+    site = tmp_path / "site"
+    install = [sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(site), str(wheel)]
+    subprocess.run(install, check=True, capture_output=True, text=True, timeout=600)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    env = {**os.environ, "PYTHONPATH": str(site), "FLWR_TELEMETRY_ENABLED": "0"}
+    where = subprocess.run(
+        [sys.executable, "-c", "import fairclip; print(fairclip.__file__)"],
+        cwd=elsewhere, env=env, capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    assert Path(where.stdout.strip()).is_relative_to(site)  # the wheel's copy, not the checkout
+    demo = [
+        "compare", "--scenario", "demo", "--strategies", "constant", "--epsilons", "8", "--seeds", "1",
+        "--set", "training.rounds=3", "--set", "federation.num_clients=200", "--out", "runs/demo",
+    ]  # fmt: skip
+    run = subprocess.run(
+        [sys.executable, "-m", "fairclip", *demo],
+        cwd=elsewhere,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert (elsewhere / "runs" / "demo" / "summary.csv").is_file() and (
+        elsewhere / "runs" / "demo" / "report.md"
+    ).is_file()
