@@ -98,6 +98,9 @@ def _band_note(seeds: int) -> str:
     return "one seed: no band (run --seeds 2 or more for one)"
 
 
+SHARED_Y = "all panels share one y axis"
+
+
 def _epsilon_ticks(axis: plt.Axes, values: Iterable[float]) -> None:
     """Label the x axis with exactly the ε values run (log scale where they span more than 2×)."""
     ticks = sorted({float(v) for v in values if math.isfinite(v)})
@@ -135,9 +138,10 @@ def plot_accuracy_vs_epsilon(table: pd.DataFrame, path: Path) -> bool:
     styles = strategy_styles(table["strategy"])
     cohorts = list(dict.fromkeys(table["cohort"]))
     private = table[table["strategy"] != REFERENCE]
-    figure, axes = plt.subplots(1, len(cohorts), figsize=(5 * len(cohorts), 4), squeeze=False)
+    figure, axes = plt.subplots(1, len(cohorts), figsize=(5 * len(cohorts), 4), squeeze=False, sharey=True)
     for axis, cohort in zip(axes[0], cohorts, strict=True):
         mine = table[table["cohort"] == cohort]
+        lines: dict[str, pd.DataFrame] = {}
         for strategy, style in styles.items():
             block = mine[mine["strategy"] == strategy]
             if block.empty:
@@ -148,10 +152,12 @@ def plot_accuracy_vs_epsilon(table: pd.DataFrame, path: Path) -> bool:
             grouped = block.groupby("target_epsilon", dropna=False)
             accuracy = grouped["accuracy"]
             stats = pd.DataFrame({"x": grouped[column].mean(), "mean": accuracy.mean(), "se": accuracy.sem()})
-            stats = stats.fillna({"se": 0.0})
+            lines[strategy] = stats.fillna({"se": 0.0}).set_index("x")
+        hidden = coinciding({name: stats["mean"] for name, stats in lines.items()})
+        for strategy, stats in lines.items():
             axis.errorbar(
-                stats["x"], stats["mean"], yerr=stats["se"], marker="o", capsize=3,
-                color=style.colour, label=strategy,
+                stats.index, stats["mean"], yerr=stats["se"], marker="o", capsize=3,
+                color=styles[strategy].colour, label=_label(strategy, hidden),
             )  # fmt: skip
         _epsilon_ticks(axis, private[column])
         axis.set(title=f"cohort {cohort}", xlabel=xlabel, ylabel="final accuracy")
@@ -159,7 +165,7 @@ def plot_accuracy_vs_epsilon(table: pd.DataFrame, path: Path) -> bool:
     axes[0][0].legend()
     seeds = table["seed"].nunique()
     note = f"points: mean over {seeds} seeds; bars: ± 1 standard error" if seeds > 1 else "one seed"
-    figure.suptitle(note, fontsize="small")
+    figure.suptitle(f"{note}; {SHARED_Y}", fontsize="small")
     save(figure, path)
     return True
 
@@ -219,20 +225,53 @@ def plot_over_rounds(
         len(cohorts),
         figsize=(5 * len(cohorts), 3.5 * max(len(epsilons), 1)),
         squeeze=False,
+        sharey=True,
     )
     for row, epsilon in enumerate(epsilons):
         for col, cohort in enumerate(cohorts):
             axis = axes[row][col]
-            for strategy, style in styles.items():
-                stats = _curves(_runs_of(rounds, keys, strategy, epsilon), column_of(cohort))
-                if stats is not None:
-                    _draw_band(axis, stats, style.colour, style.linestyle, strategy)
+            _draw_strategies(axis, styles, rounds, keys, epsilon, column_of(cohort))
             title = f"ε = {epsilon_label(epsilon)}" + (f", cohort {cohort}" if cohort else "")
             axis.set(title=title, xlabel="round", ylabel=ylabel)
             axis.grid(alpha=0.3)
             axis.legend(fontsize="small")
-    figure.suptitle(_band_note(table["seed"].nunique()), fontsize="small")
+    figure.suptitle(f"{_band_note(table['seed'].nunique())}; {SHARED_Y}", fontsize="small")
     save(figure, path)
+
+
+def coinciding(lines: dict[str, pd.Series]) -> dict[str, str]:
+    """The lines drawn exactly on an earlier one (same points, to 1e-9 relative): {name: the
+    earlier line's name}. A plot labels them, since the later line hides the earlier."""
+    hidden: dict[str, str] = {}
+    names = list(lines)
+    for position, name in enumerate(names):
+        for earlier in names[:position]:
+            a, b = lines[earlier].dropna(), lines[name].dropna()
+            same_points = earlier not in hidden and a.index.equals(b.index) and len(a) > 0
+            if same_points and np.allclose(a.to_numpy(float), b.to_numpy(float), rtol=1e-9, atol=1e-12):
+                hidden[name] = earlier
+                break
+    return hidden
+
+
+def _label(name: str, hidden: dict[str, str]) -> str:
+    return f"{name} (same as {hidden[name]}: lines coincide)" if name in hidden else name
+
+
+def _draw_strategies(
+    axis: plt.Axes, styles: dict[str, Style], rounds: dict[str, pd.DataFrame], keys: RunKeys,
+    epsilon: float, column: str,
+) -> None:  # fmt: skip
+    """One band per strategy of ``styles`` over rounds; a line that hides another says so."""
+    curves = {}
+    for strategy in styles:
+        stats = _curves(_runs_of(rounds, keys, strategy, epsilon), column)
+        if stats is not None:
+            curves[strategy] = stats
+    hidden = coinciding({name: stats["mean"] for name, stats in curves.items()})
+    for strategy, stats in curves.items():
+        style = styles[strategy]
+        _draw_band(axis, stats, style.colour, style.linestyle, _label(strategy, hidden))
 
 
 def plot_cohort_norms(
@@ -244,7 +283,7 @@ def plot_cohort_norms(
     strategies = [name for name in strategy_styles(s for s, _ in keys.values()) if name != REFERENCE]
     cohorts = list(dict.fromkeys(table["cohort"]))
     rows, cols = max(len(epsilons), 1), max(len(strategies), 1)
-    figure, axes = plt.subplots(rows, cols, figsize=(4.5 * cols, 3.5 * rows), squeeze=False)
+    figure, axes = plt.subplots(rows, cols, figsize=(4.5 * cols, 3.5 * rows), squeeze=False, sharey=True)
     for row, epsilon in enumerate(epsilons):
         for col, strategy in enumerate(strategies):
             axis = axes[row][col]
@@ -260,8 +299,10 @@ def plot_cohort_norms(
             axis.set(title=f"{strategy}, ε = {epsilon_label(epsilon)}", xlabel="round", ylabel="update norm")
             axis.grid(alpha=0.3)
             axis.legend(fontsize="small")
-    note = "each cohort's median update norm before clipping against the bound; " + _band_note(
-        table["seed"].nunique()
+    note = (
+        "each cohort's median update norm before clipping against the bound; "
+        + _band_note(table["seed"].nunique())
+        + f"; {SHARED_Y}"
     )
     figure.suptitle(note, fontsize="small")
     save(figure, path)
@@ -294,20 +335,19 @@ def plot_cohort_directions(
     cohorts = list(dict.fromkeys(table["cohort"]))
     panels = [(column, label, epsilon) for column, label in DIRECTION_ERRORS for epsilon in epsilons]
     figure, axes = plt.subplots(
-        len(panels), len(cohorts), figsize=(5 * len(cohorts), 3.2 * len(panels)), squeeze=False
+        len(panels), len(cohorts), figsize=(5 * len(cohorts), 3.2 * len(panels)), squeeze=False, sharey="row"
     )
     for row, (column, label, epsilon) in enumerate(panels):
         for col, cohort in enumerate(cohorts):
             axis = axes[row][col]
-            for strategy, style in styles.items():
-                stats = _curves(_runs_of(rounds, keys, strategy, epsilon), f"{cohort}/{column}")
-                if stats is not None:
-                    _draw_band(axis, stats, style.colour, style.linestyle, strategy)
+            _draw_strategies(axis, styles, rounds, keys, epsilon, f"{cohort}/{column}")
             axis.set(title=f"{cohort}, ε = {epsilon_label(epsilon)}", xlabel="round", ylabel=label)
             axis.grid(alpha=0.3)
             axis.legend(fontsize="small")
-    note = "each cohort's clipped aggregate against its unclipped one (simulation only); " + _band_note(
-        table["seed"].nunique()
+    note = (
+        "each cohort's clipped aggregate against its unclipped one (simulation only); "
+        + _band_note(table["seed"].nunique())
+        + "; the panels of a row share their y axis"
     )
     figure.suptitle(note, fontsize="small")
     save(figure, path)

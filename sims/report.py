@@ -113,8 +113,11 @@ def per_run_quantities(table: pd.DataFrame) -> pd.DataFrame:
     for metric in ("accuracy", "tpr"):
         if metric not in table.columns or table[metric].isna().all():
             continue
-        wide = table.pivot_table(index=keys, columns="cohort", values=metric, dropna=False).reset_index()
-        wide.columns = [c if c in keys else f"{c} {metric}" for c in wide.columns]
+        wide = table.pivot_table(index=keys, columns="cohort", values=metric, dropna=False)
+        # named before the keys come back as columns, so that a cohort named like a key ("seed",
+        # "strategy") cannot take a key's place or collide with it
+        wide.columns = [f"{cohort} {metric}" for cohort in wide.columns]
+        wide = wide.reset_index()
         per_run = per_run.merge(wide, on=keys, how="left")
     return per_run
 

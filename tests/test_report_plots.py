@@ -215,3 +215,39 @@ def test_the_report_lists_strategies_in_the_legend_order():
     assert report.index("`constant` |") < report.index("`bounded` |") and report.index(
         "`none` |"
     ) < report.index("`constant` |")
+
+
+def test_a_line_drawn_on_another_says_so_and_the_panels_share_their_y_axis(figures, tmp_path):
+    """Issue 67: two strategies with identical results hid each other without a word, and panels
+    of one figure had their own y scales without saying so."""
+    table, rounds, keys = _sweep(["constant", "adaptive"], [2.0])
+    for key, (strategy, _) in keys.items():  # adaptive's runs copy constant's, seed by seed
+        if strategy == "adaptive":
+            rounds[key] = rounds[key.replace("adaptive", "constant")].copy()
+    copied = table["strategy"] == "adaptive"
+    table.loc[copied, "accuracy"] = table.loc[table["strategy"] == "constant", "accuracy"].to_numpy()
+    plots.write_plots(tmp_path, table, rounds, keys)
+    for name in (plots.CLIP_BOUND_ROUNDS, plots.COHORT_ACCURACY_ROUNDS, plots.ACCURACY_VS_EPSILON):
+        figure = figures[name]
+        assert "adaptive (same as constant: lines coincide)" in _legend(figure.axes[0]), name
+        assert "constant" in _legend(figure.axes[0]), name
+        limits = {axis.get_ylim() for axis in figure.axes}
+        assert len(limits) == 1 and "share one y axis" in figure._suptitle.get_text(), name
+    different = _sweep(["constant", "adaptive"], [2.0])
+    plots.write_plots(tmp_path, *different)
+    assert not any("same as" in label for label in _legend(figures[plots.COHORT_ACCURACY_ROUNDS].axes[0]))
+
+
+@pytest.mark.parametrize("cohort_name", ["seed", "strategy", "target_epsilon"])
+def test_a_cohort_named_like_a_column_of_the_report_keeps_its_own_column(cohort_name):
+    """Issue 67: a cohort named like one of the report's keys took that key's column."""
+    from fairclip.sims.report import per_run_quantities
+
+    table, _, _ = _sweep(["constant"], [2.0])
+    table["cohort"] = table["cohort"].replace({"minority": cohort_name})
+    per_run = per_run_quantities(table)
+    assert f"{cohort_name} accuracy" in per_run.columns and "majority accuracy" in per_run.columns
+    assert sorted(per_run["seed"].unique()) == [0, 1, 2] and set(per_run["strategy"]) == {"none", "constant"}
+    minority = table[(table["cohort"] == cohort_name) & (table["strategy"] == "constant")]
+    mine = per_run[per_run["strategy"] == "constant"].sort_values("seed")
+    np.testing.assert_allclose(mine[f"{cohort_name} accuracy"], minority.sort_values("seed")["accuracy"])
