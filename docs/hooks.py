@@ -362,9 +362,20 @@ def configuration_page() -> str:
 
 
 def _rich_to_markdown(text: str) -> str:
-    """Typer's help text (rich markup, reST literals) as Markdown."""
+    """Typer's help text (rich markup, reST literals) as Markdown; a placeholder such as
+    ``runs/<scenario>`` outside code kept as text, not read as an HTML tag."""
     text = text.replace("\\[", "[")
-    return rst_to_markdown(text)
+    parts = rst_to_markdown(text).split("`")
+    return "`".join(part if odd else _escape_angles(part) for odd, part in zip_odd(parts))
+
+
+def zip_odd(parts: list[str]) -> Iterator[tuple[bool, str]]:
+    """Each part of a text split at backticks, with whether it lies inside a code span."""
+    return ((index % 2 == 1, part) for index, part in enumerate(parts))
+
+
+def _escape_angles(text: str) -> str:
+    return text.replace("<", "&lt;").replace(">", "&gt;")
 
 
 def _option_type(param: click.Parameter) -> str:

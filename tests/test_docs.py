@@ -2,9 +2,11 @@
 covers the code, and ``mkdocs build --strict`` passes.
 
 A page's code blocks run in order in a fresh temporary folder, Python blocks in one namespace
-(as a reader pastes them into one session), shell blocks with ``bash -e`` in the same folder, and
-TOML blocks are parsed, and validated as complete scenarios where they hold a ``[scenario]``
-table. An HTML comment right before a block changes what happens to it (``docs/about.md``):
+(as a reader pastes them into one session), shell blocks with ``bash -e`` in the same folder
+(plain ``fairclip`` command lines in this process, without seconds of imports each:
+:func:`fairclip_commands`), and TOML blocks are parsed, and validated as complete scenarios where
+they hold a ``[scenario]`` table. An HTML comment right before a block changes what happens to it
+(``docs/about.md``):
 
 * ``<!-- test: skip (REASON) -->``: not run; the reason is required;
 * ``<!-- test: file PATH -->``: written to PATH in the page's folder instead of being run (a
@@ -20,9 +22,12 @@ Blocks of other languages (``text``: output) are not run.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import io
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -162,6 +167,73 @@ def _environment(folder: Path) -> dict[str, str]:
     return environment
 
 
+_COMMAND = re.compile(r"^(?P<how>python -m fairclip|fairclip) (?P<args>[^$|;&<>`*?~(){}]+)$")
+_IN_A_SHELL = (" compare", "--backend ray", " flower", " bench")
+"""Commands that start Ray or Flower run in a shell of their own, which leaves nothing behind."""
+
+
+def fairclip_commands(code: str) -> list[tuple[str, str, list[str]]] | None:
+    """A shell block of plain ``fairclip`` command lines, as (how, line, arguments), ``how`` being
+    ``fairclip`` or ``python -m fairclip`` to run in this process, where torch and the rest are
+    imported already (a command then costs its work, not seconds of imports), or ``bash`` for a
+    command that starts Ray or Flower; None where the block needs a shell."""
+    commands = []
+    for line in re.sub(r"\s*\\\n\s*", " ", code).split("\n"):
+        line = re.sub(r"\s+#.*$", "", line).strip()
+        if not line or line.startswith("#"):
+            continue
+        match = _COMMAND.match(line)
+        if match is None:
+            return None
+        how = "bash" if any(word in f" {line}" for word in _IN_A_SHELL) else match["how"]
+        commands.append((how, line, shlex.split(match["args"])))
+    return commands or None
+
+
+def run_commands(commands: list[tuple[str, str, list[str]]], folder: Path) -> tuple[int, str]:
+    """Run the commands as ``bash -e`` would, up to the first that fails: with ``fairclip``'s own
+    entry point in this process (the console script ``fairclip`` without the current folder on
+    Python's path, ``python -m fairclip`` with it, as in a shell), or in ``bash``. Returns the
+    exit status and the output."""
+    from fairclip.__main__ import main
+
+    output = io.StringIO()
+    for how, line, argv in commands:
+        if how == "bash":
+            done = subprocess.run(
+                ["bash", "-e", "-o", "pipefail", "-c", line],
+                cwd=folder,
+                env=_environment(folder),
+                capture_output=True,
+                text=True,
+                timeout=BLOCK_TIMEOUT,
+            )
+            output.write(done.stdout + done.stderr)
+            if done.returncode != 0:
+                return done.returncode, output.getvalue()
+            continue
+        path, hidden = list(sys.path), {}
+        if how == "fairclip":
+            sys.path[:] = [entry for entry in sys.path if Path(entry or ".").resolve() != folder.resolve()]
+            for name, module in list(sys.modules.items()):
+                if (getattr(module, "__file__", None) or "").startswith(str(folder)):
+                    hidden[name] = sys.modules.pop(name)
+        else:
+            sys.path.insert(0, str(folder))
+        status = 0
+        try:
+            with contextlib.redirect_stdout(output), contextlib.redirect_stderr(output):
+                main(argv)
+        except SystemExit as done:
+            status = done.code if isinstance(done.code, int) else (0 if done.code is None else 1)
+        finally:
+            sys.path[:] = path
+            sys.modules.update(hidden)
+        if status != 0:
+            return status, output.getvalue()
+    return 0, output.getvalue()
+
+
 def run_page(page: Path, folder: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
     """Run every block of ``page`` in ``folder``; returns how many ran and how many were skipped."""
     counts = {"ran": 0, "skipped": 0}
@@ -201,6 +273,14 @@ def run_page(page: Path, folder: Path, monkeypatch: pytest.MonkeyPatch) -> dict[
                 exec(compile(code, block.where, "exec"), namespace)  # the docs' own code
             elif block.language == "toml":
                 check_toml(block, code)
+            elif block.directive("in-repo") is None and (commands := fairclip_commands(code)):
+                monkeypatch.setenv("FLWR_TELEMETRY_ENABLED", "0")
+                monkeypatch.setenv("MPLBACKEND", "Agg")
+                status, output = run_commands(commands, folder)
+                expected = int(block.directive("exit") or 0)
+                assert status == expected, (
+                    f"{block.where}: exit status {status}, expected {expected}\n{output[-3000:]}"
+                )
             else:
                 where = REPO if block.directive("in-repo") is not None else folder
                 done = subprocess.run(
@@ -274,6 +354,7 @@ def test_a_failing_block_fails_its_page(tmp_path: Path, monkeypatch: pytest.Monk
             ("```sh\nexit 3\n```\n", AssertionError, "exit status 3, expected 0"),
             ("<!-- test: exit 2 -->\n```sh\ntrue\n```\n", AssertionError, "exit status 0, expected 2"),
             ("```python\nassert 1 == 2, 'wrong'\n```\n", AssertionError, "wrong"),
+            ("```sh\nfairclip run --scenario no-such-scenario\n```\n", AssertionError, "expected 0"),
             (
                 '```toml\n[scenario]\nname = "x"\ntask = "classification"\n```\n',
                 ValueError,
@@ -288,6 +369,21 @@ def test_a_failing_block_fails_its_page(tmp_path: Path, monkeypatch: pytest.Monk
             run_page(page, folder, monkeypatch)
     page.write_text("<!-- test: skip (shown, not run: it would fail) -->\n```sh\nexit 1\n```\n")
     assert run_page(page, tmp_path, monkeypatch) == {"ran": 0, "skipped": 1}
+
+
+def test_plain_fairclip_lines_run_in_this_process_and_the_rest_in_a_shell() -> None:
+    block = "fairclip run --scenario demo \\\n  --out runs/x  # a note\npython -m fairclip scenarios\n"
+    assert fairclip_commands(block + "fairclip compare --scenario demo\n") == [
+        (
+            "fairclip",
+            "fairclip run --scenario demo --out runs/x",
+            ["run", "--scenario", "demo", "--out", "runs/x"],
+        ),
+        ("python -m fairclip", "python -m fairclip scenarios", ["scenarios"]),
+        ("bash", "fairclip compare --scenario demo", ["compare", "--scenario", "demo"]),
+    ]
+    for shell in ('fairclip data --data-dir "$FAIRCLIP_DATA"\n', "cp a b\n", block + "ls\n"):
+        assert fairclip_commands(shell) is None, shell
 
 
 @pytest.mark.slow
