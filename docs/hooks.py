@@ -19,6 +19,7 @@ command of the repository's results tool that pages show.
 from __future__ import annotations
 
 import ast
+import html
 import inspect
 import re
 import textwrap
@@ -255,7 +256,13 @@ def _table(rows: list[tuple[str, ...]], head: tuple[str, ...]) -> str:
 
 
 def _key_rows(rows: Iterator[tuple[str, str, str, str]]) -> list[tuple[str, ...]]:
-    return [(f"`{key}`", kind, default, meaning) for key, kind, default, meaning in rows]
+    return [(key_code(key), kind, default, meaning) for key, kind, default, meaning in rows]
+
+
+def key_code(key: str) -> str:
+    """A key as code in a table cell that may break after a dot (``<wbr>``, which copies as
+    nothing), so a long key wraps at its parts rather than pushing the meaning out of view."""
+    return "<code>" + html.escape(key).replace(".", ".<wbr>") + "</code>"
 
 
 KEY_HEAD = ("key", "type", "default", "meaning")
@@ -308,7 +315,14 @@ def configuration_page() -> str:
         "## Top level",
         "",
         _table(
-            [("`seed`", type_text(field.annotation, field.metadata), default_text(field), MEANINGS["seed"])],
+            [
+                (
+                    key_code("seed"),
+                    type_text(field.annotation, field.metadata),
+                    default_text(field),
+                    MEANINGS["seed"],
+                )
+            ],
             KEY_HEAD,
         ),
     ]
@@ -339,11 +353,11 @@ def configuration_page() -> str:
         "`--set strategy.<policy>.<key>` while `strategy.<key>` is set directly would go unused, and "
         "is refused.",
         "",
-        _table([("`strategy.name`", *configuration_keys()["strategy.name"])], KEY_HEAD),
+        _table([(key_code("strategy.name"), *configuration_keys()["strategy.name"])], KEY_HEAD),
     ]
     for name, policy in POLICIES.items():
         rows = [
-            (f"`strategy.{key.split('.', 2)[2]}`", kind, default, meaning)
+            (key_code(f"strategy.{key.split('.', 2)[2]}"), kind, default, meaning)
             for key, kind, default, meaning in model_keys(policy.Params, f"strategy.{name}.")
         ]
         parts += [
