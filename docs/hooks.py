@@ -34,7 +34,7 @@ import typer
 from annotated_types import Ge, Gt, Le, Lt, MaxLen, MinLen
 from pydantic import BaseModel
 
-# The objects the generated pages document, one import line each (issue 66 moves the first three to
+# The objects the generated pages document, one import line each (issue 66 moves the last three to
 # fairclip.cli, fairclip.scenarios.config and tools/results.py): nothing else in docs/ imports them.
 from fairclip.policies import BUILTIN as POLICIES
 from fairclip.sims.cli import app as cli_app
