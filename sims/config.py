@@ -16,13 +16,14 @@ import math
 import tomllib
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from fairclip.client.model_names import MODELS
 from fairclip.sims.errors import ConfigError
 from fairclip.strategies import PolicyConfigError, build_policy, policy_parameters
+from fairclip.strategies.errors import did_you_mean
 from fairclip.strategies.registry import policy_class
 
 SCENARIO_DIR = Path(__file__).parent / "scenarios"
@@ -454,7 +455,8 @@ def scenario_source(scenario: str | None, config_file: Path | None) -> dict[str,
         return read_toml(config_file)
     scenarios = builtin_scenarios()
     if scenario not in scenarios:
-        raise ConfigError(f"unknown scenario {scenario!r} (built-in: {', '.join(scenarios)})")
+        hint = did_you_mean(scenario, scenarios)
+        raise ConfigError(f"unknown scenario {scenario!r}{hint} (built-in: {', '.join(scenarios)})")
     return read_toml(scenarios[scenario])
 
 
@@ -564,7 +566,8 @@ def _check_keys(policy_name: str, params: dict[str, Any], where: str) -> None:
         if key not in known:
             takes = ", ".join(known)
             raise ConfigError(
-                f"{where}.{key}: strategy {policy_name!r} has no such parameter (it takes: {takes})"
+                f"{where}.{key}: strategy {policy_name!r} has no such parameter"
+                f"{did_you_mean(key, known)} (it takes: {takes})"
             )
 
 
@@ -647,7 +650,7 @@ def _first_error(error: ValidationError) -> str:
     location = ".".join(str(part) for part in first["loc"]) or "config"
     message = first["msg"].removeprefix("Value error, ")
     if first["type"] == "extra_forbidden":
-        message = "unknown key"
+        message = "unknown key" + did_you_mean(first["loc"][-1], _known_keys(first["loc"][:-1]))
     elif first["type"] == "missing":
         message = "required key is missing"
     given = first.get("input")
@@ -657,6 +660,34 @@ def _first_error(error: ValidationError) -> str:
         else f" (got {given!r})"
     )
     return f"{location}: {message}{suffix}"
+
+
+def _known_keys(location: tuple) -> list[str]:
+    """The keys the configuration allows at ``location`` (a pydantic error's ``loc`` without its
+    last part; a discriminated union's tag, ``scenario.classification``, picks its member)."""
+    candidates: list[type[BaseModel]] = [RunConfig]
+    for part in location:
+        inner = [
+            m
+            for model in candidates
+            if part in model.model_fields
+            for m in _models_in(model.model_fields[part].annotation)
+        ]
+        if not inner:  # the tag of a union: keep the member whose ``task`` it is
+            inner = [m for m in candidates if part in _tags(m)]
+        candidates = inner
+    return sorted({key for model in candidates for key in model.model_fields})
+
+
+def _models_in(annotation: Any) -> list[type[BaseModel]]:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    return [model for argument in get_args(annotation) for model in _models_in(argument)]
+
+
+def _tags(model: type[BaseModel]) -> tuple[Any, ...]:
+    task = model.model_fields.get("task")
+    return get_args(task.annotation) if task is not None else ()
 
 
 __all__ = ["ConfigError", "RunConfig", "load_config", "validate"]

@@ -78,7 +78,7 @@ from fairclip.sims.config import (
 from fairclip.sims.errors import ConfigError
 from fairclip.sims.outputs import atomic_write_text, write_csv, write_json
 from fairclip.strategies import accounting
-from fairclip.strategies.errors import PolicyConfigError
+from fairclip.strategies.errors import PolicyConfigError, did_you_mean
 
 SETUP_DIR = Path(__file__).parent / "reproductions"
 PAIRED_COLUMNS = [
@@ -211,7 +211,8 @@ def load_setup(name: str) -> Setup:
     """Read and check a built-in setup; an unknown name or a malformed file is a ConfigError."""
     setups = builtin_setups()
     if name not in setups:
-        raise ConfigError(f"unknown reproduction {name!r} (known: {', '.join(setups)})")
+        hint = did_you_mean(name, setups)
+        raise ConfigError(f"unknown reproduction {name!r}{hint} (known: {', '.join(setups)})")
     raw = read_toml(setups[name])
     where = f"reproduction {name}"
     try:

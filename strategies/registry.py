@@ -13,7 +13,7 @@ from fairclip.strategies.adaptive import AdaptiveClipping
 from fairclip.strategies.base import GUARDED_METHODS, Policy
 from fairclip.strategies.bounded import BoundedAdaptiveClipping
 from fairclip.strategies.constant import ConstantClipping
-from fairclip.strategies.errors import PolicyConfigError
+from fairclip.strategies.errors import PolicyConfigError, did_you_mean
 from fairclip.strategies.global_adapt import GlobalAdaptiveScaling
 from fairclip.strategies.global_scaling import GlobalScaling
 from fairclip.strategies.none import NoClipping
@@ -56,7 +56,8 @@ def policy_class(name: str) -> type[Policy]:
     except PluginError as error:
         if str(error).startswith("unknown policy"):
             known = ", ".join([*POLICIES, *plugin_names()])
-            raise PolicyConfigError(f"unknown strategy {name!r} (known: {known})") from None
+            hint = did_you_mean(name, [*POLICIES, *plugin_names()])
+            raise PolicyConfigError(f"unknown strategy {name!r}{hint} (known: {known})") from None
         raise PolicyConfigError(str(error)) from None
     return check_policy_class(cls, name)
 

@@ -378,7 +378,49 @@ def test_a_misspelled_section_is_named(cli, tmp_path):
     typo = tmp_path / "typo.toml"
     typo.write_text(good.replace("[federation]", "[federaton]"))
     status, _, err = cli("run", "--config", str(typo), "--out", str(tmp_path / "x"))
-    assert status == 2 and err == "fairclip: error: federaton: unknown key\n", err
+    assert status == 2 and err == "fairclip: error: federaton: unknown key (did you mean 'federation'?)\n", (
+        err
+    )
+
+
+@pytest.mark.parametrize(
+    ("args", "line"),
+    [
+        (
+            ["run", "--scenario", "demo", "--set", "training.round=5"],
+            "training.round: unknown key (did you mean 'rounds'?)",
+        ),
+        (
+            ["run", "--scenario", "demo", "--set", "scenario.cohortz=1"],
+            "unknown key (did you mean 'cohorts'?)",
+        ),
+        (["run", "--scenario", "dem"], "unknown scenario 'dem' (did you mean 'demo'?)"),
+        (
+            ["run", "--scenario", "demo", "--set", "strategy.name=bounde"],
+            "unknown strategy 'bounde' (did you mean 'bounded'?)",
+        ),
+        (
+            [
+                "run",
+                "--scenario",
+                "demo",
+                "--set",
+                "strategy.name=bounded",
+                "--set",
+                "strategy.lower_bond=0.1",
+            ],
+            "no such parameter (did you mean 'lower_bound'?)",
+        ),
+        (["reproduce", "xu-adlt"], "unknown reproduction 'xu-adlt' (did you mean 'xu-adult'?)"),
+        (["run", "--scenario", "demo", "--set", "training.zzzz=5"], "training.zzzz: unknown key\n"),
+    ],
+)
+def test_a_misspelled_key_scenario_policy_or_setup_gets_a_did_you_mean(cli, tmp_path, args, line):
+    """Issue 67: "did you mean" for keys, scenarios, policies, their parameters and setups; a
+    name close to nothing gets no guess."""
+    status, _, err = cli(*args, "--out", str(tmp_path / "x"))
+    assert status == 2 and line in err and err.count("\n") == 1, err
+    assert not (tmp_path / "x").exists()
 
 
 def test_malformed_config_file_is_one_line(cli, tmp_path):
