@@ -12,7 +12,7 @@ same numbers for the same configuration and seed::
     result.epsilon, result.privacy   # ε, and δ, the accountant, q, T and the noise multipliers
 
 Nothing is written to disk; pass ``on_round`` (for example a logger of
-:mod:`fairclip.sims.tracking`) to see each round as it finishes.
+:mod:`fairclip.sims.sweeps.tracking`) to see each round as it finishes.
 
 Bring your own data, model and policy: a :class:`Scenario` holds a
 :class:`fairclip.FederatedDataset` (or a loader of one) and a model factory; :func:`compare`
@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from fairclip.sims.checkpoint import DEFAULT_EVERY_SECONDS, share_computed_earlier
+from fairclip.server.checkpoint import DEFAULT_EVERY_SECONDS, share_computed_earlier
 
 
 @dataclass(frozen=True)
@@ -94,9 +94,9 @@ class Scenario:
         """The scenario as a raw configuration (as a TOML file would give it), registering the
         Python objects it holds."""
         from fairclip.plugins import register
-        from fairclip.sims.config import set_value
-        from fairclip.sims.errors import ConfigError
-        from fairclip.sims.federated_dataset import FederatedDataset
+        from fairclip.scenarios.config import set_value
+        from fairclip.scenarios.data.federated_dataset import FederatedDataset
+        from fairclip.scenarios.errors import ConfigError
 
         dataset, model = self.dataset, self.model
         if not isinstance(dataset, str):
@@ -149,14 +149,14 @@ def simulate(
     datasets (default: ``FAIRCLIP_DATA``); ``workers`` threads train the sampled clients (the
     same result for any number); ``on_round(row)`` and ``observers`` see every round
     (:func:`simulate_config`). An invalid configuration raises
-    :class:`fairclip.sims.errors.ConfigError` naming the problem.
+    :class:`fairclip.scenarios.errors.ConfigError` naming the problem.
 
     ``checkpoint``: a file where the run keeps its progress every ``checkpoint_every`` seconds,
     when interrupted and at the end; called again with the same file, the run continues after
     its last saved round, with the same result as a run never stopped
-    (:mod:`fairclip.sims.checkpoint`).
+    (:mod:`fairclip.server.checkpoint`).
     """
-    from fairclip.sims.config import validate
+    from fairclip.scenarios.config import validate
 
     config = validate(_raw_config(scenario, config_file, overrides))
     result = simulate_config(
@@ -189,23 +189,23 @@ def simulate_config(
     checkpoint: str | Path | None = None,
     checkpoint_every: float = DEFAULT_EVERY_SECONDS,
 ) -> Any:
-    """Run the validated configuration ``config`` (a :class:`fairclip.sims.config.RunConfig`) and
-    return its :class:`fairclip.sims.engine.RunResult`; what ``fairclip run`` does.
+    """Run the validated configuration ``config`` (a :class:`fairclip.scenarios.config.RunConfig`) and
+    return its :class:`fairclip.server.observers.RunResult`; what ``fairclip run`` does.
 
     ``backend``: ``local`` (this process, ``workers`` threads) or ``ray`` (``actors`` Ray actors,
     default one per core, on the cluster at ``address`` or a local one); the same seed gives the
-    same run on both. ``observers`` (:class:`fairclip.sims.engine.RunObserver`: a file writer, a
+    same run on both. ``observers`` (:class:`fairclip.server.observers.RunObserver`: a file writer, a
     progress bar, a tracker) see every round and the end, also after an interruption.
     ``checkpoint`` and ``checkpoint_every``: as :func:`simulate`'s; the observers see the
     rounds computed in this call.
     """
     import os
 
-    from fairclip.sims.checkpoint import Checkpointing
-    from fairclip.sims.engine import simulate as run_rounds
-    from fairclip.sims.errors import ConfigError
-    from fairclip.sims.local_engine import LocalExecutor
-    from fairclip.sims.tasks import build_task
+    from fairclip.scenarios.errors import ConfigError
+    from fairclip.scenarios.tasks import build_task
+    from fairclip.server.checkpoint import Checkpointing
+    from fairclip.sims.executors.local import LocalExecutor
+    from fairclip.sims.executors.loop import simulate as run_rounds
 
     if workers < 1:
         raise ConfigError(f"workers must be >= 1 (got {workers})")
@@ -219,7 +219,7 @@ def simulate_config(
         return LocalExecutor(task, policy, workers)
 
     if backend == "ray":
-        from fairclip.sims.ray_engine import RayExecutor, ensure_ray
+        from fairclip.sims.executors.ray import RayExecutor, ensure_ray
 
         ensure_ray(address)
         executor = RayExecutor.start(config, folder, actors or os.cpu_count() or 1)
@@ -241,7 +241,7 @@ def simulate_config(
 
 def _refuse_repeats(values: Sequence[Any], what: str) -> None:
     """One :class:`ConfigError` line where ``values`` names something twice (a run planned twice)."""
-    from fairclip.sims.errors import ConfigError
+    from fairclip.scenarios.errors import ConfigError
 
     seen: set[Any] = set()
     for value in values:
@@ -256,8 +256,8 @@ def _raw_config(
 ) -> dict[str, Any]:
     """The raw configuration of a built-in scenario, a :class:`Scenario` or a TOML file, with
     ``overrides`` set (typed dotted keys)."""
-    from fairclip.sims.config import check_overrides_used, scenario_source, set_value
-    from fairclip.sims.errors import ConfigError
+    from fairclip.scenarios.config import check_overrides_used, scenario_source, set_value
+    from fairclip.scenarios.errors import ConfigError
 
     if isinstance(scenario, Scenario):
         if config_file is not None:
@@ -330,9 +330,9 @@ def compare(
     import json
     import os
 
-    from fairclip.sims import compare as sweep
-    from fairclip.sims.errors import ConfigError
-    from fairclip.sims.sweep_folder import Mode
+    from fairclip.scenarios.errors import ConfigError
+    from fairclip.sims.compare import sweep
+    from fairclip.sims.sweeps.folder import Mode
     from fairclip.strategies.registry import register
 
     if workers < 1:
@@ -362,7 +362,7 @@ def compare(
             raise ConfigError("epsilons names no target ε: give one, or leave it out for the scenario's")
         _refuse_repeats(targets, "epsilons")
     if out is not None:
-        from fairclip.sims.outputs import check_output_folder
+        from fairclip.server.outputs import check_output_folder
 
         check_output_folder(Path(out))
     if "strategy.name" in (overrides or {}):
@@ -433,10 +433,10 @@ def tune(
     trials from a truncated negative binomial (``eta``, ``gamma``) or a Poisson (``mu``)
     distribution (``distribution``) with the tuning ``seed`` (and ``search_index``, which of several
     searches on that seed this is), and selects by ``metric`` (one of
-    :data:`fairclip.sims.tune.METRICS`). Returns a :class:`fairclip.sims.tune.Tuning`: every
+    :data:`fairclip.sims.tune.search.METRICS`). Returns a :class:`fairclip.sims.tune.search.Tuning`: every
     trial, the released best, and ε of the whole search (Papernot & Steinke 2022, see
     :mod:`fairclip.strategies.tuning`). That ε covers only the release
-    (:meth:`~fairclip.sims.tune.Tuning.release`: the chosen configuration and its metrics); the
+    (:meth:`~fairclip.sims.tune.search.Tuning.release`: the chosen configuration and its metrics); the
     rest of the returned object -- every trial, their number, the non-private selection -- is
     not DP-protected. ``out`` receives the specification and the release at its top
     (``tuning.json``, ``report.md``) and the rest in ``not-dp-protected/`` (each run as it
@@ -445,9 +445,9 @@ def tune(
     neither a scenario, a config file nor a ``grid``, the search stored in ``out`` continues as it
     was asked.
     """
-    from fairclip.sims import compare as sweep
-    from fairclip.sims import tune as search
-    from fairclip.sims.errors import ConfigError
+    from fairclip.scenarios.errors import ConfigError
+    from fairclip.sims.executors import jobs as jobs_
+    from fairclip.sims.tune import search
     from fairclip.strategies.errors import PolicyConfigError
     from fairclip.strategies.tuning import TrialCount
 
@@ -477,7 +477,7 @@ def tune(
     folder_data = Path(data_dir) if data_dir is not None else None
 
     def run(jobs: list[tuple[Any, dict[str, Any]]]) -> Any:
-        return sweep.simulate_jobs(
+        return jobs_.simulate_jobs(
             jobs, data_dir=folder_data, ray=ray or address is not None, address=address, workers=workers
         )
 
@@ -513,17 +513,18 @@ def tune_curve(
     ...`` does. A grid key of another strategy's table (``strategy.<other>.*``) is left out of a
     strategy's search. Each search goes to ``out/<strategy>__eps-<ε>/``; ``curve.csv`` (one row
     per finished search, written as each finishes), ``tuning_curve.png`` and ``report.md`` to
-    ``out``, of each search's release only (:func:`fairclip.sims.tune.curve_public_columns`);
+    ``out``, of each search's release only (:func:`fairclip.sims.tune.curve.curve_public_columns`);
     the same with each search's number of trials and non-private selection to
     ``out/not-dp-protected/``. ``options`` are :func:`tune`'s (metric, the trial law, seed,
     data_dir, ray, ...); the i-th search (strategies outer, ε inner) draws its trials as
     ``search_index`` i. Returns the full table (``not-dp-protected/curve.csv``: its ``trials``
     and ``grid_*`` columns are not DP-protected).
     """
-    from fairclip.sims import sweep_folder
-    from fairclip.sims import tune as search
-    from fairclip.sims.errors import ConfigError
-    from fairclip.sims.outputs import json_normalised, write_json
+    from fairclip.atomic import json_normalised, write_json
+    from fairclip.scenarios.errors import ConfigError
+    from fairclip.sims.sweeps import folder as sweep_folder
+    from fairclip.sims.tune import curve as curve_
+    from fairclip.sims.tune import search
     from fairclip.strategies.errors import PolicyConfigError
     from fairclip.strategies.tuning import TrialCount
 
@@ -539,7 +540,7 @@ def tune_curve(
         if key in (overrides or {}):
             raise ConfigError(f"--set {key}: the curve sets it for each search (--strategies, --epsilons)")
     folder = Path(out)
-    sweep_folder.refuse_another_commands_folder(folder, search.CURVE_FILE)
+    sweep_folder.refuse_another_commands_folder(folder, curve_.CURVE_FILE)
     metric = options.get("metric", "macro_accuracy")
     try:
         law = TrialCount(options.get("distribution", "tnb"), float(options.get("eta", 1.0)),
@@ -553,7 +554,7 @@ def tune_curve(
     for strategy in strategies:  # every search's grid and metric checked before any work
         for target in targets:
             raw = _raw_config(scenario, options.get("config_file"), settings(strategy, target))
-            search.check_spec(search.TuneSpec(raw, search.strategy_grid(grid, strategy), metric, law, 0))
+            search.check_spec(search.TuneSpec(raw, curve_.strategy_grid(grid, strategy), metric, law, 0))
     with sweep_folder.locked(folder):  # one process per curve folder
         if isinstance(scenario, str | None):  # what --resume --out alone continues with
             stored = {
@@ -565,32 +566,32 @@ def tune_curve(
                 "overrides": dict(overrides or {}),
                 "options": {key: options[key] for key in CURVE_OPTIONS if key in options},
             }
-            path = folder / search.CURVE_SPEC_FILE
+            path = folder / curve_.CURVE_SPEC_FILE
             if not path.is_file():
                 write_json(path, stored)
-            elif search.stored_curve(folder) != json_normalised(stored):
+            elif curve_.stored_curve(folder) != json_normalised(stored):
                 raise ConfigError(f"{folder} holds another tuning curve; use a new --out folder")
         if resume:
-            search.move_old_curve(folder, metric)
+            curve_.move_old_curve(folder, metric)
         rows = []
         for index, (strategy, target) in enumerate(itertools.product(strategies, targets)):
-            key = search.search_key(strategy, target)
+            key = curve_.search_key(strategy, target)
             if on_search is not None:
                 on_search(key)
             sub = folder / key
             tuning = tune(
                 scenario,
-                grid=search.strategy_grid(grid, strategy),
+                grid=curve_.strategy_grid(grid, strategy),
                 overrides=settings(strategy, target),
                 out=sub,
                 resume=resume and (sub / search.SPEC_FILE).exists(),
                 search_index=index,
                 **options,
             )
-            rows.append(search.curve_row(strategy, target, tuning))
-            search.write_curve_rows(folder, rows, metric)
+            rows.append(curve_.curve_row(strategy, target, tuning))
+            curve_.write_curve_rows(folder, rows, metric)
         table = pd.DataFrame(rows)
-        search.write_curve_report(folder, table, metric, law)
+        curve_.write_curve_report(folder, table, metric, law)
     return table
 
 
@@ -656,11 +657,13 @@ def reproduce(
     checkpoint of an earlier one, with the share of its rounds computed before (0 < share <= 1:
     a progress display counts it as done earlier, not towards its pace).
     """
-    from fairclip.sims import reproduce as repro
-    from fairclip.sims import sweep_folder
-    from fairclip.sims.data import resolve_data_dir
-    from fairclip.sims.errors import ConfigError
-    from fairclip.sims.outputs import check_output_folder
+    from fairclip.scenarios.data import resolve_data_dir
+    from fairclip.scenarios.errors import ConfigError
+    from fairclip.server.outputs import check_output_folder
+    from fairclip.sims.reproduce import planning, setups
+    from fairclip.sims.reproduce import reproduction as repro
+    from fairclip.sims.reproduce import tables as tables_
+    from fairclip.sims.sweeps import folder as sweep_folder
 
     if workers < 1:
         raise ConfigError(f"workers must be >= 1 (got {workers})")
@@ -675,9 +678,9 @@ def reproduce(
             name = stored.get("name")
     if name is None:
         raise ConfigError("give a reproduction NAME (see `fairclip reproduce --list`)")
-    setup = repro.load_setup(name)  # an unknown name fails before the data are read
+    setup = setups.load_setup(name)  # an unknown name fails before the data are read
     if overrides:  # and so does a --set the runs would not take, before the folder is written
-        repro.checked_overrides(repro.select_strategies(setup, strategies), list(overrides))
+        planning.checked_overrides(setups.select_strategies(setup, strategies), list(overrides))
 
     def spec_of(explicit_only: bool) -> dict[str, Any]:
         return repro.reproduce_spec(
@@ -698,14 +701,14 @@ def reproduce(
     folder = folder or Path("runs") / f"reproduce-{name}"
     check_output_folder(folder)
 
-    def finished(run: repro.Run, summary: dict[str, Any]) -> None:
+    def finished(run: setups.Run, summary: dict[str, Any]) -> None:
         share = share_computed_earlier(summary)
         if on_continued is not None and share > 0:
             on_continued(run.key, share)
         if on_run is not None:
             on_run(run.key)
 
-    def reused(run: repro.Run, _summary: dict[str, Any]) -> None:
+    def reused(run: setups.Run, _summary: dict[str, Any]) -> None:
         announce = on_reused or on_run
         if announce is not None:
             announce(run.key)
@@ -738,5 +741,5 @@ def reproduce(
             on_plan=on_plan,
             ray=ray or address is not None,
         )
-    table = pd.DataFrame(rows, columns=repro.COLUMNS)
+    table = pd.DataFrame(rows, columns=tables_.COLUMNS)
     return Reproduction(name=spec["name"], table=table, wall_seconds=wall, folder=folder)

@@ -2,6 +2,6 @@
 
 import sys
 
-from fairclip.sims.cli import main
+from fairclip.cli import main
 
 main(["bench", *sys.argv[1:]])

@@ -1,6 +1,6 @@
-"""Drive fairclip's engine (:class:`fairclip.sims.engine.RunServer`) with round timing.
+"""Drive fairclip's engine (:class:`fairclip.server.run.Run`) with round timing.
 
-This is :func:`fairclip.sims.engine.simulate` with a clock around the round loop: the measured
+This is :func:`fairclip.sims.executors.loop.simulate` with a clock around the round loop: the measured
 phase starts at the first round's sampling and ends after the last round's server step and
 evaluation; building the task, the privacy plan and the actors is start-up.
 """
@@ -15,7 +15,7 @@ from .common import usable_cores
 
 def start_ray(cores: int | None = None) -> int:
     """Start a local Ray cluster with ``cores`` CPUs (default: the usable cores)."""
-    from fairclip.sims.ray_engine import ensure_ray
+    from fairclip.sims.executors.ray import ensure_ray
 
     cores = cores or usable_cores()
     ensure_ray(None, cores)
@@ -24,12 +24,12 @@ def start_ray(cores: int | None = None) -> int:
 
 def timed_rounds(config, task, executor) -> tuple[float, dict[str, Any]]:
     """Run every round; return (seconds from the server's start to the last round's end, details).
-    The clock starts before the :class:`RunServer` exists, so it covers the privacy accounting
+    The clock starts before the :class:`Run` exists, so it covers the privacy accounting
     that the server starts in the background."""
-    from fairclip.sims.engine import RunServer
+    from fairclip.server.run import Run
 
     started = time.perf_counter()
-    server = RunServer(config, task)
+    server = Run(config, task)
     rounds = server.rounds_to_run
     updates = 0
     round_seconds = []

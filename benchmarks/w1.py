@@ -97,8 +97,8 @@ def run_floor(quick: bool) -> Measurement:
     size = sizes(quick)
 
     def body():
-        from fairclip.client.models import image_layout
-        from fairclip.client.training import prepare_training
+        from fairclip.scenarios.models import image_layout
+        from fairclip.scenarios.tasks.training import prepare_training
 
         torch.set_num_threads(1)
         prepare_training()  # the one-time import fairclip's tasks also do before their rounds
@@ -206,7 +206,7 @@ def _flower_project(folder: Path) -> Path:
 def run_flower(quick: bool) -> Measurement:
     import tomli_w
 
-    from fairclip.sims.flower_local import (
+    from fairclip.benchmarks.flower_local import (
         LOCAL_CONNECTION,
         kill_sessions_mentioning,
         local_simulation_env,

@@ -65,7 +65,7 @@ from flwr.serverapp.strategy import Strategy
 from fairclip.client.protocol import flatten, unflatten, write_policy_config
 from fairclip.server.optimizer import ServerSGD
 from fairclip.server.replies import ReplyError, check_reply
-from fairclip.server.round_server import RoundServer
+from fairclip.server.rounds import Rounds
 from fairclip.strategies import NoiseMultipliers, Policy, PolicyConfigError, build_policy
 from fairclip.strategies.accounting import DEFAULT_COUNT_RATIO, Accountant
 from fairclip.strategies.aggregation import RoundSums, sum_replies
@@ -171,7 +171,7 @@ class DifferentialPrivacy(Strategy):
             from fairclip.server.secure_noise import ExactGaussian
 
             self._sampler = ExactGaussian()
-        self.rounds: RoundServer | None = None
+        self.rounds: Rounds | None = None
         """The round server (noise, bound update, accountant), made at the first round, once the
         model's size is known; its optimizer is plain θ_t + Δ̂, the inner strategy steps after."""
         self._round: _Round | None = None
@@ -201,7 +201,7 @@ class DifferentialPrivacy(Strategy):
     ) -> Iterable[Message]:
         model = flatten(arrays)
         if self.rounds is None:
-            self.rounds = RoundServer(
+            self.rounds = Rounds(
                 policy=self.policy,
                 model=model,
                 noise=self.noise,

@@ -42,6 +42,7 @@ from fairclip.client.protocol import (
     UPDATE,
     reply_arrays,
 )
+from fairclip.server.errors import ReplyError
 from fairclip.strategies import Policy
 from fairclip.strategies.aggregation import CohortDiagnostics, Exchange, RoundSums
 from fairclip.strategies.base import Broadcast
@@ -51,10 +52,6 @@ NUMPY_STYPE = "numpy.ndarray"
 FLOAT64 = np.dtype("<f8")
 MAX_HEADER_BYTES = 10_000
 """Longest ``.npy`` header read (numpy's own default limit for untrusted files)."""
-
-
-class ReplyError(ValueError):
-    """A client reply that the server must drop."""
 
 
 def read_float_vector(array: Any, length: int, name: str) -> np.ndarray:

@@ -2,8 +2,8 @@
 
 The adapter adds transport only. Sampling, the policy's public parameters, noise with the
 sensitivity of the round that clipped, noisy counts, bound updates, the server optimizer, the
-accountant and per-cohort evaluation all come from the run's :class:`RoundServer` -- the same
-object the local and Ray engines drive (:class:`fairclip.sims.engine.RunServer`). Per round:
+accountant and per-cohort evaluation all come from the run's :class:`Rounds` -- the same
+object the local and Ray engines drive (:class:`fairclip.server.run.Run`). Per round:
 
 1. ``configure_train``: Poisson-sample client ids, send each sampled node θ_t and the public
    policy parameters (for example C_t).
@@ -44,17 +44,19 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
 from fairclip.client.protocol import MODEL, train_content
-from fairclip.server.app import REPLY_TIMEOUT_SECONDS
 from fairclip.server.replies import ReplyError, check_reply
 from fairclip.strategies import Policy
 from fairclip.strategies.aggregation import Exchange, RoundSums, sum_replies
+
+REPLY_TIMEOUT_SECONDS = 600.0
+"""How long a round waits for replies; a client that has not answered by then is left out."""
 
 EVENT_COLUMNS = ["round", "node", "client", "event", "reason"]
 """Columns of the internal record of dropped and unexpected replies."""
 
 
 class RunDriver(Protocol):
-    """What the adapter needs from a run's server (see :class:`fairclip.sims.engine.RunServer`)."""
+    """What the adapter needs from a run's server (see :class:`fairclip.server.run.Run`)."""
 
     policy: Policy
     model: np.ndarray

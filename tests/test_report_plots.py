@@ -16,8 +16,8 @@ import pandas as pd
 import pytest
 from matplotlib.collections import PolyCollection
 
-from fairclip.sims import plots
-from fairclip.sims.report import best_for_worst_cohort, markdown_report, write_report
+from fairclip.sims.compare.report import best_for_worst_cohort, markdown_report, write_report
+from fairclip.sims.sweeps import plots
 
 COHORTS = ("majority", "minority")
 

@@ -9,28 +9,28 @@ from pathlib import Path
 
 import pytest
 
-from fairclip.sims import results
-from fairclip.sims.outputs import write_csv
-from fairclip.sims.reproduce import COLUMNS
+from fairclip.atomic import write_csv
+from fairclip.sims.reproduce.tables import COLUMNS
+from tools import results
 
 
 def test_the_readme_shows_what_the_committed_results_hold():
     """The README's reproduction tables are exactly what the committed files render to."""
     assert results.readme_block() == results.results_markdown(), (
-        "README out of date: run python -m fairclip.sims.results readme"
+        "README out of date: run python -m tools.results readme"
     )
 
 
 def test_every_recorded_report_carries_its_setups_current_notes(tmp_path, capsys):
     """A flag's likely cause goes into the setup file's notes after the runs; the recorded
-    report must say the same (``python -m fairclip.sims.results notes NAME``)."""
+    report must say the same (``python -m tools.results notes NAME``)."""
     folders = sorted(p for p in results.RESULTS_DIR.iterdir() if (p / "record.json").is_file())
     if not folders:
         pytest.skip("no results folder here (an installed copy): nothing recorded to check")
     for folder in folders:
         copy = tmp_path / folder.name
         shutil.copytree(folder, copy)
-        assert not results.refresh_notes(copy), f"run: python -m fairclip.sims.results notes {folder.name}"
+        assert not results.refresh_notes(copy), f"run: python -m tools.results notes {folder.name}"
     # A stale notes line is rewritten, and nothing else in the report changes.
     report = tmp_path / folders[0].name / "reproduction.md"
     recorded = report.read_text()
@@ -54,7 +54,7 @@ def test_every_recorded_paired_test_shows_the_interval_of_its_own_t_test():
 
     import pandas as pd
 
-    from fairclip.sims.reproduce import paired_lines
+    from fairclip.sims.reproduce.tables import paired_lines
 
     folders = sorted(p for p in results.RESULTS_DIR.iterdir() if (p / "paired_tests.csv").is_file())
     if not folders:
