@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import signal
 import sys
 import threading
@@ -22,15 +21,9 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from fairclip.scenarios.config import builtin_scenarios, load_config, read_toml
-from fairclip.scenarios.data import DataError
-from fairclip.scenarios.errors import ConfigError
-from fairclip.server.checkpoint import share_computed_earlier
-from fairclip.server.outputs import check_output_folder
-from fairclip.sims.executors.memory import check_memory
-from fairclip.sims.sweeps.progress import progress_bar
-from fairclip.strategies import NoiseMultipliers
-from fairclip.strategies.errors import NotFiniteError, PolicyError
+from fairclip import api
+from fairclip.errors import ConfigError, FairclipError, NotFiniteError, one_line
+from fairclip.progress import progress_bar
 
 app = typer.Typer(
     name="fairclip",
@@ -144,24 +137,18 @@ def run(
     mlflow: MLflowOption = None,
 ) -> None:
     """Run one simulation; write rounds.csv and summary.json."""
-    from fairclip.api import simulate_config
-    from fairclip.server.observers import RoundCallback
-    from fairclip.server.outputs import RunWriter
-    from fairclip.sims.sweeps import folder as sweep_folder
-    from fairclip.sims.sweeps.tracking import LoggerObserver, require_packages, round_loggers
-
     if workers > 1 and backend is not Backend.local:
         raise ConfigError("--workers applies to the local backend; the ray backend takes --actors")
     if address and backend is Backend.ray:
-        _check_cluster(address, 1)
-    run_config = load_config(scenario, config, overrides or [])
-    require_packages(tensorboard is not None, mlflow is not None)
+        api.check_cluster(address, 1)
+    run_config = api.load_config(scenario, config, overrides or [])
+    api.require_packages(tensorboard is not None, mlflow is not None)
     if tensorboard is not None:
-        check_output_folder(tensorboard)  # the event files' folder, before any work
+        api.check_output_folder(tensorboard)  # the event files' folder, before any work
     out = out or Path("runs") / f"{run_config.scenario.name}-{run_config.strategy.name}"
-    check_output_folder(out)
-    local_actors = (actors or _cpu_count()) if backend is Backend.ray and not address else 0
-    check_memory(run_config, copies=1 + local_actors)  # the driver's task and each local actor's
+    api.check_output_folder(out)
+    local_actors = (actors or api.cpu_count()) if backend is Backend.ray and not address else 0
+    api.check_memory(run_config, copies=1 + local_actors)  # the driver's task and each local actor's
     progress = progress_bar(
         f"[bold]{run_config.strategy.name}[/bold] on {run_config.scenario.name}",
         console=console,
@@ -169,20 +156,20 @@ def run(
         unit="rounds",
         every=ROUND_LINE_SECONDS,
     )
-    loggers = round_loggers(tensorboard, mlflow, out.name, run_config.as_dict())
-    with sweep_folder.locked(out), progress:  # one process writes a run's folder
+    loggers = api.round_loggers(tensorboard, mlflow, out.name, run_config.as_dict())
+    with api.locked(out), progress:  # one process writes a run's folder
         bar = progress.add_task("rounds", total=run_config.training.rounds)
         observers = [
-            RoundCallback(lambda _row: progress.advance(bar)),
-            *(LoggerObserver(logger) for logger in loggers),
-            RunWriter(out),  # last: an interrupted run's files are written after the others' ends
+            api.RoundCallback(lambda _row: progress.advance(bar)),
+            *(api.LoggerObserver(logger) for logger in loggers),
+            api.RunWriter(out),  # last: an interrupted run's files are written after the others' ends
         ]
-        result = simulate_config(
+        result = api.simulate_config(
             run_config,
             data_dir=data_dir,
             backend=backend.value,
             workers=workers,
-            actors=actors or _cpu_count(),
+            actors=actors or api.cpu_count(),
             address=address,
             observers=observers,
         )
@@ -244,25 +231,18 @@ def compare(
 
     The sweep's specification is stored in --out: --resume alone continues it.
     """
-
-    from fairclip.api import compare as compare_strategies
-    from fairclip.scenarios.config import parse_override, scenario_source
-    from fairclip.sims.compare import sweep
-    from fairclip.sims.sweeps import folder as sweep_folder
-    from fairclip.sims.sweeps.tracking import log_finished_run, require_packages
-
     started = time.perf_counter()
-    mode = sweep_folder.mode_of(resume, extend, replace)
-    _check_cluster(address, workers)
-    require_packages(tensorboard is not None, mlflow is not None)
+    mode = api.sweep_mode(resume, extend, replace)
+    api.check_cluster(address, workers)
+    api.require_packages(tensorboard is not None, mlflow is not None)
     if tensorboard is not None:
-        check_output_folder(tensorboard)  # the event files' folder, before any work
-    typed = dict((".".join(path), value) for path, value in map(parse_override, overrides or []))
+        api.check_output_folder(tensorboard)  # the event files' folder, before any work
+    typed = api.parse_overrides(overrides or [])
     if out is None:
-        if mode is sweep_folder.Mode.RESUME and not (scenario or config):
+        if mode == "resume" and not (scenario or config):
             raise ConfigError("--resume without --scenario or --config needs --out")
-        out = Path("runs") / f"compare-{_scenario_name(scenario_source(scenario, config), typed)}"
-    check_output_folder(out)
+        out = Path("runs") / f"compare-{api.scenario_name(scenario, config, typed)}"
+    api.check_output_folder(out)
     progress = progress_bar("[bold]compare[/bold] {task.description}", console=console, transient=False)
 
     def started_runs(total: int, to_run: int) -> None:
@@ -271,22 +251,22 @@ def compare(
         progress.add_task(str(out.name), total=to_run)
 
     def finished_run(key: str, result: dict) -> None:
-        log_finished_run(tensorboard, mlflow, key, result)
-        progress.advance(progress.task_ids[0], note=key, reused=share_computed_earlier(result["summary"]))
+        api.log_finished_run(tensorboard, mlflow, key, result)
+        progress.advance(progress.task_ids[0], note=key, reused=api.share_computed_earlier(result["summary"]))
 
     try:
-        comparison = compare_strategies(
+        comparison = api.compare(
             scenario,
             strategies=None
             if strategies is None
             else [s.strip() for s in strategies.split(",") if s.strip()],
-            epsilons=None if epsilons is None else sweep.parse_epsilons(epsilons),
+            epsilons=None if epsilons is None else api.parse_epsilons(epsilons),
             seeds=seeds,
             config_file=config,
             overrides=typed,
             data_dir=data_dir,
             out=out,
-            mode=mode.value,
+            mode=mode,
             ray=True,
             address=address,
             workers=workers,
@@ -357,30 +337,26 @@ def reproduce(
 
     The reproduction's specification is stored in --out: --resume alone continues it.
     """
-    from fairclip.api import reproduce as reproduce_setup
-    from fairclip.sims.reproduce import setups as repro
-    from fairclip.sims.sweeps import folder as sweep_folder
-
     if list_setups:
-        for setup_name, title in repro.setup_titles().items():
+        for setup_name, title in api.reproduction_setups().items():
             typer.echo(f"{setup_name:<24} {title}")
         return
     if backend is Backend.local and address:
         raise ConfigError("--address is a Ray cluster's: it goes with --backend ray")
     if backend is Backend.ray:
-        _check_cluster(address, workers)
-    mode = sweep_folder.mode_of(resume, extend, replace)
+        api.check_cluster(address, workers)
+    mode = api.sweep_mode(resume, extend, replace)
     subset = None if strategies is None else [s.strip() for s in strategies.split(",") if s.strip()]
     title = name or (out.name if out is not None else "")
     continued: dict[str, float] = {}  # run key: the share of its rounds an earlier invocation computed
     # transient: an error (a --resume conflict, say) stays the only line on stderr
     with progress_bar(f"[bold]reproduce[/bold] {title}", console=console, transient=True) as progress:
         bar = progress.add_task(title, total=None)
-        reproduction = reproduce_setup(
+        reproduction = api.reproduce(
             name,
             seeds=seeds,
             out=out,
-            mode=mode.value,
+            mode=mode,
             strategies=subset,
             full_grid=full_grid,
             grid_limit=grid_limit,
@@ -459,37 +435,24 @@ def tune(
 
     --strategies with --epsilons: one search each, and the best result against ε (curve.csv).
     """
-    from fairclip.api import tune as tune_search
-    from fairclip.api import tune_curve
-    from fairclip.scenarios.config import parse_override, scenario_source
-    from fairclip.sims.compare import sweep
-    from fairclip.sims.sweeps.folder import TUNE_CURVE_FILE
-    from fairclip.sims.tune.curve import CURVE_SPEC_FILE, stored_curve
-    from fairclip.sims.tune.search import INTERNAL
-
-    typed = dict((".".join(path), value) for path, value in map(parse_override, overrides or []))
-    searched: dict[str, list] = {}
-    for entry in grid or []:
-        key, separator, values = entry.partition("=")
-        if not separator or not values.strip():
-            raise ConfigError(f"--grid expects KEY=V1,V2,... (got {entry!r})")
-        searched[key.strip()] = [parse_override(f"{key}={value.strip()}")[1] for value in values.split(",")]
-    _check_cluster(address, workers)
+    typed = api.parse_overrides(overrides or [])
+    searched: dict[str, list] | None = api.parse_grid(grid or [])
+    api.check_cluster(address, workers)
     bare_resume = resume and scenario is None and config is None and not searched and not typed
     stored_options: dict = {}
     if bare_resume and strategies is None and epsilons is None:  # continue what --out holds
         if out is None:
             raise ConfigError("--resume without a scenario continues the search in --out: give --out")
-        if (out / TUNE_CURVE_FILE).is_file() or (out / CURVE_SPEC_FILE).is_file():
-            stored = stored_curve(out)
+        stored = api.stored_tune_curve(out)
+        if stored is not None:
             scenario, config = stored["scenario"], stored["config_file"]
             strategies, epsilons = ",".join(stored["strategies"]), ",".join(map(str, stored["epsilons"]))
             searched, typed, stored_options = stored["grid"], stored["overrides"], stored["options"]
         else:
             searched = None  # the stored search, as it was asked
     if out is None:
-        out = Path("runs") / f"tune-{_scenario_name(scenario_source(scenario, config), typed)}"
-    check_output_folder(out)
+        out = Path("runs") / f"tune-{api.scenario_name(scenario, config, typed)}"
+    api.check_output_folder(out)
     progress = progress_bar("[bold]tune[/bold] {task.description}", console=console, transient=False)
 
     searches: list[str] = []
@@ -521,12 +484,12 @@ def tune(
     options.update(stored_options)  # a curve continued from its folder keeps its own options
     try:
         if strategies is None:
-            tune_search(scenario, grid=searched, overrides=typed, out=out, resume=resume, **options)
+            api.tune(scenario, grid=searched, overrides=typed, out=out, resume=resume, **options)
         else:
-            tune_curve(
+            api.tune_curve(
                 scenario,
                 strategies=[name.strip() for name in strategies.split(",") if name.strip()],
-                epsilons=sweep.parse_epsilons(epsilons or ""),
+                epsilons=api.parse_epsilons(epsilons or ""),
                 grid=searched,
                 out=out,
                 resume=resume,
@@ -539,7 +502,7 @@ def tune(
             progress.stop()
     stdout.print((out / "report.md").read_text(), markup=False, highlight=False)
     stdout.print(f"report: {out / 'report.md'}")
-    stdout.print(f"not DP-protected, never publish: {out / INTERNAL}/")
+    stdout.print(f"not DP-protected, never publish: {api.tune_internal_folder(out)}/")
 
 
 @app.command()
@@ -556,12 +519,9 @@ def bench(
     ] = "cpu",
 ) -> None:
     """Benchmark fairclip against Flower, Opacus, pfl-research and the compute floor (W1-W5)."""
-    from fairclip.benchmarks import failed_contenders, run_bench
-
-    report = run_bench(workloads or [], quick, json_path, device)
+    _report, failed = api.bench(workloads or [], quick, json_path, device)
     if json_path is not None:
         stdout.print(f"report: {json_path}")
-    failed = failed_contenders(report)
     if failed:
         console.print(f"failed: {', '.join(failed)}")
         raise typer.Exit(1)
@@ -579,53 +539,9 @@ def data(
     ] = False,
 ) -> None:
     """Fetch the real datasets (where the network allows) and verify their SHA-256 checksums."""
-    from fairclip.scenarios.data import DATASET_FILES, fetch, resolve_data_dir, verified_path
-
-    directory = resolve_data_dir(data_dir)
-    names = [n.strip() for n in datasets.split(",")] if datasets else list(DATASET_FILES)
-    for name in names:
-        if name not in DATASET_FILES:
-            raise ConfigError(f"--datasets: unknown dataset {name!r} (known: {', '.join(DATASET_FILES)})")
-    downloaded = [] if verify_only else fetch(directory, names)
-    for name in names:
-        for relative in DATASET_FILES[name]:
-            verified_path(directory, relative)
-            state = "downloaded" if relative in downloaded else "verified"
-            stdout.print(f"{state:>10}  {directory / relative}")
-
-
-def _cpu_count() -> int:
-    return len(os.sched_getaffinity(0))
-
-
-def _check_cluster(address: str | None, workers: int) -> None:
-    """Before any work: a cluster ``address`` must answer (in seconds, not Ray's minutes of
-    retries), and without one ``--workers`` must fit the CPUs of the Ray this process already
-    runs, or else of the Ray it would start here."""
-    if address:
-        from fairclip.sims.executors.ray import check_reachable
-
-        check_reachable(address)
-        return
-    import ray
-
-    if ray.is_initialized():
-        from fairclip.sims.executors.jobs import workers_fit_ray
-
-        workers_fit_ray(workers)
-    elif workers > _cpu_count():
-        raise ConfigError(
-            f"--workers {workers} is more than the {_cpu_count()} CPUs Ray would start with here"
-        )
-
-
-def _scenario_name(raw: dict, overrides: dict) -> str:
-    """The name of a scenario as configured (``--set scenario.name=...`` included), validated."""
-    from fairclip.scenarios.config import set_value, validate
-
-    for key, value in overrides.items():
-        raw = set_value(raw, key, value)
-    return validate(raw).scenario.name
+    names = [n.strip() for n in datasets.split(",")] if datasets else None
+    for state, path in api.fetch_datasets(data_dir, names, verify_only):
+        stdout.print(f"{state:>10}  {path}")
 
 
 def _number(value: object) -> str:
@@ -689,45 +605,14 @@ def privacy(
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
     """ε of T rounds of user-level DP-FedAvg, or the noise for a target ε."""
-    from fairclip.strategies.accounting import (
-        DEFAULT_COUNT_RATIO,
-        PrivacyClaim,
-        calibrate,
-        check_privacy_parameters,
-    )
-
-    if (noise_multiplier is None) == (target_epsilon is None):
-        raise ConfigError("give exactly one of --noise-multiplier or --target-epsilon")
-    check_privacy_parameters(sample_rate, rounds, delta, accountant.value)
-    if count_noise_ratio is not None and target_epsilon is None:
-        raise ConfigError(
-            "--count-noise-ratio goes with --target-epsilon; else give --count-noise-multiplier"
-        )
-    if target_epsilon is not None:
-        releases_reports = True  # calibrate for a policy with a count release, split σ_b = k σ_Δ
-        if count_noise_multiplier is not None:
-            raise ConfigError(
-                "--count-noise-multiplier is derived (k x sigma, --count-noise-ratio k, default 10) "
-                "when --target-epsilon is given"
-            )
-        noise = calibrate(
-            target_epsilon,
-            sample_rate,
-            rounds,
-            delta,
-            accountant.value,
-            releases_reports=releases_reports,
-            count_ratio=DEFAULT_COUNT_RATIO if count_noise_ratio is None else count_noise_ratio,
-        )
-    else:
-        releases_reports = count_noise_multiplier is not None
-        noise = NoiseMultipliers(noise_multiplier, count_noise_multiplier or 0.0)
-    claim = PrivacyClaim.of(
-        noise,
-        releases_reports=releases_reports,
-        sample_rate=sample_rate,
-        rounds=rounds,
-        delta=delta,
+    claim = api.privacy_claim(
+        sample_rate,
+        rounds,
+        delta,
+        noise_multiplier=noise_multiplier,
+        count_noise_multiplier=count_noise_multiplier,
+        target_epsilon=target_epsilon,
+        count_noise_ratio=count_noise_ratio,
         accountant=accountant.value,
     )
     if as_json:
@@ -759,15 +644,8 @@ FLOWER_HELP = (
     },
 )
 def flower(context: typer.Context) -> int:
-    """:func:`fairclip.server.flower_status.run_flower_app` with the exit status of the run."""
-    from fairclip.server.flower_status import check_app, flwr_command, run_flower_app
-
-    try:  # before flwr starts: an app folder without an app, no flwr at all
-        check_app(list(context.args))
-        flwr = flwr_command()
-    except ValueError as error:
-        raise ConfigError(str(error)) from None
-    status = run_flower_app(list(context.args), flwr=flwr)
+    """:func:`fairclip.api.run_flower` with the exit status of the run."""
+    status = api.run_flower(list(context.args))
     if status.succeeded:
         stdout.print(status.message())
         return 0
@@ -781,8 +659,8 @@ def scenarios() -> None:
     table = Table(title="built-in scenarios")
     table.add_column("name")
     table.add_column("description")
-    for name, path in builtin_scenarios().items():
-        table.add_row(name, read_toml(path).get("scenario", {}).get("description", ""))
+    for name, description in api.scenarios().items():
+        table.add_row(name, description)
     stdout.print(table)
 
 
@@ -820,16 +698,14 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(done.exit_code)
     except click.ClickException as error:
         _fail(error.format_message())
-    except (ConfigError, PolicyError, DataError) as error:
-        _fail(str(error))
     except NotFiniteError as error:  # the run stopped: its summary says failed, and why
         print(f"fairclip: error: {error}", file=sys.stderr)
         sys.exit(1)
+    except FairclipError as error:  # every other error fairclip reports in one line
+        _fail(str(error))
     except (click.exceptions.Abort, KeyboardInterrupt):
         status = 130
     except OSError as error:  # a file that could not be written or read mid-run: a full disk, say
-        from fairclip.server.run import one_line
-
         print(f"fairclip: error: {one_line(error)}", file=sys.stderr)
         sys.exit(OUTPUT_ERROR)
     finally:

@@ -107,8 +107,8 @@ def _fairclip_runner(quick: bool, model: str, device: str, engine: str = "thread
     """fairclip's one-step path with its task and executor built once (``engine``: ``threads``,
     one worker thread per core, or one on a GPU; ``local``, one thread; ``ray``, one actor per
     core)."""
-    from .engine import start_ray, timed_rounds
     from .imagetask import build_task, ray_executor
+    from .timing import start_ray, timed_rounds
 
     if engine == "ray":
         _ray_is_installed()
@@ -119,6 +119,7 @@ def _fairclip_runner(quick: bool, model: str, device: str, engine: str = "thread
     if engine == "ray":
         executor = ray_executor(run_config, start_ray())
     else:
+        # in the workload's own child process only (torch, ray, flwr: not in `fairclip bench`'s)
         from fairclip.sims.executors.local import LocalExecutor
         from fairclip.strategies import build_policy
 
@@ -181,6 +182,7 @@ def _opacus_runner(quick: bool, model: str, mode: str, device: str) -> Runner:
     from torch import nn
     from torch.utils.data import DataLoader
 
+    # in the workload's own child process only (torch, ray, flwr: not in `fairclip bench`'s)
     from fairclip.scenarios.tasks.training import prepare_training
 
     from .imagetask import build_bench_model

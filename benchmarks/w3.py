@@ -44,12 +44,13 @@ def sizes(quick: bool) -> dict[str, Any]:
 
 
 def _run(quick: bool, name: str) -> Measurement:
+    # in the workload's own child process only (torch, ray, flwr: not in `fairclip bench`'s)
     from fairclip.scenarios.config import load_config
     from fairclip.scenarios.tasks import build_task
     from fairclip.sims.executors.local import LocalExecutor
     from fairclip.strategies import build_policy
 
-    from .engine import timed_rounds
+    from .timing import timed_rounds
 
     size = sizes(quick)
     scenario = "bimodal-mean" if name == "bimodal-mean" else "demo"

@@ -81,10 +81,11 @@ def _paired_executors(
     at its first run and stays (the second on the CPUs the first left free); otherwise each run
     starts its executor and stops it after. A started executor's first run is unmeasured: it pays
     the actors' one-time costs (lazy imports, torch's first kernels, the allocator's growth)."""
+    # in the workload's own child process only (torch, ray, flwr: not in `fairclip bench`'s)
     from fairclip.sims.executors.ray import ensure_ray
 
-    from .engine import timed_rounds
     from .imagetask import build_task, image_config, ray_executor
+    from .timing import timed_rounds
     from .w1 import settings
 
     started = time.perf_counter()
@@ -157,6 +158,7 @@ def run_local(quick: bool) -> dict[str, Measurement]:
 def run_cluster(quick: bool) -> dict[str, Measurement]:
     """``node-1`` and ``nodes-2``, paired, on a ``ray start`` cluster of 2 single-CPU nodes,
     each run on executors of its own."""
+    # in the workload's own child process only (torch, ray, flwr: not in `fairclip bench`'s)
     from fairclip.benchmarks.local_cluster import local_cluster
 
     with local_cluster(nodes=2, cpus_per_node=1) as address:

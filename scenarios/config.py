@@ -24,6 +24,7 @@ from fairclip.plugins import PluginError, resolve
 from fairclip.scenarios.errors import ConfigError
 from fairclip.scenarios.model_names import MODELS
 from fairclip.strategies import PolicyConfigError, build_policy, policy_parameters
+from fairclip.strategies.params import first_problem
 from fairclip.strategies.registry import policy_class
 
 SCENARIO_DIR = Path(__file__).parent / "builtin"
@@ -640,12 +641,9 @@ def load_config(scenario: str | None, config_file: Path | None, assignments: lis
 
 
 def _first_error(error: ValidationError) -> str:
-    """The line of a failed validation. An unknown key comes first: a misspelled section
-    (``[federaton]``) also leaves the real one missing, and the misspelling is what to fix."""
-    errors = error.errors()
-    first = next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])
-    location = ".".join(str(part) for part in first["loc"]) or "config"
-    message = first["msg"].removeprefix("Value error, ")
+    """The line of a failed validation (:func:`fairclip.strategies.params.first_problem`)."""
+    first, location, message = first_problem(error.errors())
+    location = location or "config"
     if first["type"] == "extra_forbidden":
         message = "unknown key"
     elif first["type"] == "missing":

@@ -48,6 +48,7 @@ def as_run_here(config: dict[str, Any]) -> dict[str, Any]:
     training = config.get("training")
     if not isinstance(training, dict) or training.get("one_step_rows") is not None:
         return config
+    # torch: only for a stored configuration that needs the device's default
     from fairclip.scenarios.models import resolve_device
     from fairclip.scenarios.tasks.classification import rows_per_one_step_call
 

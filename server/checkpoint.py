@@ -119,7 +119,7 @@ def share_computed_earlier(summary: dict[str, Any]) -> float:
     continued from its checkpoint: 0 for a run computed in one go. Read from the summary's
     ``provenance.pieces`` (:meth:`fairclip.server.run.Run.snapshot`), whose last piece is
     the process that finished the run; progress displays count that share as done earlier, not
-    towards their pace (:mod:`fairclip.sims.sweeps.progress`)."""
+    towards their pace (:mod:`fairclip.progress`)."""
     pieces = (summary.get("provenance") or {}).get("pieces") or []
     if not pieces:
         return 0.0

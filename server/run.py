@@ -29,12 +29,13 @@ from fairclip.server.optimizer import server_optimizer
 from fairclip.server.privacy_plan import json_number, plan_privacy
 from fairclip.server.provenance import provenance
 from fairclip.server.rounds import Rounds
+from fairclip.server.secure_noise import noise_source, secure_sampler
 from fairclip.strategies import Policy, ServerRound, build_policy
 from fairclip.strategies.accounting import Accountant, PrivacyClaim
 from fairclip.strategies.aggregation import RoundSums
 from fairclip.strategies.base import Broadcast, DPEvent, GaussianSampler
 from fairclip.strategies.errors import one_line
-from fairclip.strategies.randomness import Stream, poisson_sample, rng, sample_ids
+from fairclip.strategies.randomness import poisson_sample
 
 
 def in_background(function: Callable[..., Any], *args: Any) -> Future:
@@ -101,11 +102,7 @@ class Run:
         )
         model = task.initial_model()
         self.plan = plan_privacy(config, policy, model.shape[0])
-        self._secure_sampler = None
-        if self.secure_noise and policy.private:
-            from fairclip.server.secure_noise import ExactGaussian
-
-            self._secure_sampler = ExactGaussian()
+        self._secure_sampler = secure_sampler(self.secure_noise and policy.private)
         self.rounds = Rounds(
             policy=policy,
             model=model,
@@ -290,16 +287,10 @@ class Run:
 
     def _sample(self, round_number: int) -> np.ndarray:
         clients, rate = self.config.federation.num_clients, self.config.federation.sample_rate
-        if self.seeded:
-            return poisson_sample(self.config.seed, round_number, clients, rate)
-        return sample_ids(np.random.default_rng(), clients, rate)
+        return poisson_sample(self.config.seed if self.seeded else None, round_number, clients, rate)
 
     def _noise(self, round_number: int) -> np.random.Generator | GaussianSampler:
-        if self._secure_sampler is not None:
-            return self._secure_sampler
-        if self.seeded:
-            return rng(self.config.seed, Stream.NOISE, round_number)
-        return np.random.default_rng()
+        return noise_source(self._secure_sampler, self.config.seed if self.seeded else None, round_number)
 
     def sample(self, round_number: int) -> np.ndarray:
         """Ids of the clients of round ``round_number`` (Poisson sampling with rate q)."""

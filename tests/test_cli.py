@@ -545,7 +545,7 @@ def test_progress_writes_plain_lines_where_stderr_is_no_terminal():
 
     from rich.console import Console
 
-    from fairclip.sims.sweeps import progress as progress_module
+    from fairclip import progress as progress_module
 
     clock = [100.0]
     written = StringIO()
@@ -598,7 +598,7 @@ def test_the_eta_of_a_resumed_reproduction_counts_only_the_runs_it_ran():
 
     from rich.console import Console
 
-    from fairclip.sims.sweeps import progress as progress_module
+    from fairclip import progress as progress_module
 
     clock = [0.0]
     written = StringIO()
@@ -632,7 +632,7 @@ def test_the_eta_counts_only_the_rounds_a_continued_run_computed_here(cli, monke
 
     import fairclip.api
     from fairclip import cli as cli_module
-    from fairclip.sims.sweeps import progress as progress_module
+    from fairclip import progress as progress_module
 
     clock = [0.0]
     written = StringIO()

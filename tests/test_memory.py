@@ -58,7 +58,7 @@ def test_compare_counts_every_run_it_holds_at_once(cli, monkeypatch, tmp_path):
     """Two one-CPU runs at once on 2 cores each hold their own task: twice the memory."""
     one_run = memory.estimate_run_memory(_config("bimodal-mean", 10**8))
     monkeypatch.setattr(memory, "available_memory", lambda: int(1.5 * one_run))
-    monkeypatch.setattr("fairclip.cli._cpu_count", lambda: 2)
+    monkeypatch.setattr("fairclip.api.cpu_count", lambda: 2)
     args = ("--scenario", "bimodal-mean", "--set", "federation.num_clients=100000000")
     status, _, stderr = cli("compare", *args, "--strategies", "adaptive", "--out", str(tmp_path / "c"))
     assert status == 2

@@ -78,7 +78,7 @@ def build_task(config: RunConfig, data_dir: Path | None = None) -> Task:
     task.cohort_directions = config.training.cohort_directions  # type: ignore[attr-defined]
     task.unclipped_total = config.training.clipping_error != "both"  # type: ignore[attr-defined]
     if config.training.objective == "fairlens":
-        from fairclip.scenarios.tasks.fairlens import FairLens
+        from fairclip.scenarios.tasks.fairlens import FairLens  # torch: only a task that trains
 
         gradient_weight, boundary_weight = config.training.fairlens_weights
         bound = float(config.strategy.params["initial_bound"])
@@ -94,6 +94,7 @@ def _build(config: RunConfig, data_dir: Path | None) -> Task:
     try:
         if config.scenario.task == "mean-estimation":
             return MeanEstimationTask(config.scenario, config.federation.num_clients, config.seed)
+        # torch: only a task that trains (mean estimation and the command line's checks stay light)
         from fairclip.scenarios.tasks.classification import ClassificationTask, model_factory
 
         if config.scenario.task == "federated-dataset":

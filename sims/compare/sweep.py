@@ -71,7 +71,7 @@ def plan_runs(
         for epsilon in epsilons
         for seed in seed_values
     ]
-    from fairclip.server.privacy_plan import check_accountable
+    from fairclip.server.privacy_plan import check_accountable  # Opacus: kept out of start-up
 
     for run in runs:  # fail fast, before any work, on a strategy, ε or size the scenario rejects
         config = run.config(raw)
@@ -192,6 +192,7 @@ def run_sweep(
     ``on_start(runs, to_run)`` is called once the runs are known; ``explicit``: the options the
     user gave, which ``extend`` puts over the stored ones (:func:`fairclip.sims.sweeps.folder.settle`).
     Returns (runs, summary table, rounds by key, plots drawn)."""
+    # matplotlib: kept out of the command line's start
     from fairclip.sims.compare.report import STATISTICS_FILES, write_report
     from fairclip.sims.sweeps.plots import PLOTS
 

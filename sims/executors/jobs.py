@@ -36,6 +36,7 @@ def run_simulation(
     (its registered policies, models and datasets, and its import path). With ``checkpoint`` (a
     file path) the run continues from the checkpoint there, if any, and keeps its progress
     there (:mod:`fairclip.server.checkpoint`)."""
+    # torch and Opacus: kept out of the command line's start
     from fairclip.sims.executors.local import LocalExecutor
     from fairclip.sims.executors.loop import simulate
 
@@ -86,7 +87,7 @@ def simulate_on_ray(
     item's run keeps its progress (:func:`run_simulation`): on a cluster, a folder every node
     sees. Jobs the caller appends to ``jobs`` between two results are submitted before the
     next wait."""
-    import ray
+    import ray  # ray: only where runs go to Ray
 
     from fairclip.sims.executors.ray import ensure_ray
 
@@ -94,7 +95,7 @@ def simulate_on_ray(
         return
     ensure_ray(address)
     cpus = workers_fit_ray(workers)
-    from fairclip.sims.executors.ray import gpu_share
+    from fairclip.sims.executors.ray import gpu_share  # ray: only where runs go to Ray
 
     device = validate(jobs[0][1]).training.device
     share = gpu_share(device, int(cpus // workers))

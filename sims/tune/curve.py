@@ -141,7 +141,7 @@ def plot_curve(table: pd.DataFrame, metric: str, path: Path) -> None:
     """Best ``metric`` against ε: the DP search against the ε of the whole search (solid), the
     non-private selection against its chosen run's ε (dotted, where ``table`` has it), one
     colour per strategy."""
-    from fairclip.sims.sweeps.plots import plt, save, strategy_styles
+    from fairclip.sims.sweeps.plots import plt, save, strategy_styles  # matplotlib: only to draw
 
     figure, axes = plt.subplots(figsize=(6.4, 4.2))
     styles = strategy_styles(table["strategy"])

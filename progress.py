@@ -1,4 +1,5 @@
-"""The progress display of the long commands (``run``, ``compare``, ``reproduce``, ``tune``).
+"""The command line's progress display (``run``, ``compare``, ``reproduce``, ``tune``): a part of
+:mod:`fairclip.cli`, which alone imports it.
 
 On a terminal it is rich's live bar: done of total, time so far and an ETA. Where standard error
 is not a terminal (a log file, a pipe, a run under ``nohup``) rich draws nothing until the end, so
