@@ -12,7 +12,7 @@ same numbers for the same configuration and seed::
     result.epsilon, result.privacy   # ε, and δ, the accountant, q, T and the noise multipliers
 
 Nothing is written to disk; pass ``on_round`` (for example a logger of
-:mod:`fairclip.sims.tracking`) to see each round as it finishes.
+:mod:`fairclip.sims.sweeps.tracking`) to see each round as it finishes.
 
 Bring your own data, model and policy: a :class:`Scenario` holds a
 :class:`fairclip.FederatedDataset` (or a loader of one) and a model factory; :func:`compare`
@@ -28,7 +28,9 @@ classes) against the non-private reference, per target ε and seed, and returns 
 from __future__ import annotations
 
 import itertools
+import json
 import math
+import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,7 +39,77 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from fairclip.sims.checkpoint import DEFAULT_EVERY_SECONDS, share_computed_earlier
+from fairclip.atomic import json_normalised, write_json
+from fairclip.benchmarks import failed_contenders, run_bench
+from fairclip.plugins import register as register_plugin
+from fairclip.root_error import one_line
+from fairclip.scenarios.config import (
+    builtin_scenarios,
+    check_overrides_used,
+    load_config,
+    parse_override,
+    read_toml,
+    scenario_source,
+    set_value,
+    validate,
+)
+from fairclip.scenarios.data import DATASET_FILES, fetch, resolve_data_dir, verified_path
+from fairclip.scenarios.data.federated_dataset import FederatedDataset
+from fairclip.scenarios.errors import ConfigError
+from fairclip.scenarios.tasks import build_task
+from fairclip.server.checkpoint import DEFAULT_EVERY_SECONDS, Checkpointing, share_computed_earlier
+from fairclip.server.flower_status import check_app, flwr_command, run_flower_app
+from fairclip.server.observers import RoundCallback
+from fairclip.server.outputs import RunWriter, check_output_folder
+from fairclip.sims.compare import sweep
+from fairclip.sims.executors import jobs as jobs_
+from fairclip.sims.executors.memory import check_memory
+from fairclip.sims.sweeps import folder as sweep_folder
+from fairclip.sims.sweeps.tracking import LoggerObserver, log_finished_run, require_packages, round_loggers
+from fairclip.strategies import NoiseMultipliers
+from fairclip.strategies.errors import PolicyConfigError
+from fairclip.strategies.registry import register as register_policy
+
+__all__ = [
+    "MODES",
+    "Comparison",
+    "LoggerObserver",
+    "Reproduction",
+    "RoundCallback",
+    "RunWriter",
+    "Scenario",
+    "Simulation",
+    "bench",
+    "check_cluster",
+    "check_memory",
+    "check_output_folder",
+    "compare",
+    "cpu_count",
+    "fetch_datasets",
+    "load_config",
+    "locked",
+    "log_finished_run",
+    "one_line",
+    "parse_epsilons",
+    "parse_grid",
+    "parse_overrides",
+    "privacy_claim",
+    "reproduce",
+    "reproduction_setups",
+    "require_packages",
+    "round_loggers",
+    "run_flower",
+    "scenario_name",
+    "scenarios",
+    "share_computed_earlier",
+    "simulate",
+    "simulate_config",
+    "stored_tune_curve",
+    "sweep_mode",
+    "tune",
+    "tune_curve",
+    "tune_internal_folder",
+]
 
 
 @dataclass(frozen=True)
@@ -93,17 +165,12 @@ class Scenario:
     def raw_config(self) -> dict[str, Any]:
         """The scenario as a raw configuration (as a TOML file would give it), registering the
         Python objects it holds."""
-        from fairclip.plugins import register
-        from fairclip.sims.config import set_value
-        from fairclip.sims.errors import ConfigError
-        from fairclip.sims.federated_dataset import FederatedDataset
-
         dataset, model = self.dataset, self.model
         if not isinstance(dataset, str):
-            register("dataset", self.name, dataset, replace=True)
+            register_plugin("dataset", self.name, dataset, replace=True)
             dataset = self.name
         if not isinstance(model, str):
-            register("model", self.name, model, replace=True)
+            register_plugin("model", self.name, model, replace=True)
             model = self.name
         clients = self.num_clients
         if clients is None:
@@ -149,15 +216,13 @@ def simulate(
     datasets (default: ``FAIRCLIP_DATA``); ``workers`` threads train the sampled clients (the
     same result for any number); ``on_round(row)`` and ``observers`` see every round
     (:func:`simulate_config`). An invalid configuration raises
-    :class:`fairclip.sims.errors.ConfigError` naming the problem.
+    :class:`fairclip.scenarios.errors.ConfigError` naming the problem.
 
     ``checkpoint``: a file where the run keeps its progress every ``checkpoint_every`` seconds,
     when interrupted and at the end; called again with the same file, the run continues after
     its last saved round, with the same result as a run never stopped
-    (:mod:`fairclip.sims.checkpoint`).
+    (:mod:`fairclip.server.checkpoint`).
     """
-    from fairclip.sims.config import validate
-
     config = validate(_raw_config(scenario, config_file, overrides))
     result = simulate_config(
         config,
@@ -189,26 +254,21 @@ def simulate_config(
     checkpoint: str | Path | None = None,
     checkpoint_every: float = DEFAULT_EVERY_SECONDS,
 ) -> Any:
-    """Run the validated configuration ``config`` (a :class:`fairclip.sims.config.RunConfig`) and
-    return its :class:`fairclip.sims.engine.RunResult`; what ``fairclip run`` does.
+    """Run the validated configuration ``config`` (a :class:`fairclip.scenarios.config.RunConfig`) and
+    return its :class:`fairclip.server.observers.RunResult`; what ``fairclip run`` does.
 
     ``backend``: ``local`` (this process, ``workers`` threads) or ``ray`` (``actors`` Ray actors,
     default one per core, on the cluster at ``address`` or a local one); the same seed gives the
-    same run on both. ``observers`` (:class:`fairclip.sims.engine.RunObserver`: a file writer, a
+    same run on both. ``observers`` (:class:`fairclip.server.observers.RunObserver`: a file writer, a
     progress bar, a tracker) see every round and the end, also after an interruption.
     ``checkpoint`` and ``checkpoint_every``: as :func:`simulate`'s; the observers see the
     rounds computed in this call.
     """
-    import os
+    # torch and Opacus: kept out of the command line's start
+    from fairclip.sims.executors.local import LocalExecutor
+    from fairclip.sims.executors.loop import simulate as run_rounds
 
-    from fairclip.sims.checkpoint import Checkpointing
-    from fairclip.sims.engine import simulate as run_rounds
-    from fairclip.sims.errors import ConfigError
-    from fairclip.sims.local_engine import LocalExecutor
-    from fairclip.sims.tasks import build_task
-
-    if workers < 1:
-        raise ConfigError(f"workers must be >= 1 (got {workers})")
+    _check_workers(workers)
     if backend not in ("local", "ray"):
         raise ConfigError(f"backend must be local or ray (got {backend!r})")
     folder = Path(data_dir) if data_dir is not None else None
@@ -219,7 +279,7 @@ def simulate_config(
         return LocalExecutor(task, policy, workers)
 
     if backend == "ray":
-        from fairclip.sims.ray_engine import RayExecutor, ensure_ray
+        from fairclip.sims.executors.ray import RayExecutor, ensure_ray  # ray: only where asked for
 
         ensure_ray(address)
         executor = RayExecutor.start(config, folder, actors or os.cpu_count() or 1)
@@ -239,10 +299,28 @@ def simulate_config(
     )
 
 
+def _check_workers(workers: int) -> None:
+    if workers < 1:
+        raise ConfigError(f"workers must be >= 1 (got {workers})")
+
+
+def _check_mode(mode: str) -> None:
+    if mode not in MODES:
+        raise ConfigError(f"mode must be one of {', '.join(MODES)} (got {mode!r})")
+
+
+def _checked_targets(epsilons: Sequence[float]) -> list[float]:
+    """Target ε values as floats: each finite and > 0, none twice."""
+    targets = [float(e) for e in epsilons]
+    for target in targets:
+        if not (math.isfinite(target) and target > 0):
+            raise ConfigError(f"every target ε must be a finite number > 0 (got {target})")
+    _refuse_repeats(targets, "epsilons")
+    return targets
+
+
 def _refuse_repeats(values: Sequence[Any], what: str) -> None:
     """One :class:`ConfigError` line where ``values`` names something twice (a run planned twice)."""
-    from fairclip.sims.errors import ConfigError
-
     seen: set[Any] = set()
     for value in values:
         if value in seen:
@@ -256,9 +334,6 @@ def _raw_config(
 ) -> dict[str, Any]:
     """The raw configuration of a built-in scenario, a :class:`Scenario` or a TOML file, with
     ``overrides`` set (typed dotted keys)."""
-    from fairclip.sims.config import check_overrides_used, scenario_source, set_value
-    from fairclip.sims.errors import ConfigError
-
     if isinstance(scenario, Scenario):
         if config_file is not None:
             raise ConfigError("give a Scenario or a config_file, not both")
@@ -327,18 +402,8 @@ def compare(
     ``on_start(runs, to_run)`` is called when the runs are known, ``on_run(key, {"rows": ...,
     "summary": ...})`` per finished run.
     """
-    import json
-    import os
-
-    from fairclip.sims import compare as sweep
-    from fairclip.sims.errors import ConfigError
-    from fairclip.sims.sweep_folder import Mode
-    from fairclip.strategies.registry import register
-
-    if workers < 1:
-        raise ConfigError(f"workers must be >= 1 (got {workers})")
-    if mode not in MODES:
-        raise ConfigError(f"mode must be one of {', '.join(MODES)} (got {mode!r})")
+    _check_workers(workers)
+    _check_mode(mode)
     if out is None and mode != "new":
         raise ConfigError(f"mode {mode} continues a sweep stored in a folder: give out")
     names = None
@@ -346,7 +411,7 @@ def compare(
         names = []
         for strategy in strategies:
             if isinstance(strategy, type):
-                register(strategy, replace=True)
+                register_policy(strategy, replace=True)
                 strategy = strategy.name
             names.append(strategy)
         if not names:
@@ -354,16 +419,10 @@ def compare(
         _refuse_repeats(names, "strategies")
     targets: list[float | None] | None = None
     if epsilons is not None:
-        targets = [float(e) for e in epsilons]
-        for target in targets:
-            if not (math.isfinite(target) and target > 0):
-                raise ConfigError(f"every target ε must be a finite number > 0 (got {target})")
+        targets = _checked_targets(epsilons)
         if not targets:
             raise ConfigError("epsilons names no target ε: give one, or leave it out for the scenario's")
-        _refuse_repeats(targets, "epsilons")
     if out is not None:
-        from fairclip.sims.outputs import check_output_folder
-
         check_output_folder(Path(out))
     if "strategy.name" in (overrides or {}):
         raise ConfigError("--set strategy.name: compare sets it for each run (--strategies)")
@@ -393,8 +452,9 @@ def compare(
         return Comparison(table=table, rounds=rounds, summaries=summaries)
     folder = Path(out)
     runs, table, rounds, drawn = sweep.run_sweep(
-        folder, given, Mode(mode), data_dir=folder_data, ray=ray or address is not None, address=address,
-        workers=workers, parallel=parallel, on_start=on_start, on_result=on_result, explicit=explicit,
+        folder, given, sweep_folder.Mode(mode), data_dir=folder_data, ray=ray or address is not None,
+        address=address, workers=workers, parallel=parallel, on_start=on_start, on_result=on_result,
+        explicit=explicit,
     )  # fmt: skip
     summaries = {
         run.key: json.loads((folder / "runs" / run.key / "summary.json").read_text()) for run in runs
@@ -433,10 +493,10 @@ def tune(
     trials from a truncated negative binomial (``eta``, ``gamma``) or a Poisson (``mu``)
     distribution (``distribution``) with the tuning ``seed`` (and ``search_index``, which of several
     searches on that seed this is), and selects by ``metric`` (one of
-    :data:`fairclip.sims.tune.METRICS`). Returns a :class:`fairclip.sims.tune.Tuning`: every
+    :data:`fairclip.sims.tune.search.METRICS`). Returns a :class:`fairclip.sims.tune.search.Tuning`: every
     trial, the released best, and ε of the whole search (Papernot & Steinke 2022, see
     :mod:`fairclip.strategies.tuning`). That ε covers only the release
-    (:meth:`~fairclip.sims.tune.Tuning.release`: the chosen configuration and its metrics); the
+    (:meth:`~fairclip.sims.tune.search.Tuning.release`: the chosen configuration and its metrics); the
     rest of the returned object -- every trial, their number, the non-private selection -- is
     not DP-protected. ``out`` receives the specification and the release at its top
     (``tuning.json``, ``report.md``) and the rest in ``not-dp-protected/`` (each run as it
@@ -445,14 +505,11 @@ def tune(
     neither a scenario, a config file nor a ``grid``, the search stored in ``out`` continues as it
     was asked.
     """
-    from fairclip.sims import compare as sweep
-    from fairclip.sims import tune as search
-    from fairclip.sims.errors import ConfigError
-    from fairclip.strategies.errors import PolicyConfigError
+    # torch and Opacus (the search's accountant): kept out of the command line's start
+    from fairclip.sims.tune import search
     from fairclip.strategies.tuning import TrialCount
 
-    if workers < 1:
-        raise ConfigError(f"workers must be >= 1 (got {workers})")
+    _check_workers(workers)
     if grid is None:
         if not (resume and out is not None and scenario is None and config_file is None and not overrides):
             raise ConfigError("give the grid to search (or resume a stored search: resume=True and out)")
@@ -477,7 +534,7 @@ def tune(
     folder_data = Path(data_dir) if data_dir is not None else None
 
     def run(jobs: list[tuple[Any, dict[str, Any]]]) -> Any:
-        return sweep.simulate_jobs(
+        return jobs_.simulate_jobs(
             jobs, data_dir=folder_data, ray=ray or address is not None, address=address, workers=workers
         )
 
@@ -513,33 +570,27 @@ def tune_curve(
     ...`` does. A grid key of another strategy's table (``strategy.<other>.*``) is left out of a
     strategy's search. Each search goes to ``out/<strategy>__eps-<ε>/``; ``curve.csv`` (one row
     per finished search, written as each finishes), ``tuning_curve.png`` and ``report.md`` to
-    ``out``, of each search's release only (:func:`fairclip.sims.tune.curve_public_columns`);
+    ``out``, of each search's release only (:func:`fairclip.sims.tune.curve.curve_public_columns`);
     the same with each search's number of trials and non-private selection to
     ``out/not-dp-protected/``. ``options`` are :func:`tune`'s (metric, the trial law, seed,
     data_dir, ray, ...); the i-th search (strategies outer, ε inner) draws its trials as
     ``search_index`` i. Returns the full table (``not-dp-protected/curve.csv``: its ``trials``
     and ``grid_*`` columns are not DP-protected).
     """
-    from fairclip.sims import sweep_folder
-    from fairclip.sims import tune as search
-    from fairclip.sims.errors import ConfigError
-    from fairclip.sims.outputs import json_normalised, write_json
-    from fairclip.strategies.errors import PolicyConfigError
+    # torch and Opacus (the searches' accountant): kept out of the command line's start
+    from fairclip.sims.tune import curve as curve_
+    from fairclip.sims.tune import search
     from fairclip.strategies.tuning import TrialCount
 
     if not strategies or not epsilons:
         raise ConfigError("a tuning curve needs at least one strategy and one target ε")
     _refuse_repeats(list(strategies), "strategies")
-    targets = [float(e) for e in epsilons]
-    _refuse_repeats(targets, "epsilons")
-    for target in targets:
-        if not (math.isfinite(target) and target > 0):
-            raise ConfigError(f"every target ε must be a finite number > 0 (got {target})")
+    targets = _checked_targets(epsilons)
     for key in ("strategy.name", "privacy.target_epsilon", "privacy.noise_multiplier"):
         if key in (overrides or {}):
             raise ConfigError(f"--set {key}: the curve sets it for each search (--strategies, --epsilons)")
     folder = Path(out)
-    sweep_folder.refuse_another_commands_folder(folder, search.CURVE_FILE)
+    sweep_folder.refuse_another_commands_folder(folder, curve_.CURVE_FILE)
     metric = options.get("metric", "macro_accuracy")
     try:
         law = TrialCount(options.get("distribution", "tnb"), float(options.get("eta", 1.0)),
@@ -553,7 +604,7 @@ def tune_curve(
     for strategy in strategies:  # every search's grid and metric checked before any work
         for target in targets:
             raw = _raw_config(scenario, options.get("config_file"), settings(strategy, target))
-            search.check_spec(search.TuneSpec(raw, search.strategy_grid(grid, strategy), metric, law, 0))
+            search.check_spec(search.TuneSpec(raw, curve_.strategy_grid(grid, strategy), metric, law, 0))
     with sweep_folder.locked(folder):  # one process per curve folder
         if isinstance(scenario, str | None):  # what --resume --out alone continues with
             stored = {
@@ -565,32 +616,32 @@ def tune_curve(
                 "overrides": dict(overrides or {}),
                 "options": {key: options[key] for key in CURVE_OPTIONS if key in options},
             }
-            path = folder / search.CURVE_SPEC_FILE
+            path = folder / curve_.CURVE_SPEC_FILE
             if not path.is_file():
                 write_json(path, stored)
-            elif search.stored_curve(folder) != json_normalised(stored):
+            elif curve_.stored_curve(folder) != json_normalised(stored):
                 raise ConfigError(f"{folder} holds another tuning curve; use a new --out folder")
         if resume:
-            search.move_old_curve(folder, metric)
+            curve_.move_old_curve(folder, metric)
         rows = []
         for index, (strategy, target) in enumerate(itertools.product(strategies, targets)):
-            key = search.search_key(strategy, target)
+            key = curve_.search_key(strategy, target)
             if on_search is not None:
                 on_search(key)
             sub = folder / key
             tuning = tune(
                 scenario,
-                grid=search.strategy_grid(grid, strategy),
+                grid=curve_.strategy_grid(grid, strategy),
                 overrides=settings(strategy, target),
                 out=sub,
                 resume=resume and (sub / search.SPEC_FILE).exists(),
                 search_index=index,
                 **options,
             )
-            rows.append(search.curve_row(strategy, target, tuning))
-            search.write_curve_rows(folder, rows, metric)
+            rows.append(curve_.curve_row(strategy, target, tuning))
+            curve_.write_curve_rows(folder, rows, metric)
         table = pd.DataFrame(rows)
-        search.write_curve_report(folder, table, metric, law)
+        curve_.write_curve_report(folder, table, metric, law)
     return table
 
 
@@ -656,16 +707,14 @@ def reproduce(
     checkpoint of an earlier one, with the share of its rounds computed before (0 < share <= 1:
     a progress display counts it as done earlier, not towards its pace).
     """
-    from fairclip.sims import reproduce as repro
-    from fairclip.sims import sweep_folder
-    from fairclip.sims.data import resolve_data_dir
-    from fairclip.sims.errors import ConfigError
-    from fairclip.sims.outputs import check_output_folder
+    # torch and Opacus (planning calibrates noise), scipy (the setups' statistics): kept out of
+    # the command line's start
+    from fairclip.sims.reproduce import planning, setups
+    from fairclip.sims.reproduce import reproduction as repro
+    from fairclip.sims.reproduce import tables as tables_
 
-    if workers < 1:
-        raise ConfigError(f"workers must be >= 1 (got {workers})")
-    if mode not in MODES:
-        raise ConfigError(f"mode must be one of {', '.join(MODES)} (got {mode!r})")
+    _check_workers(workers)
+    _check_mode(mode)
     folder = Path(out) if out is not None else None
     if folder is not None:  # a tune search or curve there: named first, not a missing NAME or data
         sweep_folder.refuse_another_commands_folder(folder, sweep_folder.SPEC_FILE)
@@ -675,9 +724,9 @@ def reproduce(
             name = stored.get("name")
     if name is None:
         raise ConfigError("give a reproduction NAME (see `fairclip reproduce --list`)")
-    setup = repro.load_setup(name)  # an unknown name fails before the data are read
+    setup = setups.load_setup(name)  # an unknown name fails before the data are read
     if overrides:  # and so does a --set the runs would not take, before the folder is written
-        repro.checked_overrides(repro.select_strategies(setup, strategies), list(overrides))
+        planning.checked_overrides(setups.select_strategies(setup, strategies), list(overrides))
 
     def spec_of(explicit_only: bool) -> dict[str, Any]:
         return repro.reproduce_spec(
@@ -698,14 +747,14 @@ def reproduce(
     folder = folder or Path("runs") / f"reproduce-{name}"
     check_output_folder(folder)
 
-    def finished(run: repro.Run, summary: dict[str, Any]) -> None:
+    def finished(run: setups.Run, summary: dict[str, Any]) -> None:
         share = share_computed_earlier(summary)
         if on_continued is not None and share > 0:
             on_continued(run.key, share)
         if on_run is not None:
             on_run(run.key)
 
-    def reused(run: repro.Run, _summary: dict[str, Any]) -> None:
+    def reused(run: setups.Run, _summary: dict[str, Any]) -> None:
         announce = on_reused or on_run
         if announce is not None:
             announce(run.key)
@@ -738,5 +787,206 @@ def reproduce(
             on_plan=on_plan,
             ray=ray or address is not None,
         )
-    table = pd.DataFrame(rows, columns=repro.COLUMNS)
+    table = pd.DataFrame(rows, columns=tables_.COLUMNS)
     return Reproduction(name=spec["name"], table=table, wall_seconds=wall, folder=folder)
+
+
+# The command line's building blocks: everything ``fairclip`` (:mod:`fairclip.cli`) needs beyond
+# the functions above, so that it imports nothing but this API.
+
+parse_epsilons = sweep.parse_epsilons
+"""``"1,2.5,8"`` -> [1.0, 2.5, 8.0]; ``None`` -> [None] (the scenario's own privacy settings)."""
+locked = sweep_folder.locked
+"""A context manager that holds ``out``'s lock: one process writes a run's or a sweep's folder."""
+
+# Re-exported as they are (see __all__): observers of a run (RoundCallback, RunWriter,
+# LoggerObserver with round_loggers and log_finished_run, require_packages), the checks made
+# before any work (check_output_folder, check_memory), a configuration resolved from a scenario
+# and --set values (load_config), the share of a run an earlier process computed
+# (share_computed_earlier) and an error as one line (one_line).
+
+
+def scenarios() -> dict[str, str]:
+    """The built-in scenarios, name -> description (``fairclip scenarios``)."""
+    return {
+        name: read_toml(path).get("scenario", {}).get("description", "")
+        for name, path in builtin_scenarios().items()
+    }
+
+
+def reproduction_setups() -> dict[str, str]:
+    """The built-in reproduction setups, name -> title (``fairclip reproduce --list``)."""
+    from fairclip.sims.reproduce import setups  # scipy: kept out of the command line's start
+
+    return setups.setup_titles()
+
+
+def parse_overrides(entries: Sequence[str]) -> dict[str, Any]:
+    """``KEY=VALUE`` settings (``--set``) as typed dotted keys, in order."""
+    return dict((".".join(path), value) for path, value in map(parse_override, entries))
+
+
+def parse_grid(entries: Sequence[str]) -> dict[str, list[Any]]:
+    """``KEY=V1,V2,...`` entries (``tune --grid``) as typed values per dotted key."""
+    searched: dict[str, list[Any]] = {}
+    for entry in entries:
+        key, separator, values = entry.partition("=")
+        if not separator or not values.strip():
+            raise ConfigError(f"--grid expects KEY=V1,V2,... (got {entry!r})")
+        searched[key.strip()] = [parse_override(f"{key}={value.strip()}")[1] for value in values.split(",")]
+    return searched
+
+
+def scenario_name(scenario: str | None, config_file: Path | None, overrides: Mapping[str, Any]) -> str:
+    """The name of a scenario as configured (``--set scenario.name=...`` included), validated."""
+    raw = scenario_source(scenario, config_file)
+    for key, value in overrides.items():
+        raw = set_value(raw, key, value)
+    return validate(raw).scenario.name
+
+
+def sweep_mode(resume: bool, extend: bool, replace: bool) -> str:
+    """The ``mode`` (:data:`MODES`) of the flags ``--resume``, ``--extend`` and ``--replace``
+    (at most one)."""
+    return sweep_folder.mode_of(resume, extend, replace).value
+
+
+def cpu_count() -> int:
+    """The CPUs this process may run on."""
+    return len(os.sched_getaffinity(0))
+
+
+def check_cluster(address: str | None, workers: int) -> None:
+    """Before any work: a cluster ``address`` must answer (in seconds, not Ray's minutes of
+    retries), and without one ``workers`` must fit the CPUs of the Ray this process already
+    runs, or else of the Ray it would start here."""
+    if address:
+        from fairclip.sims.executors.ray import check_reachable  # ray: only where asked for
+
+        check_reachable(address)
+        return
+    import ray  # only where asked for
+
+    if ray.is_initialized():
+        jobs_.workers_fit_ray(workers)
+    elif workers > cpu_count():
+        raise ConfigError(
+            f"--workers {workers} is more than the {cpu_count()} CPUs Ray would start with here"
+        )
+
+
+def stored_tune_curve(folder: Path) -> dict[str, Any] | None:
+    """What the tuning curve stored in ``folder`` was asked (scenario, config file, strategies,
+    target ε, grid, overrides, options), or ``None`` where ``folder`` holds no curve."""
+    from fairclip.sims.tune import curve as curve_  # torch: kept out of the command line's start
+
+    if (folder / sweep_folder.TUNE_CURVE_FILE).is_file() or (folder / curve_.CURVE_SPEC_FILE).is_file():
+        return curve_.stored_curve(folder)
+    return None
+
+
+def tune_internal_folder(out: Path) -> Path:
+    """Where a search in ``out`` keeps what is not DP-protected (never publish it)."""
+    from fairclip.sims.tune.search import INTERNAL  # torch: kept out of the command line's start
+
+    return out / INTERNAL
+
+
+def fetch_datasets(
+    data_dir: str | Path | None, datasets: Sequence[str] | None = None, verify_only: bool = False
+) -> list[tuple[str, Path]]:
+    """Fetch the real ``datasets`` (default all; where the network allows, unless
+    ``verify_only``) into ``data_dir`` (default ``FAIRCLIP_DATA``) and verify their SHA-256
+    checksums; returns ``("downloaded" | "verified", path)`` per file (``fairclip data``)."""
+    directory = resolve_data_dir(data_dir)
+    names = list(datasets) if datasets else list(DATASET_FILES)
+    for name in names:
+        if name not in DATASET_FILES:
+            raise ConfigError(f"--datasets: unknown dataset {name!r} (known: {', '.join(DATASET_FILES)})")
+    downloaded = [] if verify_only else fetch(directory, names)
+    checked = []
+    for name in names:
+        for relative in DATASET_FILES[name]:
+            verified_path(directory, relative)
+            checked.append(("downloaded" if relative in downloaded else "verified", directory / relative))
+    return checked
+
+
+def privacy_claim(
+    sample_rate: float,
+    rounds: int,
+    delta: float,
+    *,
+    noise_multiplier: float | None = None,
+    count_noise_multiplier: float | None = None,
+    target_epsilon: float | None = None,
+    count_noise_ratio: float | None = None,
+    accountant: str = "prv",
+) -> Any:
+    """ε of ``rounds`` rounds of user-level DP-FedAvg at ``sample_rate`` and ``noise_multiplier``
+    (with a count release at ``count_noise_multiplier``, if given), or the noise multipliers that
+    reach ``target_epsilon`` (σ_b = k σ_Δ, k = ``count_noise_ratio``, default 10): a
+    :class:`fairclip.strategies.accounting.PrivacyClaim` (``fairclip privacy``)."""
+    # Opacus: kept out of the command line's start
+    from fairclip.strategies.accounting import (
+        DEFAULT_COUNT_RATIO,
+        PrivacyClaim,
+        calibrate,
+        check_privacy_parameters,
+    )
+
+    if (noise_multiplier is None) == (target_epsilon is None):
+        raise ConfigError("give exactly one of --noise-multiplier or --target-epsilon")
+    check_privacy_parameters(sample_rate, rounds, delta, accountant)
+    if count_noise_ratio is not None and target_epsilon is None:
+        raise ConfigError(
+            "--count-noise-ratio goes with --target-epsilon; else give --count-noise-multiplier"
+        )
+    if target_epsilon is not None:
+        releases_reports = True  # calibrate for a policy with a count release, split σ_b = k σ_Δ
+        if count_noise_multiplier is not None:
+            raise ConfigError(
+                "--count-noise-multiplier is derived (k x sigma, --count-noise-ratio k, default 10) "
+                "when --target-epsilon is given"
+            )
+        noise = calibrate(
+            target_epsilon,
+            sample_rate,
+            rounds,
+            delta,
+            accountant,
+            releases_reports=releases_reports,
+            count_ratio=DEFAULT_COUNT_RATIO if count_noise_ratio is None else count_noise_ratio,
+        )
+    else:
+        releases_reports = count_noise_multiplier is not None
+        noise = NoiseMultipliers(noise_multiplier, count_noise_multiplier or 0.0)
+    return PrivacyClaim.of(
+        noise,
+        releases_reports=releases_reports,
+        sample_rate=sample_rate,
+        rounds=rounds,
+        delta=delta,
+        accountant=accountant,
+    )
+
+
+def run_flower(arguments: Sequence[str]) -> Any:
+    """``flwr run ARGUMENTS --stream``, its output passed through, then how the run ended (a
+    :class:`fairclip.server.flower_status.FlowerRunStatus`; ``fairclip flower``). An app folder
+    without an app, or no ``flwr`` at all, is a :class:`ConfigError` before anything starts."""
+    try:
+        check_app(list(arguments))
+        flwr = flwr_command()
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
+    return run_flower_app(list(arguments), flwr=flwr)
+
+
+def bench(
+    workloads: Sequence[str] = (), quick: bool = False, json_path: Path | None = None, device: str = "cpu"
+) -> tuple[dict[str, Any], list[str]]:
+    """Run the benchmark suite (:mod:`fairclip.benchmarks`; all workloads where ``workloads`` is
+    empty) and return its report and the contenders that failed (``fairclip bench``)."""
+    report = run_bench(list(workloads), quick, json_path, device)
+    return report, failed_contenders(report)

@@ -30,6 +30,8 @@ import sys
 from importlib.metadata import entry_points
 from typing import Any, Literal
 
+from fairclip.root_error import FairclipError, describe
+
 Kind = Literal["policy", "model", "dataset"]
 
 ENTRY_POINT_GROUPS: dict[str, str] = {
@@ -42,7 +44,7 @@ ENTRY_POINT_GROUPS: dict[str, str] = {
 _REGISTERED: dict[str, dict[str, Any]] = {kind: {} for kind in ENTRY_POINT_GROUPS}
 
 
-class PluginError(ValueError):
+class PluginError(FairclipError, ValueError):
     """A plug-in reference that cannot be resolved, or an object of the wrong kind; one line."""
 
 
@@ -88,7 +90,7 @@ def resolve(kind: Kind, reference: str) -> Any:
                 return entry.load()
             except Exception as error:
                 raise PluginError(
-                    f"{kind} {reference!r}: entry point {entry.value!r} cannot be loaded ({_one_line(error)})"
+                    f"{kind} {reference!r}: entry point {entry.value!r} cannot be loaded ({describe(error)})"
                 ) from None
     if is_import_path(reference):
         return import_object(reference, kind)
@@ -101,7 +103,7 @@ def import_object(path: str, kind: str = "object") -> Any:
     try:
         target: Any = importlib.import_module(module_name)
     except Exception as error:
-        raise PluginError(f"{kind} {path!r}: cannot import {module_name!r} ({_one_line(error)})") from None
+        raise PluginError(f"{kind} {path!r}: cannot import {module_name!r} ({describe(error)})") from None
     for part in attribute.split("."):
         try:
             target = getattr(target, part)
@@ -124,7 +126,7 @@ def snapshot() -> dict[str, Any]:
             try:
                 registered[kind][name] = pickler.dumps(obj)
             except Exception as error:  # resolved there, it fails with this reason
-                registered[kind][name] = _Unavailable(f"it cannot be pickled ({_one_line(error)})")
+                registered[kind][name] = _Unavailable(f"it cannot be pickled ({describe(error)})")
     return {"path": list(sys.path), "registered": registered}
 
 
@@ -140,7 +142,7 @@ def restore(state: dict[str, Any]) -> None:
             try:
                 obj = payload if isinstance(payload, _Unavailable) else pickler.loads(payload)
             except Exception as error:  # an object this process cannot load; fails if used
-                obj = _Unavailable(f"it cannot be loaded here ({_one_line(error)})")
+                obj = _Unavailable(f"it cannot be loaded here ({describe(error)})")
             _REGISTERED[kind][name] = obj
 
 
@@ -162,8 +164,3 @@ def _pickler() -> Any:
 def _check_kind(kind: str) -> None:
     if kind not in ENTRY_POINT_GROUPS:
         raise PluginError(f"unknown kind of plug-in {kind!r} (known: {', '.join(ENTRY_POINT_GROUPS)})")
-
-
-def _one_line(error: BaseException) -> str:
-    text = " ".join(str(error).split())
-    return f"{type(error).__name__}: {text}" if text else type(error).__name__

@@ -47,7 +47,7 @@ from fairclip.strategies.registry import (
 def check_policy(policy: type[Policy] | str, params: Any = None, **options: Any) -> None:
     """The property checks of :mod:`fairclip.strategies.testing` on ``policy`` (a class or a
     strategy name) with ``params`` (a mapping or a hypothesis strategy of mappings)."""
-    from fairclip.strategies.testing import check_policy as check
+    from fairclip.strategies.testing import check_policy as check  # hypothesis: a test extra
 
     check(policy, params, **options)
 

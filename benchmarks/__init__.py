@@ -8,7 +8,7 @@ subprocess of its own, so its wall time, peak memory, torch thread settings and 
 leak into the next one.
 
 The entry point is :func:`fairclip.benchmarks.run.run_bench`; the command line lives with the
-others in :mod:`fairclip.sims.cli`.
+others in :mod:`fairclip.cli`.
 """
 
 from __future__ import annotations

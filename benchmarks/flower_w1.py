@@ -3,7 +3,7 @@
 Imported by the throw-away Flower project that :func:`benchmarks.w1.run_flower` writes. The
 ClientApp is fairclip's own (the scenario names the benchmark's image loader and model by import
 path, so the nodes build the same task as fairclip's engines). The ServerApp is fairclip's
-:func:`~fairclip.sims.flower_apps.run_federation` with one observer, :class:`RoundTimer`, which
+:func:`~fairclip.server.app.run_federation` with one observer, :class:`RoundTimer`, which
 records when the first round starts and when each round ends, with its accepted and dropped
 replies (``bench_timing.json`` next to ``rounds.csv``): Flower's throughput is then measured over
 the same phase as fairclip's engine, from the first round's sampling to the last round's server
@@ -20,14 +20,14 @@ from typing import Any
 from flwr.app import Context
 from flwr.serverapp import Grid
 
-from fairclip.server.app import server_app
-from fairclip.sims.flower_apps import REFUSALS, client_app, run_federation
+from fairclip.client.app import client_app
+from fairclip.server.app import REFUSALS, make_server_app, run_federation
 
 TIMING_FILE = "bench_timing.json"
 
 
 class RoundTimer:
-    """An observer (:class:`fairclip.sims.engine.RunObserver`) of the rounds' wall-clock times."""
+    """An observer (:class:`fairclip.server.observers.RunObserver`) of the rounds' wall-clock times."""
 
     def __init__(self) -> None:
         self.timing: dict[str, Any] = {"rounds_start": None, "rounds_end": None, "updates": [], "dropped": []}
@@ -56,6 +56,6 @@ def timed_federation(grid: Grid, context: Context) -> None:
 
 
 clientapp = client_app
-serverapp = server_app(timed_federation, REFUSALS)
+serverapp = make_server_app(timed_federation, REFUSALS)
 
 __all__ = ["clientapp", "serverapp"]

@@ -1,7 +1,7 @@
 """Image-shaped synthetic data and the W1 model, brought to fairclip as plug-ins.
 
 fairclip's ``synthetic`` dataset is flat (``features`` values, 2 classes) and
-``fairclip.client.models`` has no CNN of the W1 shape, so the benchmarks bring their own the way
+``fairclip.scenarios.models`` has no CNN of the W1 shape, so the benchmarks bring their own the way
 a user would (docs/plugins.md), without touching fairclip's code:
 
 * :func:`image_dataset`: a loader ``(num_clients, seed, **options) -> FederatedDataset`` of
@@ -13,7 +13,7 @@ a user would (docs/plugins.md), without touching fairclip's code:
 
 Training, clipping and evaluation are fairclip's own; only the data and the model differ.
 :func:`image_config` builds the run configuration as a dictionary and validates it
-(:func:`fairclip.sims.config.validate`), no ``--set`` strings.
+(:func:`fairclip.scenarios.config.validate`), no ``--set`` strings.
 """
 
 from __future__ import annotations
@@ -45,7 +45,8 @@ def build_bench_model(name: str) -> torch.nn.Module:
     """A benchmark model by name, for the contenders that are not fairclip (Opacus, pfl)."""
     if name == "w1-cnn":
         return w1_cnn()
-    from fairclip.client.models import build_model
+    # in the workload's own child process only (torch, ray, flwr: not in `fairclip bench`'s)
+    from fairclip.scenarios.models import build_model
 
     return build_model(name, IMAGE_SHAPE, NUM_CLASSES)
 
@@ -53,7 +54,8 @@ def build_bench_model(name: str) -> torch.nn.Module:
 def image_dataset(num_clients: int, seed: int, *, per_client: int, test_per_cohort: int):
     """:func:`synthetic_images` as a :class:`fairclip.FederatedDataset` (cohorts ``majority``
     and ``minority``; client i holds rows ``i * per_client ...``)."""
-    from fairclip import FederatedDataset
+    # in the workload's own child process only (torch, ray, flwr: not in `fairclip bench`'s)
+    from fairclip.scenarios.data.federated_dataset import FederatedDataset
 
     data = synthetic_images(num_clients, per_client, test_per_cohort, seed)
     return FederatedDataset(
@@ -117,15 +119,17 @@ def image_run(
 
 
 def image_config(raw: dict[str, Any]):
-    """The validated :class:`fairclip.sims.config.RunConfig` of :func:`image_run`'s output."""
-    from fairclip.sims.config import validate
+    """The validated :class:`fairclip.scenarios.config.RunConfig` of :func:`image_run`'s output."""
+    # in the workload's own child process only (torch, ray, flwr: not in `fairclip bench`'s)
+    from fairclip.scenarios.config import validate
 
     return validate(raw)
 
 
 def build_task(config):
     """fairclip's own task builder (the scenario names the image loader and model)."""
-    from fairclip.sims.tasks import build_task as fairclip_build_task
+    # in the workload's own child process only (torch, ray, flwr: not in `fairclip bench`'s)
+    from fairclip.scenarios.tasks import build_task as fairclip_build_task
 
     return fairclip_build_task(config)
 
@@ -135,6 +139,7 @@ def build_task(config):
 
 def ray_executor(config, num_actors: int):
     """fairclip's :class:`RayExecutor` with ``num_actors`` actors."""
-    from fairclip.sims.ray_engine import RayExecutor
+    # in the workload's own child process only (torch, ray, flwr: not in `fairclip bench`'s)
+    from fairclip.sims.executors.ray import RayExecutor
 
     return RayExecutor.start(config, None, num_actors)

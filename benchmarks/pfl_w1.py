@@ -31,7 +31,7 @@ def main() -> None:
 
     torch.set_num_threads(1)
     # What torch.optim imports on its first step (1.0-1.6 s), outside the clock, as fairclip's
-    # tasks and the floor do (fairclip.client.training.prepare_training).
+    # tasks and the floor do (fairclip.scenarios.tasks.training.prepare_training).
     import torch._dynamo
 
     np.random.seed(0)

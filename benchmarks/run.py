@@ -1,7 +1,7 @@
 """The runner: every contender of the chosen workloads in a subprocess of its own, one table,
 one JSON report.
 
-``fairclip bench [w1 ... w5] [--quick] [--json FILE] [--device cpu|cuda]`` (:mod:`fairclip.sims.cli`).
+``fairclip bench [w1 ... w5] [--quick] [--json FILE] [--device cpu|cuda]`` (:mod:`fairclip.cli`).
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from fairclip.sims.errors import ConfigError
-from fairclip.sims.outputs import atomic_write_text
+from fairclip.atomic import atomic_write_text
+from fairclip.scenarios.errors import ConfigError
 
 from .common import BUSY_FRACTION, REPO_ROOT, RESULT_MARKER, OtherLoad, machine_info, usable_cores
 from .w2 import MODELS as W2_MODELS

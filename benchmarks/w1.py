@@ -66,8 +66,8 @@ def settings(quick: bool, strategy: str = "bounded") -> dict[str, Any]:
 
 
 def run_fairclip(quick: bool, strategy: str = "bounded") -> Measurement:
-    from .engine import start_ray, timed_rounds
     from .imagetask import build_task, image_config, ray_executor
+    from .timing import start_ray, timed_rounds
 
     def body():
         cores = start_ray()
@@ -90,6 +90,7 @@ def run_floor(quick: bool) -> Measurement:
     import torch
     from torch import nn
 
+    # in the workload's own child process only (torch, ray, flwr: not in `fairclip bench`'s)
     from fairclip.strategies.randomness import poisson_sample
 
     from .images import synthetic_images, w1_cnn
@@ -97,8 +98,9 @@ def run_floor(quick: bool) -> Measurement:
     size = sizes(quick)
 
     def body():
-        from fairclip.client.models import image_layout
-        from fairclip.client.training import prepare_training
+        # in the workload's own child process only (torch, ray, flwr: not in `fairclip bench`'s)
+        from fairclip.scenarios.models import image_layout
+        from fairclip.scenarios.tasks.training import prepare_training
 
         torch.set_num_threads(1)
         prepare_training()  # the one-time import fairclip's tasks also do before their rounds
@@ -206,7 +208,8 @@ def _flower_project(folder: Path) -> Path:
 def run_flower(quick: bool) -> Measurement:
     import tomli_w
 
-    from fairclip.sims.flower_local import (
+    # in the workload's own child process only (torch, ray, flwr: not in `fairclip bench`'s)
+    from fairclip.benchmarks.flower_local import (
         LOCAL_CONNECTION,
         kill_sessions_mentioning,
         local_simulation_env,

@@ -1,5 +1,5 @@
 """W2, sample-level DP-SGD: Poisson batches of 256 (expected), per-example clipping at C = 1 and
-noise σ = 0.8, on three CNNs (:mod:`fairclip.client.models`):
+noise σ = 0.8, on three CNNs (:mod:`fairclip.scenarios.models`):
 
 * ``tanh-cnn``: the tanh CNN of the MNIST reproduction (conv 32 and 16, tanh, 2×2 pooling);
 * ``esipova-cnn``: seed 003's MNIST CNN as its authors ran it (no pooling, 97,114 parameters);
@@ -10,7 +10,7 @@ model's first four run in one process, in paired repeats (:func:`run_model`):
 
 * ``fairclip``: fairclip's one-step-client path (one client per example, one local step:
   updates are per-sample gradients, clipped from their norms without being formed,
-  ``fairclip.client.ghost``), policy ``constant``, driven by fairclip's in-process engine with
+  ``fairclip.scenarios.tasks.ghost``), policy ``constant``, driven by fairclip's in-process engine with
   one worker thread per core (``LocalExecutor(workers=cores)``; the same result as one thread).
 * ``fairclip-ray``, ``fairclip-local`` (tanh CNN only, for reference): the same on the Ray engine
   (one actor per core) and in-process with one thread.
@@ -107,8 +107,8 @@ def _fairclip_runner(quick: bool, model: str, device: str, engine: str = "thread
     """fairclip's one-step path with its task and executor built once (``engine``: ``threads``,
     one worker thread per core, or one on a GPU; ``local``, one thread; ``ray``, one actor per
     core)."""
-    from .engine import start_ray, timed_rounds
     from .imagetask import build_task, ray_executor
+    from .timing import start_ray, timed_rounds
 
     if engine == "ray":
         _ray_is_installed()
@@ -119,7 +119,8 @@ def _fairclip_runner(quick: bool, model: str, device: str, engine: str = "thread
     if engine == "ray":
         executor = ray_executor(run_config, start_ray())
     else:
-        from fairclip.sims.local_engine import LocalExecutor
+        # in the workload's own child process only (torch, ray, flwr: not in `fairclip bench`'s)
+        from fairclip.sims.executors.local import LocalExecutor
         from fairclip.strategies import build_policy
 
         policy = build_policy(run_config.strategy.name, run_config.strategy.params, num_cohorts=2)
@@ -181,7 +182,8 @@ def _opacus_runner(quick: bool, model: str, mode: str, device: str) -> Runner:
     from torch import nn
     from torch.utils.data import DataLoader
 
-    from fairclip.client.training import prepare_training
+    # in the workload's own child process only (torch, ray, flwr: not in `fairclip bench`'s)
+    from fairclip.scenarios.tasks.training import prepare_training
 
     from .imagetask import build_bench_model
 

@@ -7,7 +7,7 @@ fairclip's in-process engine (one process, so its resident memory is the whole r
 * ``logistic-1e9`` and ``logistic-1e6``: the ``demo`` scenario with 10⁹ and with 10⁶ clients,
   10⁴ of them per round (q = 10⁴/N): the population is sampled without touching every client
   and each sampled client's examples are generated from its id
-  (:mod:`fairclip.sims.generated_clients`), so a round costs what its clients cost.
+  (:mod:`fairclip.scenarios.data.generated_clients`), so a round costs what its clients cost.
 
 Rounds per second and peak resident memory (targets: under 4 GiB; the billion-client run's
 rounds/s within 1.5× of the million-client run's).
@@ -44,12 +44,13 @@ def sizes(quick: bool) -> dict[str, Any]:
 
 
 def _run(quick: bool, name: str) -> Measurement:
-    from fairclip.sims.config import load_config
-    from fairclip.sims.local_engine import LocalExecutor
-    from fairclip.sims.tasks import build_task
+    # in the workload's own child process only (torch, ray, flwr: not in `fairclip bench`'s)
+    from fairclip.scenarios.config import load_config
+    from fairclip.scenarios.tasks import build_task
+    from fairclip.sims.executors.local import LocalExecutor
     from fairclip.strategies import build_policy
 
-    from .engine import timed_rounds
+    from .timing import timed_rounds
 
     size = sizes(quick)
     scenario = "bimodal-mean" if name == "bimodal-mean" else "demo"

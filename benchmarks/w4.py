@@ -28,11 +28,12 @@ def run_pair(quick: bool) -> dict[str, Measurement]:
     import statistics
     import time
 
+    # in the workload's own child process only (torch, ray, flwr: not in `fairclip bench`'s)
     from fairclip.strategies.accounting import clear_caches
 
     from .common import Measurement, TreeMemorySampler, alternate, self_peak_rss_bytes
-    from .engine import start_ray, timed_rounds
     from .imagetask import build_task, image_config, ray_executor
+    from .timing import start_ray, timed_rounds
 
     started = time.perf_counter()
     sampler = TreeMemorySampler().__enter__()

@@ -1,6 +1,6 @@
 """W5, scale-out: W1 (:mod:`benchmarks.w1`) on fairclip's Ray engine with 1 Ray actor and with 2
 actors, on one local Ray and on a Ray cluster of single-CPU nodes started on this machine with
-``ray start`` (:func:`fairclip.sims.local_cluster.local_cluster`).
+``ray start`` (:func:`fairclip.benchmarks.local_cluster.local_cluster`).
 
 Client updates per second of the rounds (as W1). Target: 2 workers at least 1.7× as fast as 1.
 
@@ -81,10 +81,11 @@ def _paired_executors(
     at its first run and stays (the second on the CPUs the first left free); otherwise each run
     starts its executor and stops it after. A started executor's first run is unmeasured: it pays
     the actors' one-time costs (lazy imports, torch's first kernels, the allocator's growth)."""
-    from fairclip.sims.ray_engine import ensure_ray
+    # in the workload's own child process only (torch, ray, flwr: not in `fairclip bench`'s)
+    from fairclip.sims.executors.ray import ensure_ray
 
-    from .engine import timed_rounds
     from .imagetask import build_task, image_config, ray_executor
+    from .timing import timed_rounds
     from .w1 import settings
 
     started = time.perf_counter()
@@ -157,7 +158,8 @@ def run_local(quick: bool) -> dict[str, Measurement]:
 def run_cluster(quick: bool) -> dict[str, Measurement]:
     """``node-1`` and ``nodes-2``, paired, on a ``ray start`` cluster of 2 single-CPU nodes,
     each run on executors of its own."""
-    from fairclip.sims.local_cluster import local_cluster
+    # in the workload's own child process only (torch, ray, flwr: not in `fairclip bench`'s)
+    from fairclip.benchmarks.local_cluster import local_cluster
 
     with local_cluster(nodes=2, cpus_per_node=1) as address:
         return _paired_executors(quick, ("node-1", "nodes-2"), address, side_by_side=False)

@@ -19,10 +19,9 @@ trains on its partition of a simulated scenario also send the simulation-only di
 clipping indicator, update norms); a client with its own ``data-path`` never does. The node's
 cohort leaves it only where the policy needs it (``per-cohort``, ``reweight``).
 
-Reading a run's scenario is not this module's job: :class:`FairclipClient` is given a
-``load_run`` function (run configuration -> :class:`ClientRun`), and
-:mod:`fairclip.sims.flower_apps` wires it to fairclip's scenarios into the app that
-``pyproject.toml`` names.
+:class:`FairclipClient` reads no scenario itself: it is given a ``load_run`` function (run
+configuration -> :class:`ClientRun`). :data:`client_app`, the app that ``pyproject.toml`` names,
+is the one over fairclip's scenarios (:func:`load_client_run`).
 """
 
 from __future__ import annotations
@@ -39,12 +38,14 @@ from flwr.clientapp import ClientApp
 from fairclip.client.contributions import contribute
 from fairclip.client.flower_logging import drop_opacus_root_handler
 from fairclip.client.protocol import identity_content, read_exchange, read_train, reply_content
+from fairclip.scenarios.flower_config import flower_run
+from fairclip.scenarios.tasks import build_task
 from fairclip.strategies import Policy, build_policy
 from fairclip.strategies.aggregation import Exchange
 
 
 class ClientTask(Protocol):
-    """What a node needs of its scenario's task (``fairclip.sims.tasks.Task``)."""
+    """What a node needs of its scenario's task (``fairclip.scenarios.tasks.Task``)."""
 
     cohort_names: list[str]
     client_cohorts: np.ndarray
@@ -241,3 +242,22 @@ def _use_data_file(task: Any, client_id: int, path: Path, cohort_name: str) -> i
     if cohort_name not in task.cohort_names:
         raise ValueError(f"cohort {cohort_name!r} is not a cohort of the scenario ({task.cohort_names})")
     return task.cohort_names.index(cohort_name)
+
+
+def load_client_run(run_config: dict[str, Any]) -> ClientRun:
+    """A node's view of a run: the resolved configuration, and its scenario's task on demand."""
+
+    run = flower_run(run_config)
+    return ClientRun(
+        num_clients=run.config.federation.num_clients,
+        strategy_name=run.config.strategy.name,
+        strategy_params=dict(run.config.strategy.params),
+        simulation_diagnostics=run.simulation_diagnostics,
+        task=lambda _private: build_task(run.config, run.data_dir),
+    )
+
+
+clients = FairclipClient(load_client_run)
+"""The handlers of fairclip's own ClientApp."""
+client_app = clients.app()
+"""fairclip's Flower ``ClientApp``: ``flwr run .`` and real SuperNode deployments."""

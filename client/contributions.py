@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from fairclip.client.ghost import OneStepGradients
+from fairclip.scenarios.tasks.ghost import OneStepGradients
 from fairclip.strategies import Policy
 from fairclip.strategies.aggregation import NOT_SENT, CohortDiagnostics, Exchange, RoundSums
 from fairclip.strategies.base import Broadcast, ClientReports, ScaledReports
@@ -92,7 +92,7 @@ def contribute_scaled_blocks(
     on_device: bool = False,
 ) -> list[RoundSums]:
     """:func:`contribute_blocks` for a row-scaling policy (:attr:`Policy.row_scaling`) from the
-    norms and weighted sums of updates that are never materialised (:mod:`fairclip.client.ghost`):
+    norms and weighted sums of updates that are never materialised (:mod:`fairclip.scenarios.tasks.ghost`):
     the policy decides each client's factors from its norm, and each block's sums are the
     factor-weighted sums of its rows -- what :func:`contribute_blocks` sums, to rounding.
 
@@ -105,7 +105,7 @@ def contribute_scaled_blocks(
     and its ``report_sum`` where that is a weighted sum of the updates (a direction report, as
     ``online``'s), stays where the gradients are (a GPU, or the CPU), as a float64 tensor with
     the same numbers, for the caller to add up there
-    (:func:`fairclip.sims.local_engine.add_in_order_on_device`); everything else comes to the
+    (:func:`fairclip.sims.executors.local.add_in_order_on_device`); everything else comes to the
     host as always."""
     cohorts = np.asarray(cohorts, dtype=np.int64)
     scaled = policy.scaled_client_side(gradients.norms, cohorts, params)

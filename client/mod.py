@@ -23,12 +23,9 @@ from flwr.app import Context, Message, MessageType
 from flwr.clientapp.typing import ClientAppCallable
 
 from fairclip.client.contributions import contribute
+from fairclip.client.errors import ModError
 from fairclip.client.protocol import flatten, read_policy_config, reply_content
 from fairclip.strategies import build_policy
-
-
-class ModError(ValueError):
-    """A train message or reply the mod cannot clip; it becomes the node's error reply."""
 
 
 def fairclip_mod(message: Message, context: Context, call_next: ClientAppCallable) -> Message:

@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 
+from fairclip.strategies import POLICIES
 from fairclip.strategies.aggregation import Exchange, RoundSums
 
 IDENTIFY = "identity"
@@ -137,7 +138,6 @@ BROADCAST_PREFIX = "fairclip.broadcast."
 
 def policy_reference(policy: Any) -> str:
     """How a client finds ``policy``'s class: its built-in name, else ``module:QualifiedName``."""
-    from fairclip.strategies import POLICIES
 
     if POLICIES.get(policy.name) is type(policy):
         return policy.name

@@ -9,7 +9,7 @@ Each page below is written from the code at build time, so the site cannot drift
 * ``explanation/policies.md``: each built-in policy with its equations, sources, parameters and
   code, from the built-in policies' docstrings;
 * ``results/reproductions.md`` and one page per recorded setup, from ``results/reproductions/``
-  (rendered by the function that renders the README's block).
+  (rendered by tools.results.results_markdown).
 
 The objects they are made from are imported in the four lines below, and nowhere else in
 ``docs/``: a module that moves (issue 66) changes one line here. ``RESULTS_TOOL`` is the one
@@ -22,6 +22,7 @@ import ast
 import html
 import inspect
 import re
+import sys
 import textwrap
 import types
 import typing
@@ -34,16 +35,17 @@ import typer
 from annotated_types import Ge, Gt, Le, Lt, MaxLen, MinLen
 from pydantic import BaseModel
 
-# The objects the generated pages document, one import line each (issue 66 moves the last three to
-# fairclip.cli, fairclip.scenarios.config and tools/results.py): nothing else in docs/ imports them.
+# The objects the generated pages document, one import line each: nothing else in docs/ imports
+# them. tools/ (the repository's results tool) lives outside the package, beside docs/.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from fairclip.cli import app as cli_app
 from fairclip.policies import BUILTIN as POLICIES
-from fairclip.sims.cli import app as cli_app
-from fairclip.sims.config import RunConfig, builtin_scenarios, read_toml, validate
-from fairclip.sims.results import RESULTS_DIR, results_markdown
+from fairclip.scenarios.config import RunConfig, builtin_scenarios, read_toml, validate
+from tools.results import RESULTS_DIR, results_markdown
 
-RESULTS_TOOL = "python -m fairclip.sims.results"
-"""The repository's results tool (record, keep, readme, claims), as the pages show it: a page writes
-``RESULTS_TOOL`` and the site shows this command (issue 66 moves the tool to ``tools/results.py``)."""
+RESULTS_TOOL = "python -m tools.results"
+"""The repository's results tool (record, keep, notes, claims), as the pages show it: a page writes
+``RESULTS_TOOL`` and the site shows this command, run from the repository's root."""
 
 __all__ = ["POLICIES", "RESULTS_TOOL", "RunConfig", "cli_app", "generated_pages", "read_toml", "validate"]
 
@@ -625,14 +627,14 @@ def policies_page() -> str:
 
 
 def reproduction_pages() -> dict[str, str]:
-    """``results/reproductions.md`` (the README's tables, its links pointed at the pages of the
+    """``results/reproductions.md`` (every recorded setup's tables, its links pointed at the pages of the
     reports) and ``results/reproductions/<setup>.md`` (each recorded ``reproduction.md``)."""
     body = results_markdown(RESULTS_DIR)
     body = re.sub(r"\]\([^)]*?reproductions/([^/)]+)/reproduction\.md\)", r"](reproductions/\1.md)", body)
     pages = {
         "results/reproductions.md": "# Reproductions\n\n"
         "Generated at build time from the recorded results under `results/reproductions/`, by the "
-        f"same function that writes the README's tables (`{RESULTS_TOOL} readme`). "
+        "function `tools.results.results_markdown`. "
         "Each setup reruns a seed paper's experiment as the sample-level special case of fairclip "
         "(every training example a client that takes one step); "
         "[Reproduce a paper](../how-to/reproduce-a-paper.md) says how, and each setup's report "

@@ -64,12 +64,13 @@ from flwr.serverapp.strategy import Strategy
 
 from fairclip.client.protocol import flatten, unflatten, write_policy_config
 from fairclip.server.optimizer import ServerSGD
-from fairclip.server.replies import ReplyError, check_reply
-from fairclip.server.round_server import RoundServer
+from fairclip.server.replies import check_reply, collect_replies
+from fairclip.server.rounds import Rounds
+from fairclip.server.secure_noise import noise_source, secure_sampler
 from fairclip.strategies import NoiseMultipliers, Policy, PolicyConfigError, build_policy
 from fairclip.strategies.accounting import DEFAULT_COUNT_RATIO, Accountant, calibrate, calibrate_effective
-from fairclip.strategies.aggregation import RoundSums, sum_replies
-from fairclip.strategies.randomness import Stream, rng, sample_ids
+from fairclip.strategies.aggregation import sum_replies
+from fairclip.strategies.randomness import poisson_sample
 from fairclip.strategies.registry import check_policy_class
 
 
@@ -180,12 +181,10 @@ class DifferentialPrivacy(Strategy):
         self.delta = float(delta)
         self.accountant = Accountant(accountant)
         self.not_private_seed = not_private_seed
-        self._sampler = None
-        if (not_private_seed is None if secure_noise is None else secure_noise) and self.policy.private:
-            from fairclip.server.secure_noise import ExactGaussian
-
-            self._sampler = ExactGaussian()
-        self.rounds: RoundServer | None = None
+        self._sampler = secure_sampler(
+            (not_private_seed is None if secure_noise is None else secure_noise) and self.policy.private
+        )
+        self.rounds: Rounds | None = None
         """The round server (noise, bound update, accountant), made at the first round, once the
         model's size is known; its optimizer is plain θ_t + Δ̂, the inner strategy steps after."""
         self._round: _Round | None = None
@@ -234,7 +233,7 @@ class DifferentialPrivacy(Strategy):
                     self.accountant.mechanism,
                     releases_reports=self.policy.report_size(model.size) > 0,
                 )
-            self.rounds = RoundServer(
+            self.rounds = Rounds(
                 policy=self.policy,
                 model=model,
                 noise=self.noise,
@@ -250,11 +249,8 @@ class DifferentialPrivacy(Strategy):
         with _inner_strategy_quiet():  # its log names the number of nodes it sampled
             template = _one_message(self.strategy.configure_train(server_round, arrays, config, grid))
         nodes = sorted(int(node) for node in grid.get_node_ids())
-        if self.not_private_seed is not None:
-            generator = rng(self.not_private_seed, Stream.SAMPLING, server_round)
-        else:
-            generator = np.random.default_rng()
-        kept = [nodes[int(index)] for index in sample_ids(generator, len(nodes), self.sample_rate)]
+        sample = poisson_sample(self.not_private_seed, server_round, len(nodes), self.sample_rate)
+        kept = [nodes[int(index)] for index in sample]
         self._round = _Round(server_round, nodes, set(kept), params, arrays, model)
         return [
             Message(
@@ -275,20 +271,20 @@ class DifferentialPrivacy(Strategy):
             raise RuntimeError(f"round {server_round} was not configured")
         dim = plan.model.shape[0]
         index = {node: position for position, node in enumerate(plan.nodes)}
-        accepted: dict[int, RoundSums] = {}
-        for reply in replies:
-            node = _source(reply)
-            try:
-                if node not in plan.sampled or index[node] in accepted:
-                    raise ReplyError("a reply from a node that was not sampled, or a second one")
-                if reply.has_error():
-                    raise ReplyError(f"client error: {reply.error.reason}")
-                accepted[index[node]] = check_reply(
-                    reply.content, policy=self.policy, params=plan.params, dim=dim, cohort=None, num_cohorts=1
-                )
-            except Exception as error:  # any failure to read or check a reply drops it
-                self.dropped.append({"round": server_round, "node": node, "reason": str(error)})
-        sums = sum_replies(accepted, max(len(plan.nodes), 1), dim, self.policy.report_size(dim), 1)
+        collected = collect_replies(
+            replies,
+            index,
+            {index[node] for node in plan.sampled},
+            lambda content, _client: check_reply(
+                content, policy=self.policy, params=plan.params, dim=dim, cohort=None, num_cohorts=1
+            ),
+        )
+        for client, reason in collected.dropped:
+            self.dropped.append({"round": server_round, "node": plan.nodes[client], "reason": reason})
+        for node in collected.unexpected:
+            reason = "a reply from a node that was not sampled"
+            self.dropped.append({"round": server_round, "node": node, "reason": reason})
+        sums = sum_replies(collected.accepted, max(len(plan.nodes), 1), dim, self.policy.report_size(dim), 1)
         rounds = self.rounds
         rounds.model = plan.model
         released = rounds.release(server_round, sums)
@@ -320,11 +316,7 @@ class DifferentialPrivacy(Strategy):
         return self.rounds.state if self.rounds is not None else None
 
     def _noise(self, round_number: int) -> Any:
-        if self._sampler is not None:
-            return self._sampler
-        if self.not_private_seed is not None:
-            return rng(self.not_private_seed, Stream.NOISE, round_number)
-        return np.random.default_rng()
+        return noise_source(self._sampler, self.not_private_seed, round_number)
 
     def configure_evaluate(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
@@ -376,13 +368,6 @@ def _inner_strategy_quiet() -> Iterator[None]:
         yield
     finally:
         FLOWER_LOGGER.removeFilter(keep)
-
-
-def _source(message: Message) -> int | None:
-    try:
-        return int(message.metadata.src_node_id)
-    except Exception:  # a reply without readable metadata is dropped
-        return None
 
 
 __all__ = ["DifferentialPrivacy"]

@@ -36,6 +36,7 @@ from flwr.common import log
 from flwr.serverapp import Grid
 
 from fairclip.client.protocol import COHORT, IDENTIFY, NUM_PARTITIONS, PARTITION_ID
+from fairclip.server.errors import FederationError, IdentityError
 
 NODE_COLUMNS = ["node", "client", "cohort"]
 """Columns of the internal record of the nodes that joined (``cohort`` only where needed)."""
@@ -44,14 +45,6 @@ NODE_COLUMNS = ["node", "client", "cohort"]
 PROBE_SECONDS = 30.0
 """At least this long the first node connected may take to answer whether the federation has
 another size (a simulated node starts its ClientApp first), however short the node wait."""
-
-
-class FederationError(RuntimeError):
-    """The connected nodes do not form the configured federation."""
-
-
-class IdentityError(ValueError):
-    """An identity answer the server refuses."""
 
 
 @dataclass

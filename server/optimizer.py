@@ -37,7 +37,7 @@ class ServerOptimizer(Protocol):
 class ServerSGD:
     """SGD with momentum ``momentum`` and learning rate ``lr`` on update estimates. Without
     momentum (β = 0) v_{t+1} = d_t: no velocity is kept, so a run's checkpoint
-    (:mod:`fairclip.sims.checkpoint`) holds no dead copy of the model's size."""
+    (:mod:`fairclip.server.checkpoint`) holds no dead copy of the model's size."""
 
     lr: float
     momentum: float = 0.0

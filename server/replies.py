@@ -29,10 +29,12 @@ in the order the engines use, so the Flower path adds the same numbers in the sa
 from __future__ import annotations
 
 import io
+from collections.abc import Callable, Collection, Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from flwr.app import RecordDict
+from flwr.app import Message, RecordDict
 
 from fairclip.client.protocol import (
     CONTRIBUTION,
@@ -42,19 +44,73 @@ from fairclip.client.protocol import (
     UPDATE,
     reply_arrays,
 )
+from fairclip.server.errors import ReplyError
 from fairclip.strategies import Policy
 from fairclip.strategies.aggregation import CohortDiagnostics, Exchange, RoundSums
 from fairclip.strategies.base import Broadcast
 from fairclip.strategies.clipping import row_norms
 
+
+@dataclass(frozen=True)
+class Collected:
+    """The replies of one exchange, checked: accepted sums by client, the clients whose replies
+    were dropped (with the reason), and the source node of every reply from a node not sampled."""
+
+    accepted: dict[int, RoundSums]
+    dropped: list[tuple[int, str]]
+    unexpected: list[int | None]
+
+
+def collect_replies(
+    replies: Iterable[Message],
+    client_of: Mapping[int | None, int],
+    sampled: Collection[int],
+    check: Callable[[RecordDict, int], RoundSums],
+) -> Collected:
+    """Check the replies of one exchange, for fairclip's ServerApp
+    (:class:`fairclip.server.strategy.PolicyStrategy`) and the Flower DP wrapper alike.
+
+    A reply counts for the client its source node is (``client_of``) if that client was
+    ``sampled``; any other is unexpected. A sampled client's reply is checked by ``check(content,
+    client)`` (:func:`check_reply` with the round's bounds); two replies of one client, a client
+    error, or any failure to read or check a reply drop that client's replies, never the round."""
+    by_client: dict[int, list[Message]] = {}
+    unexpected: list[int | None] = []
+    for reply in replies:
+        node = source_node(reply)
+        client = client_of.get(node)
+        if client is None or client not in sampled:
+            unexpected.append(node)
+            continue
+        by_client.setdefault(client, []).append(reply)
+    accepted: dict[int, RoundSums] = {}
+    dropped: list[tuple[int, str]] = []
+    for client, messages in sorted(by_client.items()):
+        try:
+            if len(messages) != 1:
+                raise ReplyError(f"{len(messages)} replies in one round (all dropped)")
+            if messages[0].has_error():
+                raise ReplyError(f"client error: {messages[0].error.reason}")
+            accepted[client] = check(messages[0].content, client)
+        except Exception as error:  # any failure to read or check a reply drops it
+            reason = str(error) if isinstance(error, ReplyError) else f"{type(error).__name__}: {error}"
+            dropped.append((client, reason))
+    return Collected(accepted, dropped, unexpected)
+
+
+def source_node(reply: Message) -> int | None:
+    """The node a reply says it comes from; ``None`` where its metadata cannot be read (such a
+    reply is unexpected, whatever it holds)."""
+    try:
+        return int(reply.metadata.src_node_id)
+    except Exception:
+        return None
+
+
 NUMPY_STYPE = "numpy.ndarray"
 FLOAT64 = np.dtype("<f8")
 MAX_HEADER_BYTES = 10_000
 """Longest ``.npy`` header read (numpy's own default limit for untrusted files)."""
-
-
-class ReplyError(ValueError):
-    """A client reply that the server must drop."""
 
 
 def read_float_vector(array: Any, length: int, name: str) -> np.ndarray:

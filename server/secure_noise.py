@@ -26,11 +26,33 @@ import math
 
 import numpy as np
 
+from fairclip.strategies.randomness import Stream, rng
+
 GRID_BITS = 40
 """The grid 2^k lies this many binary orders below the noise scale σ·s."""
 
 PRIVACY_MAP_SLACK = 1e-9
 """Relative room for rounding in the comparison of OpenDP's ρ with 1/(2σ²)."""
+
+
+def secure_sampler(on: bool) -> ExactGaussian | None:
+    """OpenDP's exact sampler where ``on`` (secure noise asked for, and a private policy), else
+    ``None`` (the noise then comes from :func:`noise_source`'s generators)."""
+    return ExactGaussian() if on else None
+
+
+def noise_source(
+    secure: ExactGaussian | None, seed: int | None, round_number: int
+) -> ExactGaussian | np.random.Generator:
+    """Where round ``round_number``'s DP noise comes from, for a run (:class:`fairclip.server.run.Run`)
+    and the Flower DP wrapper alike: the ``secure`` exact sampler where there is one; else a
+    generator seeded by the run's ``seed`` (stream ``NOISE``, round t), reproducible and so not
+    private (docs/design.md, section 6); else one seeded from the operating system's entropy."""
+    if secure is not None:
+        return secure
+    if seed is not None:
+        return rng(seed, Stream.NOISE, round_number)
+    return np.random.default_rng()
 
 
 class ExactGaussian:

@@ -2,8 +2,8 @@
 
 The adapter adds transport only. Sampling, the policy's public parameters, noise with the
 sensitivity of the round that clipped, noisy counts, bound updates, the server optimizer, the
-accountant and per-cohort evaluation all come from the run's :class:`RoundServer` -- the same
-object the local and Ray engines drive (:class:`fairclip.sims.engine.RunServer`). Per round:
+accountant and per-cohort evaluation all come from the run's :class:`Rounds` -- the same
+object the local and Ray engines drive (:class:`fairclip.server.run.Run`). Per round:
 
 1. ``configure_train``: Poisson-sample client ids, send each sampled node θ_t and the public
    policy parameters (for example C_t).
@@ -38,23 +38,25 @@ from logging import INFO
 from typing import Any, Protocol
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.common import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
 from fairclip.client.protocol import MODEL, train_content
-from fairclip.server.app import REPLY_TIMEOUT_SECONDS
-from fairclip.server.replies import ReplyError, check_reply
+from fairclip.server.replies import check_reply, collect_replies
 from fairclip.strategies import Policy
 from fairclip.strategies.aggregation import Exchange, RoundSums, sum_replies
+
+REPLY_TIMEOUT_SECONDS = 600.0
+"""How long a round waits for replies; a client that has not answered by then is left out."""
 
 EVENT_COLUMNS = ["round", "node", "client", "event", "reason"]
 """Columns of the internal record of dropped and unexpected replies."""
 
 
 class RunDriver(Protocol):
-    """What the adapter needs from a run's server (see :class:`fairclip.sims.engine.RunServer`)."""
+    """What the adapter needs from a run's server (see :class:`fairclip.server.run.Run`)."""
 
     policy: Policy
     model: np.ndarray
@@ -193,31 +195,20 @@ class PolicyStrategy(Strategy):
     ) -> _Collected:
         """Check the replies of one exchange: drop and record bad ones, keep the rest."""
         dim = self.server.model.shape[0]
-        expected = {int(client) for client in sampled}
-        by_client: dict[int, list[Message]] = {}
-        unexpected = 0
-        for reply in replies:
-            node = _source_node(reply)
+        collected = collect_replies(
+            replies,
+            self.clients_of_node,
+            {int(client) for client in sampled},
+            lambda content, client: self._check(content, client, params, dim, exchange),
+        )
+        for node in collected.unexpected:
             client = self.clients_of_node.get(node)
-            if client is None or client not in expected:
-                unexpected += 1
-                self._record(
-                    server_round, node, client, "unexpected", "reply from a node that was not sampled"
-                )
-                continue
-            by_client.setdefault(client, []).append(reply)
-        accepted: dict[int, RoundSums] = {}
-        dropped = 0
-        for client, messages in sorted(by_client.items()):
-            try:
-                accepted[client] = self._check(messages, client, params, dim, exchange)
-            except Exception as error:  # any failure to read or check a reply drops it
-                dropped += 1
-                reason = str(error) if isinstance(error, ReplyError) else f"{type(error).__name__}: {error}"
-                if exchange is Exchange.COUNTS:
-                    reason = f"counts: {reason}"
-                self._record(server_round, self.nodes[client], client, "dropped", reason)
-        return _Collected(accepted, dropped, unexpected)
+            self._record(server_round, node, client, "unexpected", "reply from a node that was not sampled")
+        for client, reason in collected.dropped:
+            if exchange is Exchange.COUNTS:
+                reason = f"counts: {reason}"
+            self._record(server_round, self.nodes[client], client, "dropped", reason)
+        return _Collected(collected.accepted, len(collected.dropped), len(collected.unexpected))
 
     def _sum(self, collected: _Collected) -> RoundSums:
         dim = self.server.model.shape[0]
@@ -245,16 +236,11 @@ class PolicyStrategy(Strategy):
         }
 
     def _check(
-        self, messages: list[Message], client: int, params: dict[str, Any], dim: int, exchange: Exchange
+        self, content: RecordDict, client: int, params: dict[str, Any], dim: int, exchange: Exchange
     ) -> RoundSums:
-        if len(messages) != 1:
-            raise ReplyError(f"{len(messages)} replies in one round (all dropped)")
-        reply = messages[0]
-        if reply.has_error():
-            raise ReplyError(f"client error: {reply.error.reason}")
         cohort = int(self.client_cohorts[client]) if self.server.policy.needs_cohorts else None
         return check_reply(
-            reply.content,
+            content,
             policy=self.server.policy,
             params=params,
             dim=dim,
@@ -277,13 +263,6 @@ class PolicyStrategy(Strategy):
         return []
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
-        return None
-
-
-def _source_node(reply: Message) -> int | None:
-    try:
-        return int(reply.metadata.src_node_id)
-    except Exception:  # a reply without readable metadata is unexpected, whatever it holds
         return None
 
 

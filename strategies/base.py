@@ -48,7 +48,7 @@ each policy, and not to a plug-in author remembering :func:`fairclip.policies.ch
   (0, s_t], and below s_t only for a policy that declares ``noises_below_sensitivity``
   (:class:`PolicyError` otherwise); the round's :class:`DPEvent` then carries the multiplier
   σ_Δ · n_t / s_t of what ran (:meth:`Policy.round_event`), which a plan with a privacy budget
-  or target ε refuses in advance (:func:`fairclip.sims.privacy_plan.plan_privacy`);
+  or target ε refuses in advance (:func:`fairclip.server.privacy_plan.plan_privacy`);
 * every report vector leaves them with norm at most 1, the sensitivity its noise assumes
   (:func:`fairclip.strategies.clipping.project_reports`);
 * a client whose update, contribution or report is not finite sends zeros, so a diverged client
@@ -190,7 +190,7 @@ class RowScales:
     Every built-in policy has this shape: a hard clip, a tanh or global scale, a cohort weight;
     a count bit or one-hot cohort as report, or ``online``'s unit direction. Knowing the
     factors, an engine can form Σ Δ̄_i and Σ a_i without materialising any Δ_i (per-example
-    gradient norms and weighted sums, :mod:`fairclip.client.ghost`).
+    gradient norms and weighted sums, :mod:`fairclip.scenarios.tasks.ghost`).
     """
 
     contribution: np.ndarray
@@ -337,7 +337,7 @@ class Policy(ABC):
         (:meth:`contribution_bounds` of these parameters) must lie in [0, sensitivity(state)];
         otherwise :class:`PolicyError` names the policy and both numbers. Every engine, the
         ServerApp and the Flower wrapper send only what this returns
-        (:meth:`fairclip.server.round_server.RoundServer.broadcast`)."""
+        (:meth:`fairclip.server.rounds.Rounds.broadcast`)."""
         params = self.broadcast(state)
         if not self.private:
             return params
@@ -418,7 +418,7 @@ class Policy(ABC):
         """The client transform of a row-scaling policy, from the norms of finite updates:
         Δ̄_i = c_i · Δ_i, and reports that are fixed vectors or r_i · Δ_i (:class:`RowScales`).
         A policy defines this *or* :meth:`transform`; defining this one lets the one-step path
-        clip per-example gradients it never materialises (:mod:`fairclip.client.ghost`)."""
+        clip per-example gradients it never materialises (:mod:`fairclip.scenarios.tasks.ghost`)."""
         raise NotImplementedError(f"policy {type(self).__name__} defines neither scales() nor transform()")
 
     def transform(

@@ -68,10 +68,17 @@ class PolicyParams(BaseModel):
         }
 
 
+def first_problem(problems: list[Any]) -> tuple[dict[str, Any], str, str]:
+    """The problem of a failed pydantic validation to report, its dotted key and its message (the
+    one reading of pydantic's errors, for policy parameters and the configuration alike). An
+    unknown key comes first: a misspelled key (``[federaton]``) also leaves the real one missing,
+    and the misspelling is what to fix."""
+    first = next((p for p in problems if p["type"] == "extra_forbidden"), problems[0])
+    return first, ".".join(str(part) for part in first["loc"]), first["msg"].removeprefix("Value error, ")
+
+
 def _first_problem(problems: list[Any], schema: type[PolicyParams], policy: str) -> str:
-    first = next((p for p in problems if p["type"] == "extra_forbidden"), problems[0])  # a typo first
-    key = ".".join(str(part) for part in first["loc"])
-    message = first["msg"].removeprefix("Value error, ")
+    first, key, message = first_problem(problems)
     if first["type"] == "extra_forbidden":
         return f"strategy {policy!r} has no parameter {key!r} (it takes: {', '.join(schema.defaults())})"
     if first["type"] == "missing":

@@ -57,7 +57,7 @@ The noise (``noise_bound``): the sensitivity of the sum is s_t = max_k C_{t,k}.
   C_k > C_0, so the round is accounted as what it is, a Gaussian mechanism of multiplier
   σ_Δ · C_0 / max_k C_k (:meth:`Policy.round_event`), which changes every round. ε is then the
   accountant's over those multipliers (RDP only; no budget or target ε can be planned for it,
-  :func:`fairclip.sims.privacy_plan.plan_privacy`). The multiplier of a same-round round is
+  :func:`fairclip.server.privacy_plan.plan_privacy`). The multiplier of a same-round round is
   chosen from that round's released counts: ε is the accountant's reading of the multipliers
   that ran, not a bound fixed before the run (which would need the smallest possible one,
   σ_Δ / (1 + K) under ``"esipova"``).

@@ -31,9 +31,12 @@ DENSE_SAMPLING_MAX = 2**24
 most, 0.1 s); larger ones without touching every client (:func:`sample_ids`)."""
 
 
-def poisson_sample(seed: int, round_number: int, num_clients: int, sample_rate: float) -> np.ndarray:
-    """Ids of the clients that join round ``round_number``: each independently with probability q."""
-    return sample_ids(rng(seed, Stream.SAMPLING, round_number), num_clients, sample_rate)
+def poisson_sample(seed: int | None, round_number: int, num_clients: int, sample_rate: float) -> np.ndarray:
+    """Ids of the clients that join round ``round_number``: each independently with probability q,
+    drawn from the run's ``seed`` (stream ``SAMPLING``, round t) or, without one, from the
+    operating system's entropy. Every sample of fairclip (the run, the Flower DP wrapper) is this."""
+    generator = rng(seed, Stream.SAMPLING, round_number) if seed is not None else np.random.default_rng()
+    return sample_ids(generator, num_clients, sample_rate)
 
 
 def sample_ids(generator: np.random.Generator, num_clients: int, sample_rate: float) -> np.ndarray:

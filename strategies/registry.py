@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from fairclip.plugins import ENTRY_POINT_GROUPS, PluginError, registered, resolve
+from fairclip.plugins import register as register_plugin
 from fairclip.strategies.adaptive import AdaptiveClipping
 from fairclip.strategies.base import GUARDED_METHODS, Policy
 from fairclip.strategies.bounded import BoundedAdaptiveClipping
@@ -49,8 +51,6 @@ def policy_class(name: str) -> type[Policy]:
     (:mod:`fairclip.plugins`). Anything else raises one :class:`PolicyConfigError` line."""
     if name in POLICIES:
         return POLICIES[name]
-    from fairclip.plugins import PluginError, resolve
-
     try:
         cls = resolve("policy", name)
     except PluginError as error:
@@ -90,8 +90,6 @@ def check_policy_class(cls: object, name: str) -> type[Policy]:
 def register(cls: type[Policy], name: str | None = None, *, replace: bool = False) -> type[Policy]:
     """Register a policy class under ``name`` (default: its ``name``) for this process and the
     simulations it starts; returns the class, so it also serves as a class decorator."""
-    from fairclip.plugins import PluginError
-    from fairclip.plugins import register as register_plugin
 
     key = cls.name if name is None and isinstance(getattr(cls, "name", None), str) else name
     check_policy_class(cls, str(key))
@@ -107,8 +105,6 @@ def register(cls: type[Policy], name: str | None = None, *, replace: bool = Fals
 def plugin_names() -> list[str]:
     """Names of the policies registered in this process or declared by entry points."""
     from importlib.metadata import entry_points
-
-    from fairclip.plugins import ENTRY_POINT_GROUPS, registered
 
     declared = [entry.name for entry in entry_points(group=ENTRY_POINT_GROUPS["policy"])]
     return sorted(set(registered("policy")) | set(declared))

@@ -12,7 +12,7 @@ os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
 @pytest.fixture
 def cli(capsys):
     """Run ``fairclip`` in-process; returns (exit status, stdout, stderr)."""
-    from fairclip.sims.cli import main
+    from fairclip.cli import main
 
     def invoke(*args: str) -> tuple[int, str, str]:
         try:
@@ -42,7 +42,7 @@ def ray_session():
     """A local Ray of 2 CPUs for the tests of one module (shut down after them)."""
     import ray
 
-    from fairclip.sims.ray_engine import ensure_ray
+    from fairclip.sims.executors.ray import ensure_ray
 
     ensure_ray(num_cpus=2)
     yield ray

@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 import fairclip
-from fairclip.sims.errors import ConfigError
+from fairclip.scenarios.errors import ConfigError
 
 SETTINGS = {
     "strategy.name": "adaptive",

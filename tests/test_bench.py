@@ -13,7 +13,7 @@ import pytest
 
 from fairclip.benchmarks import WORKLOADS, run_bench, targets
 from fairclip.benchmarks.run import CONTENDERS
-from fairclip.sims.cli import main
+from fairclip.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -14,7 +14,7 @@ TRUE_MEAN = 0.4
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    from fairclip.sims.cli import main
+    from fairclip.cli import main
 
     out = tmp_path_factory.mktemp("bimodal")
     summaries = {}

@@ -1,5 +1,5 @@
 """A run killed half-way continues from its checkpoint to the very result of a run never stopped
-(fairclip.sims.checkpoint): the same rows, θ, policy state and ε, for every policy; a checkpoint
+(fairclip.server.checkpoint): the same rows, θ, policy state and ε, for every policy; a checkpoint
 of another run, or a broken one, is refused in one line; ε never counts a round twice."""
 
 from __future__ import annotations
@@ -21,13 +21,20 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fairclip.sims.checkpoint import CHECKPOINT_FILE, Checkpointing, read, rounds_done, share_computed_earlier
-from fairclip.sims.compare import CANCEL_GRACE_SECONDS
-from fairclip.sims.config import load_config
-from fairclip.sims.engine import RunServer, simulate
-from fairclip.sims.errors import ConfigError
-from fairclip.sims.local_engine import LocalExecutor
-from fairclip.sims.tasks import build_task
+from fairclip.scenarios.config import load_config
+from fairclip.scenarios.errors import ConfigError
+from fairclip.scenarios.tasks import build_task
+from fairclip.server.checkpoint import (
+    CHECKPOINT_FILE,
+    Checkpointing,
+    read,
+    rounds_done,
+    share_computed_earlier,
+)
+from fairclip.server.run import Run
+from fairclip.sims.executors.jobs import CANCEL_GRACE_SECONDS
+from fairclip.sims.executors.local import LocalExecutor
+from fairclip.sims.executors.loop import simulate
 from fairclip.strategies.aggregation import Exchange
 
 ROUNDS = 7
@@ -132,14 +139,15 @@ def test_a_run_continued_on_another_machine_says_where_each_piece_ran(tmp_path, 
     """A checkpoint carried to another machine (a GPU's, say) and continued there: each piece of
     the run names its own machine, and a record of the reproduction splits the run's time
     between the two machines instead of giving it all to the last."""
-    from fairclip.sims import engine, results
+    from fairclip.server import run as run_module
+    from tools import results
 
     path, config = tmp_path / CHECKPOINT_FILE, _config("bounded")
     with pytest.raises(KeyboardInterrupt):
         simulate(config, build_task(config), observers=[_StopAfter(3)], checkpoint=Checkpointing(path))
     elsewhere = {"platform": "elsewhere", "processor": "x86_64", "cores": 16, "gpu": "NVIDIA H200"}
-    real = engine.provenance
-    monkeypatch.setattr(engine, "provenance", lambda *args: {**real(*args), "machine": elsewhere})
+    real = run_module.provenance
+    monkeypatch.setattr(run_module, "provenance", lambda *args: {**real(*args), "machine": elsewhere})
     resumed = simulate(config, build_task(config), checkpoint=Checkpointing(path))
     where = resumed.summary["provenance"]
     first, second = where["pieces"]
@@ -207,13 +215,13 @@ def test_a_round_cut_between_its_counts_and_its_updates_is_not_accounted_twice(t
     assert sum(steps for _, _, steps in stored["accountant_history"]) == 4
     resumed = simulate(config, build_task(config), checkpoint=Checkpointing(path))
     _same_run(resumed, _straight("per-cohort-same-round"))
-    server = RunServer(config, build_task(config))
+    server = Run(config, build_task(config))
     with pytest.raises(RuntimeError, match="half released"):
         server.release_counts(1, _counts_of(server))
         server.snapshot()
 
 
-def _counts_of(server: RunServer):
+def _counts_of(server: Run):
     task = server.task
     execute = LocalExecutor(task, server.policy, 1)
     return execute(server.model, server.sample(1), 1, server.broadcast(), Exchange.COUNTS)
@@ -280,7 +288,7 @@ def test_the_public_simulate_continues_from_its_checkpoint(tmp_path):
 def test_runs_on_ray_keep_their_checkpoint_where_the_driver_says(ray_session, tmp_path):
     """The Ray tasks write each run's checkpoint at the path the driver gives (here left after
     the end, since no driver's save_run supersedes it)."""
-    from fairclip.sims.compare import simulate_jobs
+    from fairclip.sims.executors.jobs import simulate_jobs
 
     raw = {"constant": _config("constant").as_dict()}
     paths = {key: tmp_path / key / CHECKPOINT_FILE for key in raw}
@@ -296,7 +304,7 @@ def test_runs_on_ray_left_by_their_driver_stop_and_write_their_checkpoint(ray_se
     cancels the runs still going; each writes its checkpoint after the rounds it finished."""
     import psutil
 
-    from fairclip.sims.compare import simulate_jobs
+    from fairclip.sims.executors.jobs import simulate_jobs
 
     endless = 100_000
     long = load_config("demo", None, [*POLICY_SETTINGS["constant"], f"training.rounds={endless}"])
@@ -338,7 +346,7 @@ def test_a_reproduction_killed_in_a_run_continues_that_run_with_resume(tmp_path)
     """SIGTERM in the second run: the first is kept, the second's checkpoint holds its finished
     rounds, and --resume computes only the rest -- to the same rows as an uninterrupted run."""
     import fairclip
-    from fairclip.sims.data import DATASET_FILES
+    from fairclip.scenarios.data import DATASET_FILES
 
     for relative in DATASET_FILES["adult"]:
         if not (DATA_DIR / relative).is_file():
@@ -409,7 +417,7 @@ def test_a_reproduction_killed_in_a_run_continues_that_run_with_resume(tmp_path)
 
 
 def _config_of(run_folder: Path):
-    from fairclip.sims.config import validate
+    from fairclip.scenarios.config import validate
 
     return validate(pickle.loads((run_folder / CHECKPOINT_FILE).read_bytes())["config"])
 
@@ -426,7 +434,7 @@ def test_a_reproduction_on_ray_killed_writes_the_checkpoints_of_its_running_task
     when it was started with SIGINT ignored, through which Ray cancels a running task."""
     import psutil
 
-    from fairclip.sims.data import DATASET_FILES
+    from fairclip.scenarios.data import DATASET_FILES
 
     for relative in DATASET_FILES["adult"]:
         if not (DATA_DIR / relative).is_file():

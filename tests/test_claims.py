@@ -11,10 +11,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from fairclip.sims import reproduce as repro
-from fairclip.sims.claims import claim_rows, fairest_rows, parse_claims, verdict
-from fairclip.sims.data import DATASET_FILES
-from fairclip.sims.errors import ConfigError
+from fairclip.scenarios.data import DATASET_FILES
+from fairclip.scenarios.errors import ConfigError
+from fairclip.sims.reproduce import reproduction as repro
+from fairclip.sims.reproduce import setups, tables
+from fairclip.sims.reproduce.claims import claim_rows, fairest_rows, parse_claims, verdict
 
 DATA_DIR = Path(os.environ.get("FAIRCLIP_DATA") or Path(__file__).resolve().parents[2] / "shared" / "data")
 
@@ -122,12 +123,12 @@ def test_the_fairest_policy_is_the_one_whose_worst_group_loses_least():
 
 def test_flags_use_two_combined_standard_errors_where_both_sides_have_one():
     # paper 0.80 ± 0.01, fairclip ± 0.01: tolerance 2·sqrt(2)·0.01 = 0.0283
-    assert not repro.outside(0.80, 0.01, 0.827, 0.01)
-    assert repro.outside(0.80, 0.01, 0.829, 0.01)
+    assert not tables.outside(0.80, 0.01, 0.827, 0.01)
+    assert tables.outside(0.80, 0.01, 0.829, 0.01)
     # without fairclip's error (one seed) or the paper's: ± 2 points
-    assert not repro.outside(0.80, 0.01, 0.819) and repro.outside(0.80, 0.01, 0.821)
-    assert not repro.outside(0.80, None, 0.819, 0.05) and repro.outside(0.80, None, 0.821, 0.05)
-    assert not repro.outside(None, None, 0.5) and repro.outside(0.80, 0.01, math.nan, 0.01)
+    assert not tables.outside(0.80, 0.01, 0.819) and tables.outside(0.80, 0.01, 0.821)
+    assert not tables.outside(0.80, None, 0.819, 0.05) and tables.outside(0.80, None, 0.821, 0.05)
+    assert not tables.outside(None, None, 0.5) and tables.outside(0.80, 0.01, math.nan, 0.01)
 
 
 def test_a_reproduction_writes_its_claims_and_fairest_policy(tmp_path, monkeypatch):
@@ -136,7 +137,7 @@ def test_a_reproduction_writes_its_claims_and_fairest_policy(tmp_path, monkeypat
     for relative in DATASET_FILES["dutch"]:
         if not (DATA_DIR / relative).is_file():
             pytest.skip(f"{DATA_DIR / relative} is absent: set FAIRCLIP_DATA to the benchmark data folder")
-    text = repro.builtin_setups()["esipova-dutch"].read_text()
+    text = setups.builtin_setups()["esipova-dutch"].read_text()
     text += """
 [[claims]]
 id = "women-keep-more"
@@ -148,7 +149,7 @@ first = { strategy = "constant", metric = "accuracy_female" }
 second = { strategy = "constant", metric = "accuracy_male" }
 """
     (tmp_path / "esipova-dutch.toml").write_text(text)
-    monkeypatch.setattr(repro, "SETUP_DIR", tmp_path)
+    monkeypatch.setattr(setups, "SETUP_DIR", tmp_path)
     out = tmp_path / "out"
     smoke = {"seeds": 2, "max_rounds": 1, "max_batch": 64, "data_dir": DATA_DIR}
     repro.reproduce("esipova-dutch", out=out, strategies=["none", "constant"], ray=False, **smoke)
@@ -171,7 +172,7 @@ second = { strategy = "constant", metric = "accuracy_male" }
 def test_the_claims_page_gathers_every_recorded_setup(tmp_path):
     """A recorded setup with claims.csv and fairest.csv shows its verdicts and ranking; the others'
     claims are pending; the agreement counts use the combined error where both sides have one."""
-    from fairclip.sims import results
+    from tools import results
 
     folder = tmp_path / "esipova-dutch"
     folder.mkdir()
@@ -202,8 +203,8 @@ def test_the_claims_page_gathers_every_recorded_setup(tmp_path):
 
 
 def test_the_committed_claims_page_is_current():
-    from fairclip.sims import results
+    from tools import results
 
     assert results.CLAIMS_PAGE.read_text() == results.claims_page(), (
-        "docs/claims.md is stale: run python -m fairclip.sims.results claims"
+        "docs/claims.md is stale: run python -m tools.results claims"
     )

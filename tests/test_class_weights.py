@@ -8,12 +8,12 @@ import pytest
 import torch
 
 from fairclip.client.contributions import contribute_blocks, contribute_scaled_blocks
-from fairclip.client.ghost import one_step_gradients
-from fairclip.client.models import build_model, model_to_vector
-from fairclip.client.training import LocalTraining, local_update, one_step_updates, weighted_losses
-from fairclip.sims.config import ConfigError, load_config
-from fairclip.sims.engine import simulate
-from fairclip.sims.tasks import build_task
+from fairclip.scenarios.config import ConfigError, load_config
+from fairclip.scenarios.models import build_model, model_to_vector
+from fairclip.scenarios.tasks import build_task
+from fairclip.scenarios.tasks.ghost import one_step_gradients
+from fairclip.scenarios.tasks.training import LocalTraining, local_update, one_step_updates, weighted_losses
+from fairclip.sims.executors.loop import simulate
 from fairclip.strategies.aggregation import add_in_order
 from fairclip.strategies.registry import build_policy
 
@@ -106,7 +106,7 @@ def test_a_weighted_run_differs_and_wrong_weights_are_refused():
 
 def test_binary_evaluation_reports_the_positive_class_f1():
     """Seed 001 reports F1 beside accuracy: 2·TP / (2·TP + FP + FN) of class 1 on the test set."""
-    from fairclip.server.evaluation import evaluate, predict
+    from fairclip.scenarios.tasks.evaluation import evaluate, predict
 
     torch.manual_seed(5)
     model = build_model("binary-logistic", (5,), 2)
@@ -128,7 +128,7 @@ def test_evaluation_loss_is_the_weighted_criterion_and_the_cohort_loss_gap_its_s
     """Seed 001 evaluates the criterion it trains (BCE with positive weight 2) and compares the
     subgroups' losses: ``loss`` is the mean of w_y·ℓ over the rows, each cohort's over its rows,
     and ``cohort_loss_gap`` is |loss_a − loss_b|; a task without class weights is unchanged."""
-    from fairclip.server.evaluation import evaluate
+    from fairclip.scenarios.tasks.evaluation import evaluate
 
     torch.manual_seed(6)
     model = build_model("binary-mlp", (5,), 2)

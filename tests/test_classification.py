@@ -8,13 +8,13 @@ import numpy as np
 import pytest
 import torch
 
-from fairclip.client.models import MODELS, build_model, load_vector, model_to_vector
-from fairclip.client.training import LocalTraining, local_update
-from fairclip.server.evaluation import PREDICT_BATCH, evaluate, predict
-from fairclip.sims.classification import synthetic_data
-from fairclip.sims.config import load_config
-from fairclip.sims.engine import simulate
-from fairclip.sims.tasks import build_task
+from fairclip.scenarios.config import load_config
+from fairclip.scenarios.models import MODELS, build_model, load_vector, model_to_vector
+from fairclip.scenarios.tasks import build_task
+from fairclip.scenarios.tasks.classification import synthetic_data
+from fairclip.scenarios.tasks.evaluation import PREDICT_BATCH, evaluate, predict
+from fairclip.scenarios.tasks.training import LocalTraining, local_update
+from fairclip.sims.executors.loop import simulate
 
 IMAGE_MODELS = [
     "cnn",
@@ -48,7 +48,7 @@ def _float32_vector(size: int, seed: int) -> np.ndarray:
 
 
 def test_every_model_is_covered():
-    from fairclip.sims.config import BUILTIN_MODELS
+    from fairclip.scenarios.config import BUILTIN_MODELS
 
     assert set(INPUT_SHAPES) == set(MODELS)
     assert BUILTIN_MODELS == MODELS  # the same names, from a module without torch
@@ -145,8 +145,8 @@ def test_seed_000s_resnet18_is_timms_with_group_normalisation():
     images with every BatchNorm2d(C) replaced by GroupNorm(32, C), as Opacus' ModuleValidator.fix
     replaces it in the authors' code; timm's 11,689,512 parameters (3 channels, 1,000 classes)
     less 2/3 of the 7×7 stem and the 1,000-class head."""
-    from fairclip.client.ghost import ghost_layers
-    from fairclip.client.models import batch_statistics_layers
+    from fairclip.scenarios.models import batch_statistics_layers
+    from fairclip.scenarios.tasks.ghost import ghost_layers
 
     torch.manual_seed(0)
     model = build_model("zhao-resnet18", (1, 28, 28), 10)

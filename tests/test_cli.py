@@ -242,9 +242,9 @@ def test_same_seed_same_result_and_other_seed_differs(cli, tmp_path):
 
 
 def test_interrupted_run_keeps_finished_rounds(cli, tmp_path, monkeypatch):
-    import fairclip.sims.engine as engine
+    import fairclip.sims.executors.loop as loop
 
-    original = engine.simulate
+    original = loop.simulate
 
     def interrupted(config, task, *args, on_round=None, **kwargs):
         def stop_after_three(row):
@@ -255,7 +255,7 @@ def test_interrupted_run_keeps_finished_rounds(cli, tmp_path, monkeypatch):
 
         return original(config, task, *args, on_round=stop_after_three, **kwargs)
 
-    monkeypatch.setattr(engine, "simulate", interrupted)
+    monkeypatch.setattr(loop, "simulate", interrupted)
     status, _, _ = _run(cli, tmp_path)
     assert status == 130
     assert list(pd.read_csv(tmp_path / "rounds.csv")["round"]) == [1, 2, 3]
@@ -373,7 +373,7 @@ def test_bad_input_gives_one_line_and_status_2(cli, tmp_path, args):
 
 def test_a_misspelled_section_is_named(cli, tmp_path):
     """``[federaton]`` leaves ``federation`` missing too; the line names the misspelling."""
-    good = (Path(__file__).resolve().parents[1] / "sims" / "scenarios" / "demo.toml").read_text()
+    good = (Path(__file__).resolve().parents[1] / "scenarios" / "builtin" / "demo.toml").read_text()
     assert good.count("[federation]") == 1
     typo = tmp_path / "typo.toml"
     typo.write_text(good.replace("[federation]", "[federaton]"))
@@ -520,7 +520,7 @@ def test_help_version_and_scenarios_import_no_heavy_library(args):
     """Issue 18, point 14: `fairclip --help` took 10-14 s importing torch and Opacus."""
     probe = (
         "import sys\n"
-        "from fairclip.sims.cli import main\n"
+        "from fairclip.cli import main\n"
         "try:\n"
         f"    main({args!r})\n"
         "except SystemExit as done:\n"
@@ -536,7 +536,7 @@ def test_help_version_and_scenarios_import_no_heavy_library(args):
 
 
 def _commands_and_bracketed_help():
-    from fairclip.sims.cli import app
+    from fairclip.cli import app
 
     command = typer.main.get_command(app)
     for name, sub in command.commands.items():
@@ -587,7 +587,7 @@ def test_progress_writes_plain_lines_where_stderr_is_no_terminal():
 
     from rich.console import Console
 
-    from fairclip.sims import progress as progress_module
+    from fairclip import progress as progress_module
 
     clock = [100.0]
     written = StringIO()
@@ -640,7 +640,7 @@ def test_the_eta_of_a_resumed_reproduction_counts_only_the_runs_it_ran():
 
     from rich.console import Console
 
-    from fairclip.sims import progress as progress_module
+    from fairclip import progress as progress_module
 
     clock = [0.0]
     written = StringIO()
@@ -673,8 +673,8 @@ def test_the_eta_counts_only_the_rounds_a_continued_run_computed_here(cli, monke
     from rich.console import Console
 
     import fairclip.api
-    from fairclip.sims import cli as cli_module
-    from fairclip.sims import progress as progress_module
+    from fairclip import cli as cli_module
+    from fairclip import progress as progress_module
 
     clock = [0.0]
     written = StringIO()

@@ -14,13 +14,13 @@ from hypothesis.extra.numpy import arrays
 
 import fairclip
 from fairclip.client.contributions import contribute_blocks
-from fairclip.sims.clipping_errors import keep_one_error
-from fairclip.sims.config import load_config
-from fairclip.sims.engine import simulate
-from fairclip.sims.errors import ConfigError
-from fairclip.sims.flower_config import flower_run
-from fairclip.sims.local_engine import LocalExecutor
-from fairclip.sims.tasks import build_task
+from fairclip.scenarios.config import load_config
+from fairclip.scenarios.errors import ConfigError
+from fairclip.scenarios.flower_config import flower_run
+from fairclip.scenarios.tasks import build_task
+from fairclip.scenarios.tasks.clipping_errors import keep_one_error
+from fairclip.sims.executors.local import LocalExecutor
+from fairclip.sims.executors.loop import simulate
 from fairclip.strategies.aggregation import CohortDiagnostics, RoundSums, add_in_order
 from fairclip.strategies.registry import build_policy
 
@@ -128,7 +128,7 @@ def test_a_run_steps_with_the_error_it_keeps(clients):
 
 
 def test_the_ray_backend_gives_the_same_ablation(ray_session):
-    from fairclip.sims.ray_engine import RayExecutor
+    from fairclip.sims.executors.ray import RayExecutor
 
     config = load_config(
         "demo",

@@ -14,10 +14,10 @@ from hypothesis import strategies as st
 
 import fairclip
 from fairclip.client.contributions import contribute_blocks, contribute_scaled_blocks
-from fairclip.client.ghost import one_step_gradients
-from fairclip.client.models import build_model, model_to_vector
-from fairclip.client.training import one_step_updates
-from fairclip.sims.plots import COHORT_DIRECTIONS_ROUNDS
+from fairclip.scenarios.models import build_model, model_to_vector
+from fairclip.scenarios.tasks.ghost import one_step_gradients
+from fairclip.scenarios.tasks.training import one_step_updates
+from fairclip.sims.sweeps.plots import COHORT_DIRECTIONS_ROUNDS
 from fairclip.strategies.aggregation import add_in_order
 from fairclip.strategies.registry import build_policy
 

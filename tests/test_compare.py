@@ -9,10 +9,12 @@ import os
 import pandas as pd
 import pytest
 
-from fairclip.sims import compare as sweep
-from fairclip.sims.config import apply_overrides, scenario_source
-from fairclip.sims.errors import ConfigError
-from fairclip.sims.plots import PLOTS
+from fairclip.scenarios.config import apply_overrides, scenario_source
+from fairclip.scenarios.errors import ConfigError
+from fairclip.sims.compare import sweep
+from fairclip.sims.executors import jobs as job_runner
+from fairclip.sims.sweeps import runs as run_folders
+from fairclip.sims.sweeps.plots import PLOTS
 
 SHORT = ["--set", "training.rounds=3", "--set", "federation.num_clients=200"]
 REQUIRED = [
@@ -80,7 +82,7 @@ def test_resume_recomputes_nothing_finished(ray_session, tmp_path):
         sweep.execute(raw, runs, tmp_path, data_dir=None, address=None, on_result=interrupt_after_two)
 
     def is_finished(run):
-        return sweep.finished_summary(tmp_path / "runs" / run.key, run.config(raw)) is not None
+        return run_folders.finished_summary(tmp_path / "runs" / run.key, run.config(raw)) is not None
 
     assert [run for run in runs if is_finished(run)] == sorted(finished, key=runs.index)
     stamps = {run.key: os.stat(tmp_path / "runs" / run.key / "summary.json").st_mtime_ns for run in finished}
@@ -181,7 +183,7 @@ def test_a_sweep_is_stored_and_resume_alone_continues_it(ray_session, cli, tmp_p
 
 
 def test_a_folder_in_use_is_refused(cli, tmp_path):
-    from fairclip.sims.sweep_folder import locked
+    from fairclip.sims.sweeps.folder import locked
 
     with locked(tmp_path):
         status, _, err = cli("compare", "--scenario", "demo", *SHORT, "--out", str(tmp_path))
@@ -228,9 +230,9 @@ def test_resume_accepts_a_run_stored_before_a_key_was_added_at_its_default(tmp_p
     configuration when that key is at its default; a different value is still refused."""
     import json
 
-    from fairclip.sims.compare import finished_summary
-    from fairclip.sims.config import ConfigError, load_config
-    from fairclip.sims.outputs import json_normalised
+    from fairclip.atomic import json_normalised
+    from fairclip.scenarios.config import ConfigError, load_config
+    from fairclip.sims.sweeps.runs import finished_summary
 
     config = load_config("demo", None, ["training.rounds=2"])
     stored = json_normalised(config.as_dict())
@@ -247,9 +249,9 @@ def test_resume_accepts_a_run_that_stored_the_value_a_machine_dependent_default_
     the CPU, so such a run is the same configuration here, and a stored 64 is still refused."""
     import json
 
-    from fairclip.sims.compare import finished_summary
-    from fairclip.sims.config import ConfigError, load_config
-    from fairclip.sims.outputs import json_normalised
+    from fairclip.atomic import json_normalised
+    from fairclip.scenarios.config import ConfigError, load_config
+    from fairclip.sims.sweeps.runs import finished_summary
 
     config = load_config("demo", None, ["training.rounds=2", "training.device=cpu"])
     assert config.training.one_step_rows is None
@@ -276,7 +278,7 @@ def test_jobs_appended_while_results_come_in_are_simulated_too(ray_session, tmp_
     raw = apply_overrides(scenario_source("demo", None), ["training.rounds=2", "federation.num_clients=200"])
     jobs = [("first", raw)]
     seen = []
-    results = sweep.simulate_jobs(jobs, data_dir=None, ray=ray)
+    results = job_runner.simulate_jobs(jobs, data_dir=None, ray=ray)
     for item, result in results:
         seen.append((item, result["summary"]["seed"], result["summary"]["rounds_completed"]))
         if item == "first":

@@ -1,4 +1,4 @@
-"""Dataset files, checksums and loaders (fairclip.sims.data).
+"""Dataset files, checksums and loaders (fairclip.scenarios.data).
 
 The real benchmark files are read from ``$FAIRCLIP_DATA`` (default: ``../shared/data`` beside the
 repository); tests that need a file that is not there are skipped with the reason. Nothing here
@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fairclip.sims.data import (
+from fairclip.scenarios.data import (
     SHA256,
     SOURCES,
     DataError,
@@ -30,9 +30,9 @@ from fairclip.sims.data import (
     skew_class,
     verified_path,
 )
-from fairclip.sims.data import datasets as datasets_module
-from fairclip.sims.data import files as files_module
-from fairclip.sims.errors import ConfigError
+from fairclip.scenarios.data import datasets as datasets_module
+from fairclip.scenarios.data import files as files_module
+from fairclip.scenarios.errors import ConfigError
 
 DATA_DIR = Path(
     os.environ.get("FAIRCLIP_DATA") or Path(__file__).resolve().parents[2] / "shared" / "data"
@@ -346,7 +346,7 @@ def test_adult_balanced_has_14000_per_sex(adult) -> None:
 def test_adult_balanced_as_seed_003s_code_keeps_every_female_row() -> None:
     """``scenario.balance_per_group = 14695``: seed 003's code keeps all 14,695 complete female
     rows and thins the men to as many (its epsilon 3.41 needs those 23,512 training rows)."""
-    from fairclip.sims.config import load_config
+    from fairclip.scenarios.config import load_config
 
     data = load_adult(need("adult/adult.data", "adult/adult.test"), seed=0, per_group=14_695)
     assert np.bincount(np.concatenate([data.g_train, data.g_test])).tolist() == [14_695, 14_695]
@@ -638,8 +638,8 @@ def test_the_protected_column_can_be_left_out_of_the_inputs(dutch, adult) -> Non
     ],
 )
 def test_group_rows_and_include_protected_are_checked_in_one_line(settings, mentions) -> None:
-    from fairclip.sims.config import load_config
-    from fairclip.sims.errors import ConfigError
+    from fairclip.scenarios.config import load_config
+    from fairclip.scenarios.errors import ConfigError
 
     with pytest.raises(ConfigError) as caught:
         load_config("adult", None, settings)

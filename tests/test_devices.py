@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import fairclip
-from fairclip.client.models import resolve_device
+from fairclip.scenarios.models import resolve_device
 
 HAS_CUDA = torch.cuda.is_available()
 SMALL = {"federation.num_clients": 60, "training.rounds": 3, "strategy.name": "bounded", "seed": 2}
@@ -57,7 +57,7 @@ def test_a_gpu_run_turns_tf32_off(monkeypatch):
 def test_ray_asks_for_gpus_only_where_there_are_some(monkeypatch):
     import ray
 
-    from fairclip.sims.ray_engine import gpu_share
+    from fairclip.sims.executors.ray import gpu_share
 
     monkeypatch.setattr(ray, "cluster_resources", lambda: {"CPU": 8.0})
     assert gpu_share("auto", 4) == 0.0
@@ -69,8 +69,8 @@ def test_ray_asks_for_gpus_only_where_there_are_some(monkeypatch):
 
 @pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device: the GPU path runs where torch sees one")
 def test_clients_train_and_the_server_evaluates_on_the_gpu():
-    from fairclip.sims.config import load_config
-    from fairclip.sims.tasks import build_task
+    from fairclip.scenarios.config import load_config
+    from fairclip.scenarios.tasks import build_task
 
     settings = [f"{key}={value}" for key, value in SMALL.items()]
     task = build_task(load_config("demo", None, [*settings, "training.device=cuda"]))
@@ -114,9 +114,9 @@ def test_norms_from_activations_on_the_gpu_equal_the_materialised_ones(model_nam
     cuDNN's precision where it runs the convolutions, :data:`CUDNN_SUM_TOLERANCE`); the sums formed
     block by block and all at once (:meth:`OneStepGradients.block_weighted_sums`) agree."""
     from fairclip.client.contributions import contribute_blocks, contribute_scaled_blocks
-    from fairclip.client.ghost import one_step_gradients
-    from fairclip.client.models import build_model, model_to_vector
-    from fairclip.client.training import one_step_updates
+    from fairclip.scenarios.models import build_model, model_to_vector
+    from fairclip.scenarios.tasks.ghost import one_step_gradients
+    from fairclip.scenarios.tasks.training import one_step_updates
     from fairclip.strategies.clipping import row_norms
     from fairclip.strategies.registry import build_policy
 
@@ -160,12 +160,12 @@ def test_norms_from_activations_on_the_gpu_equal_the_materialised_ones(model_nam
 def test_block_sums_added_on_the_gpu_equal_the_host_total_bit_for_bit(name, batched):
     """The in-process engine leaves each block's contribution sum (and ``online``'s direction
     report, as large as the model) on the GPU and adds them there
-    (:func:`fairclip.sims.local_engine.add_in_order_on_device`); the Ray engine copies every
+    (:func:`fairclip.sims.executors.local.add_in_order_on_device`); the Ray engine copies every
     block to the host and adds them there. Both must give the same bits."""
     from fairclip.client.contributions import contribute_scaled_blocks
-    from fairclip.client.ghost import one_step_gradients
-    from fairclip.client.models import build_model, model_to_vector
-    from fairclip.sims.local_engine import add_in_order_on_device
+    from fairclip.scenarios.models import build_model, model_to_vector
+    from fairclip.scenarios.tasks.ghost import one_step_gradients
+    from fairclip.sims.executors.local import add_in_order_on_device
     from fairclip.strategies.aggregation import add_in_order
     from fairclip.strategies.registry import build_policy
 
@@ -215,10 +215,10 @@ def test_a_run_with_its_block_sums_on_the_device_is_the_run_with_them_on_the_hos
     actors do, and the engine where the sums would not fit the GPU's share), bit for bit."""
     import pandas as pd
 
-    from fairclip.sims.config import load_config
-    from fairclip.sims.engine import simulate
-    from fairclip.sims.local_engine import LocalExecutor
-    from fairclip.sims.tasks import build_task
+    from fairclip.scenarios.config import load_config
+    from fairclip.scenarios.tasks import build_task
+    from fairclip.sims.executors.local import LocalExecutor
+    from fairclip.sims.executors.loop import simulate
 
     settings = [
         "scenario.examples_per_client=1",

@@ -656,7 +656,7 @@ def test_the_outputs_page_lists_the_columns_the_code_writes() -> None:
     from fairclip.server.nodes import NODE_COLUMNS
     from fairclip.server.strategy import EVENT_COLUMNS
     from fairclip.sims.claims import CLAIM_COLUMNS, FAIREST_COLUMNS
-    from fairclip.sims.reproduce import COLUMNS, PAIRED_COLUMNS
+    from fairclip.sims.reproduce.tables import COLUMNS, PAIRED_COLUMNS
     from fairclip.sims.tune import curve_public_columns
 
     reproduction = "## A reproduction (`fairclip reproduce`)"

@@ -11,10 +11,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fairclip.sims.config import load_config
-from fairclip.sims.engine import RunServer, simulate
-from fairclip.sims.local_engine import LocalExecutor, groups_sums
-from fairclip.sims.tasks import build_task
+from fairclip.scenarios.config import load_config
+from fairclip.scenarios.tasks import build_task
+from fairclip.server.run import Run
+from fairclip.sims.executors.local import LocalExecutor, groups_sums
+from fairclip.sims.executors.loop import simulate
 from fairclip.strategies.aggregation import (
     SUM_SHARDS,
     CohortDiagnostics,
@@ -38,7 +39,7 @@ def test_blocks_partition_the_sampled_clients():
 def test_local_and_ray_give_identical_runs(ray_session, strategy):
     """Also for a counts-first policy, whose actors keep their clients' work between a round's
     two exchanges."""
-    from fairclip.sims.ray_engine import RayExecutor
+    from fairclip.sims.executors.ray import RayExecutor
 
     name, *flags = strategy.split()
     config = load_config(
@@ -90,7 +91,7 @@ def test_ray_backend_and_local_workers_through_the_cli(ray_session, cli, tmp_pat
 def test_one_step_clients_give_identical_runs_on_local_threads_and_ray(ray_session):
     """Per-sample gradients are computed for several blocks at once, by one thread, by several
     threads or by Ray actors; the run must not depend on it."""
-    from fairclip.sims.ray_engine import RayExecutor
+    from fairclip.sims.executors.ray import RayExecutor
 
     config = load_config(
         "demo",
@@ -153,7 +154,7 @@ def test_blocks_trained_together_or_apart_give_the_same_sums():
     )
     task = build_task(config)
     assert task.rows_per_call > 1
-    server = RunServer(config, task)
+    server = Run(config, task)
     blocks = shard_ids(np.arange(0, 400, 3), 400)
     model, params = server.model, server.broadcast()
     together = groups_sums(task, server.policy, model, [dict(enumerate(blocks))], 1, params)
@@ -188,14 +189,14 @@ def test_final_claim_from_the_background_equals_the_accountant_now(budget_rounds
 
     overrides = ["federation.num_clients=120", "training.rounds=6", "strategy.name=bounded"]
     if budget_rounds is not None:
-        plan = RunServer(
+        plan = Run(
             load_config("demo", None, overrides), build_task(load_config("demo", None, overrides))
         ).plan
         overrides.append(f"privacy.epsilon_budget={plan.epsilon_after(budget_rounds) * 1.0001!r}")
     config = load_config("demo", None, overrides)
     result = simulate(config, build_task(config))
     epsilon.cache_clear()
-    server = RunServer(config, build_task(config))
+    server = Run(config, build_task(config))
     completed = result.summary["rounds_completed"]
     assert completed == server.rounds_to_run == (budget_rounds or 6)
     plan = server.plan
@@ -212,7 +213,7 @@ def test_final_claim_from_the_background_equals_the_accountant_now(budget_rounds
 
 
 def test_background_work_hands_over_its_result_or_its_error():
-    from fairclip.sims.engine import in_background
+    from fairclip.server.run import in_background
 
     assert in_background(pow, 2, 10).result(timeout=10) == 1024
     with pytest.raises(ZeroDivisionError):
@@ -222,9 +223,9 @@ def test_background_work_hands_over_its_result_or_its_error():
 def test_observers_see_the_start_every_round_and_the_end_in_order():
     """``on_start`` (where an observer defines it) comes once before the first round, then
     ``on_round`` per round, then ``on_finish``; an observer without ``on_start`` is fine."""
-    from fairclip.sims.config import load_config
-    from fairclip.sims.engine import simulate
-    from fairclip.sims.tasks import build_task
+    from fairclip.scenarios.config import load_config
+    from fairclip.scenarios.tasks import build_task
+    from fairclip.sims.executors.loop import simulate
 
     class Recorder:
         def __init__(self):

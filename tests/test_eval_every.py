@@ -9,15 +9,16 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from fairclip.sims.checkpoint import CHECKPOINT_FILE, Checkpointing, rounds_done
-from fairclip.sims.compare import same_configuration
-from fairclip.sims.config import load_config
-from fairclip.sims.engine import RunServer, simulate
-from fairclip.sims.errors import ConfigError
-from fairclip.sims.local_engine import LocalExecutor
-from fairclip.sims.outputs import json_normalised
-from fairclip.sims.privacy_plan import EPSILON_ROWS, PrivacyPlan
-from fairclip.sims.tasks import build_task
+from fairclip.atomic import json_normalised
+from fairclip.scenarios.config import load_config
+from fairclip.scenarios.errors import ConfigError
+from fairclip.scenarios.stored import same_configuration
+from fairclip.scenarios.tasks import build_task
+from fairclip.server.checkpoint import CHECKPOINT_FILE, Checkpointing, rounds_done
+from fairclip.server.privacy_plan import EPSILON_ROWS, PrivacyPlan
+from fairclip.server.run import Run
+from fairclip.sims.executors.local import LocalExecutor
+from fairclip.sims.executors.loop import simulate
 
 
 def _demo(*overrides: str):
@@ -28,7 +29,7 @@ def _demo(*overrides: str):
     )
 
 
-def _finish_rounds(server: RunServer, rounds: int) -> None:
+def _finish_rounds(server: Run, rounds: int) -> None:
     """Run rounds 1..``rounds`` of ``server`` on the local executor, one at a time."""
     execute = LocalExecutor(server.task, server.policy)
     for round_number in range(1, rounds + 1):
@@ -59,7 +60,7 @@ def test_sparse_evaluation_changes_no_training_result():
 def test_a_run_stopped_between_reports_is_evaluated_at_its_last_round():
     config = _demo("training.eval_every=5")
     task = build_task(config)
-    server = RunServer(config, task)
+    server = Run(config, task)
     _finish_rounds(server, 2)
     assert all(math.isnan(row["epsilon"]) for row in server.result.rows)
     assert server.result.summary["rounds_completed"] == 0
@@ -103,7 +104,7 @@ def test_a_run_continues_under_another_evaluation_schedule(tmp_path):
     and the summary do not depend on it (above). Another seed still is another run."""
     dense, sparse = _demo(), _demo("training.eval_every=3")
     path = tmp_path / CHECKPOINT_FILE
-    server = RunServer(dense, build_task(dense))
+    server = Run(dense, build_task(dense))
     _finish_rounds(server, 4)
     Checkpointing(path).save(server)
     assert rounds_done(path, sparse) == 4

@@ -1,6 +1,6 @@
 """FairLens as seed 003 ran it (its Algorithm 4, appendix B.5): ``training.objective = "fairlens"``.
 
-The batch term r = γ_1 ∇R_1 + γ_2 ∇R_2 (:mod:`fairclip.sims.fairlens`) against finite differences
+The batch term r = γ_1 ∇R_1 + γ_2 ∇R_2 (:mod:`fairclip.scenarios.tasks.fairlens`) against finite differences
 and a direct computation, the clients' updates it shifts, the runs it is refused in, and the
 privacy claim its runs make (none)."""
 
@@ -13,16 +13,17 @@ import pytest
 import torch
 from torch import nn
 
-from fairclip.client.models import build_model, load_vector, model_to_vector
-from fairclip.client.training import one_step_updates
-from fairclip.sims import fairlens
-from fairclip.sims.classification import ClassificationTask
-from fairclip.sims.config import load_config
-from fairclip.sims.engine import COUPLED_CLIENTS_NOTE, simulate
-from fairclip.sims.errors import ConfigError
-from fairclip.sims.federated_dataset import FederatedDataset
-from fairclip.sims.flower_config import flower_run
-from fairclip.sims.ray_engine import RayExecutor
+from fairclip.scenarios.config import load_config
+from fairclip.scenarios.data.federated_dataset import FederatedDataset
+from fairclip.scenarios.errors import ConfigError
+from fairclip.scenarios.flower_config import flower_run
+from fairclip.scenarios.models import build_model, load_vector, model_to_vector
+from fairclip.scenarios.tasks import fairlens
+from fairclip.scenarios.tasks.classification import ClassificationTask
+from fairclip.scenarios.tasks.training import one_step_updates
+from fairclip.server.run import COUPLED_CLIENTS_NOTE
+from fairclip.sims.executors.loop import simulate
+from fairclip.sims.executors.ray import RayExecutor
 
 BOUND = 0.3
 FAIRLENS = ["training.objective=fairlens", "strategy.name=constant", "strategy.initial_bound=0.3"]

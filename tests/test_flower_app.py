@@ -13,16 +13,16 @@ import pandas as pd
 import pytest
 from flwr.app import ConfigRecord, Message, RecordDict
 
-from fairclip.client.protocol import CONTRIBUTION, DIAGNOSTICS, REPORTS, UPDATE, train_content
-from fairclip.sims.config import ConfigError, load_config
-from fairclip.sims.flower_config import flower_run
-from fairclip.sims.flower_local import (
+from fairclip.benchmarks.flower_local import (
     LOCAL_CONNECTION,
     kill_sessions_mentioning,
     local_simulation_env,
     simulation_options,
     write_local_simulation,
 )
+from fairclip.client.protocol import CONTRIBUTION, DIAGNOSTICS, REPORTS, UPDATE, train_content
+from fairclip.scenarios.config import ConfigError, load_config
+from fairclip.scenarios.flower_config import flower_run
 
 PROJECT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -229,7 +229,7 @@ def test_a_seed_fixes_only_the_data_unless_the_run_says_not_private(tmp_path):
     """Issue 64, point 2: a seed in the run configuration (or in a config file copied from a
     built-in scenario, which carries `seed = 0`) used to make sampling, and without secure noise
     the noise, predictable while the summary still claimed ε. Now only `not-private = true` does."""
-    source = (Path(__file__).resolve().parents[1] / "sims" / "scenarios" / "demo.toml").read_text()
+    source = (Path(__file__).resolve().parents[1] / "scenarios" / "builtin" / "demo.toml").read_text()
     copied = tmp_path / "copied.toml"
     copied.write_text(source)
     for run_config in (
@@ -250,16 +250,14 @@ def test_a_seeded_server_app_draws_sampling_and_noise_from_entropy():
     """The ServerApp's round server with a seed but without `not-private`: two runs of the same
     configuration sample different clients and draw different noise; with `not-private` they
     repeat, and the summary claims no ε."""
-    from fairclip.sims.engine import RunServer
-    from fairclip.sims.tasks import build_task
+    from fairclip.scenarios.tasks import build_task
+    from fairclip.server.run import Run
 
     run = flower_run({"scenario": "demo", "seed": 3, "privacy.secure_noise": False})
     task = build_task(run.config)
 
-    def server(not_private: bool) -> RunServer:
-        return RunServer(
-            run.config, task, seeded=not_private, secure_noise_default=True, not_private=not_private
-        )
+    def server(not_private: bool) -> Run:
+        return Run(run.config, task, seeded=not_private, secure_noise_default=True, not_private=not_private)
 
     first, second = server(False), server(False)
     assert not np.array_equal(first.sample(1), second.sample(1))
@@ -310,8 +308,8 @@ def test_train_instruction_round_trip():
 def test_client_with_its_own_data_file_trains_on_it_and_sends_no_diagnostics(server_task_identity, tmp_path):
     from flwr.app import Context
 
+    from fairclip.client.app import clients as client_app
     from fairclip.client.protocol import DIAGNOSTICS as DIAGNOSTICS_RECORD
-    from fairclip.sims.flower_apps import clients as client_app
 
     features = np.random.default_rng(0).normal(size=(5, 10)).astype(np.float32)
     labels = np.array([0, 1, 1, 0, 1])
@@ -352,7 +350,7 @@ def test_a_partition_node_sends_diagnostics_only_where_the_run_enables_them(
 ):
     """Issue 17, point 1: a node on a scenario partition (the README's and compose's SuperNodes)
     used to send its raw norms and true clipping bit in every run."""
-    from fairclip.sims.flower_apps import clients as client_app
+    from fairclip.client.app import clients as client_app
 
     run_config = {"scenario": "demo", "federation.num_clients": 6, "strategy.name": "bounded"}
     if enabled is not None:
@@ -379,8 +377,8 @@ IDENTIFY_POLICIES = ["none", "constant", "bounded", "online", "per-cohort", "rew
 def test_a_node_tells_its_cohort_only_to_policies_that_need_it(server_task_identity, policy):
     """Issue 17, point 2: the identify answer carried the cohort (the protected attribute of
     adult/dutch) for every policy."""
+    from fairclip.client.app import clients as client_app
     from fairclip.client.protocol import COHORT, IDENTIFY
-    from fairclip.sims.flower_apps import clients as client_app
 
     run_config = {"scenario": "demo", "federation.num_clients": 6, "strategy.name": policy}
     if policy == "bounded":
@@ -401,18 +399,17 @@ def test_the_client_app_keeps_its_task_across_copies_of_itself(monkeypatch, tmp_
     import cloudpickle
     from flwr.app import Context, RecordDict
 
-    import fairclip.sims.tasks as tasks
-    from fairclip.sims import flower_apps
+    from fairclip.client import app as client_app_module
 
     built = []
-    original = tasks.build_task
-    monkeypatch.setattr(tasks, "build_task", lambda *a, **k: built.append(1) or original(*a, **k))
+    original = client_app_module.build_task
+    monkeypatch.setattr(client_app_module, "build_task", lambda *a, **k: built.append(1) or original(*a, **k))
     run_config = {"scenario": "demo", "out": str(tmp_path), "seed": 0, "set": "federation.num_clients=6"}
     # The app's handlers are bound methods of this object: it travels by value with the app.
-    shipped = cloudpickle.dumps(flower_apps.clients)
+    shipped = cloudpickle.dumps(client_app_module.clients)
     for node in range(3):
         copy = cloudpickle.loads(shipped)  # a fresh copy per message, as the runtime delivers it
-        assert copy is not flower_apps.clients
+        assert copy is not client_app_module.clients
         context = Context(
             run_id=4242,
             node_id=10 + node,

@@ -23,15 +23,15 @@ from flwr.app import (
 from flwr.serverapp.strategy import FedAvg
 
 import fairclip
-from fairclip.client.protocol import CONTRIBUTION, REPORTS, UPDATE
-from fairclip.flower import DifferentialPrivacy, fairclip_mod
-from fairclip.sims.flower_local import (
+from fairclip.benchmarks.flower_local import (
     LOCAL_CONNECTION,
     kill_sessions_mentioning,
     local_simulation_env,
     simulation_options,
     write_local_simulation,
 )
+from fairclip.client.protocol import CONTRIBUTION, REPORTS, UPDATE
+from fairclip.flower import DifferentialPrivacy, fairclip_mod
 from fairclip.strategies import NoiseMultipliers, build_policy
 from fairclip.strategies.accounting import Accountant, epsilon
 from fairclip.strategies.base import DPEvent

@@ -1,4 +1,4 @@
-"""One-step clients clipped from their per-example norms (``fairclip.client.ghost``) give what
+"""One-step clients clipped from their per-example norms (``fairclip.scenarios.tasks.ghost``) give what
 materialised per-example gradients give: on every built-in model with every built-in policy,
 block by block, and through whole noisy runs."""
 
@@ -13,11 +13,11 @@ from torch import nn
 
 from fairclip.benchmarks.imagetask import image_config, image_run
 from fairclip.client.contributions import contribute_blocks, contribute_scaled_blocks
-from fairclip.client.ghost import ghost_layers, one_step_gradients
-from fairclip.client.models import MODELS, build_model, model_to_vector
-from fairclip.client.training import one_step_updates
-from fairclip.sims.engine import simulate
-from fairclip.sims.tasks import build_task
+from fairclip.scenarios.models import MODELS, build_model, model_to_vector
+from fairclip.scenarios.tasks import build_task
+from fairclip.scenarios.tasks.ghost import ghost_layers, one_step_gradients
+from fairclip.scenarios.tasks.training import one_step_updates
+from fairclip.sims.executors.loop import simulate
 from fairclip.strategies.clipping import row_norms
 from fairclip.strategies.registry import POLICIES, build_policy, policy_parameters
 
@@ -323,7 +323,7 @@ def test_both_ways_of_forming_a_convolutions_per_example_gradients_agree(
     """A grouped convolution's weight gradient and the unfolded inputs' batched product (the
     way :data:`UNFOLD_POSITIONS` picks for small maps) give each example's own weight gradient,
     from 81 output positions down to one (a ResNet's last stage on 28×28 images)."""
-    from fairclip.client import ghost
+    from fairclip.scenarios.tasks import ghost
 
     torch.manual_seed(5)
     layer = nn.Conv2d(channels, 6, 3, stride=stride, padding=padding, dilation=dilation, bias=False).double()
@@ -500,7 +500,7 @@ def test_contributions_added_on_the_device_equal_the_host_total_bit_for_bit(name
     give, bit for bit, in every exchange of a round and with every diagnostic sum on; blocks
     left on the host (a zero contribution) mix in. ``online``'s direction reports, as large as the
     model, stay on the device too."""
-    from fairclip.sims.local_engine import add_in_order_on_device
+    from fairclip.sims.executors.local import add_in_order_on_device
     from fairclip.strategies.aggregation import Exchange, add_in_order, sent_in
 
     torch.manual_seed(3)

@@ -11,8 +11,8 @@ import re
 import pytest
 
 import fairclip
-from fairclip.sims.errors import ConfigError
-from fairclip.sims.sweep_folder import locked
+from fairclip.scenarios.errors import ConfigError
+from fairclip.sims.sweeps.folder import locked
 
 
 def test_a_run_folder_in_use_is_refused(cli, tmp_path):
@@ -236,7 +236,7 @@ def test_dataset_mistakes_are_named_as_what_they_are():
 
 def test_fairclip_flower_without_an_app_is_one_line(cli, tmp_path, monkeypatch):
     """It printed "flwr run did not start a run" and a box of rich border characters."""
-    from fairclip.sims.flower_status import last_message
+    from fairclip.server.flower_status import last_message
 
     monkeypatch.chdir(tmp_path)
     status, _, err = cli("flower")

@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from fairclip.sims.interrupts import (
+from fairclip.server.interrupts import (
     interrupts_deferred,
     sigint_raises_keyboard_interrupt,
     sigterm_handler_kept,

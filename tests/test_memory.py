@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from fairclip.sims import memory
-from fairclip.sims.config import load_config
-from fairclip.sims.errors import ConfigError
+from fairclip.scenarios.config import load_config
+from fairclip.scenarios.errors import ConfigError
+from fairclip.sims.executors import memory
 
 GB = 10**9
 
@@ -58,7 +58,7 @@ def test_compare_counts_every_run_it_holds_at_once(cli, monkeypatch, tmp_path):
     """Two one-CPU runs at once on 2 cores each hold their own task: twice the memory."""
     one_run = memory.estimate_run_memory(_config("bimodal-mean", 10**8))
     monkeypatch.setattr(memory, "available_memory", lambda: int(1.5 * one_run))
-    monkeypatch.setattr("fairclip.sims.cli._cpu_count", lambda: 2)
+    monkeypatch.setattr("fairclip.api.cpu_count", lambda: 2)
     args = ("--scenario", "bimodal-mean", "--set", "federation.num_clients=100000000")
     status, _, stderr = cli("compare", *args, "--strategies", "adaptive", "--out", str(tmp_path / "c"))
     assert status == 2
@@ -87,10 +87,10 @@ def test_ten_to_the_eight_clients_fit_in_the_memory_they_were_measured_in():
 PEAK_PROGRAM = """
 import json, re, sys
 from pathlib import Path
-from fairclip.sims.config import load_config
-from fairclip.sims.tasks import build_task
-from fairclip.sims.engine import simulate  # what a run process imports besides (torch, Opacus)
-from fairclip.sims.memory import estimate_run_memory
+from fairclip.scenarios.config import load_config
+from fairclip.scenarios.tasks import build_task
+from fairclip.sims.executors.loop import simulate  # what a run process imports besides (torch, Opacus)
+from fairclip.sims.executors.memory import estimate_run_memory
 config = load_config(sys.argv[1], None, sys.argv[2:])
 task = build_task(config)
 peak = int(re.search(r"VmHWM:\\s+(\\d+) kB", Path("/proc/self/status").read_text()).group(1)) * 1024

@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 import torch
 
-from fairclip.client.models import build_model, load_vector, model_to_vector
-from fairclip.client.training import LocalTraining, local_update, one_step_updates
-from fairclip.sims.config import load_config
-from fairclip.sims.engine import simulate
-from fairclip.sims.errors import ConfigError
-from fairclip.sims.tasks import build_task
+from fairclip.scenarios.config import load_config
+from fairclip.scenarios.errors import ConfigError
+from fairclip.scenarios.models import build_model, load_vector, model_to_vector
+from fairclip.scenarios.tasks import build_task
+from fairclip.scenarios.tasks.training import LocalTraining, local_update, one_step_updates
+from fairclip.sims.executors.loop import simulate
 
 
 @pytest.mark.parametrize(
@@ -134,7 +134,7 @@ def test_one_step_rows_sets_the_call_size_and_changes_a_run_by_rounding_only():
 
 def test_unset_one_step_rows_is_32_on_the_cpu_and_1024_on_a_gpu():
     """The default call size follows the device the task trains on; a value set wins on both."""
-    from fairclip.sims.classification import rows_per_one_step_call
+    from fairclip.scenarios.tasks.classification import rows_per_one_step_call
 
     config = load_config("demo", None, [*ONE_STEP_DEMO, "training.device=cpu"])
     assert config.training.one_step_rows is None
@@ -150,7 +150,7 @@ def test_groups_are_bounded_by_update_memory_only_where_the_updates_are_formed()
     """One-step clients of a row-scaling policy are clipped from their norms: their calls form
     no update rows, so the engines' groups are not bounded by GROUP_BYTES (update length 0);
     a policy that needs the rows, or ``per_example = materialize``, forms them."""
-    from fairclip.sims.local_engine import update_length
+    from fairclip.sims.executors.local import update_length
     from fairclip.strategies import build_policy
 
     config = load_config("demo", None, [*ONE_STEP_DEMO, "training.device=cpu"])

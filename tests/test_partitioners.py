@@ -1,4 +1,4 @@
-"""Client partitioners: IID, Dirichlet label skew and cohorts (fairclip.sims.data.partition)."""
+"""Client partitioners: IID, Dirichlet label skew and cohorts (fairclip.scenarios.data.partition)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fairclip.sims.data import CohortRule, Partition, by_cohort, cohort_client_counts, dirichlet, iid
+from fairclip.scenarios.data import CohortRule, Partition, by_cohort, cohort_client_counts, dirichlet, iid
 
 
 def rng(seed: int = 0) -> np.random.Generator:

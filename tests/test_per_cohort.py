@@ -17,11 +17,12 @@ import pytest
 from hypothesis import strategies as st
 
 from fairclip.policies import check_policy
-from fairclip.sims.config import load_config
-from fairclip.sims.engine import RunServer, simulate
-from fairclip.sims.errors import ConfigError
-from fairclip.sims.privacy_plan import plan_privacy
-from fairclip.sims.tasks import build_task
+from fairclip.scenarios.config import load_config
+from fairclip.scenarios.errors import ConfigError
+from fairclip.scenarios.tasks import build_task
+from fairclip.server.privacy_plan import plan_privacy
+from fairclip.server.run import Run
+from fairclip.sims.executors.loop import simulate
 from fairclip.strategies import NoiseMultipliers, PolicyConfigError, build_policy
 from fairclip.strategies.accounting import Accountant
 from fairclip.strategies.aggregation import CohortDiagnostics, RoundSums
@@ -202,7 +203,7 @@ def _demo(*settings: str):
 
 def test_a_counts_first_round_is_accounted_at_its_counts_with_the_smaller_multiplier():
     config = _demo()
-    server = RunServer(config, build_task(config))
+    server = Run(config, build_task(config))
     dim = server.model.shape[0]
     noise = server.plan.noise
     counts = server.release_counts(1, _sums(dim, [2.0, 1.0, 0.0, 0.0]))
@@ -252,7 +253,7 @@ def test_a_plan_that_cannot_follow_the_multipliers_is_refused(setting, mentions)
 
 def test_a_resume_that_would_charge_lost_rounds_at_a_guessed_multiplier_is_refused():
     config = _demo()
-    server = RunServer(config, build_task(config))
+    server = Run(config, build_task(config))
     server.charge_released_again(0)  # nothing lost: nothing to refuse
     with pytest.raises(ConfigError, match="cannot resume"):
         server.charge_released_again(2)
@@ -334,7 +335,7 @@ def test_mixed_rdp_histories_are_opacus_bit_for_bit():
 def test_a_report_takes_a_varying_runs_epsilon_from_its_own_accountant():
     """A run whose multiplier changed every round holds only the last one in its claim: the
     report's RDP column is the run's own ε, and PRV (which it could not recompute) is blank."""
-    from fairclip.sims.reproduce import both_accountants
+    from fairclip.sims.reproduce.tables import both_accountants
 
     claim = {
         "accountant": "rdp",

@@ -19,7 +19,7 @@ import torch
 import fairclip
 from fairclip import plugins
 from fairclip.policies import PolicyConfigError, check_policy, policy_parameters, register
-from fairclip.sims.errors import ConfigError
+from fairclip.scenarios.errors import ConfigError
 
 RESEARCH = textwrap.dedent(
     '''
@@ -411,7 +411,7 @@ def test_register_and_entry_points(research, tmp_path):
 
 
 def test_federated_dataset_from_arrays_checks_its_input():
-    from fairclip.sims.data import iid
+    from fairclip.scenarios.data import iid
 
     x = np.zeros((6, 2))
     y = np.array([0, 1, 0, 1, 0, 1])

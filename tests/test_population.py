@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from fairclip.sims.config import load_config
-from fairclip.sims.engine import simulate
-from fairclip.sims.generated_clients import CohortRanges, GeneratedClients, generates_clients
-from fairclip.sims.tasks import build_task
+from fairclip.scenarios.config import load_config
+from fairclip.scenarios.data.generated_clients import CohortRanges, GeneratedClients, generates_clients
+from fairclip.scenarios.tasks import build_task
+from fairclip.sims.executors.loop import simulate
 from fairclip.strategies.randomness import DENSE_SAMPLING_MAX, Stream, poisson_sample, rng
 
 

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import pytest
 
-from fairclip.sims import reproduce as repro
-from fairclip.sims.config import builtin_scenarios, load_config, validate
-from fairclip.sims.errors import ConfigError
-from fairclip.sims.real_data import outside_epsilon
+from fairclip.scenarios.config import builtin_scenarios, load_config, validate
+from fairclip.scenarios.data.real_data import outside_epsilon
+from fairclip.scenarios.errors import ConfigError
+from fairclip.sims.reproduce import planning, setups
 
 ADULT_SETUPS = {
     "esipova-adult": "standardize",
@@ -74,9 +74,9 @@ def test_age_split_and_feature_scaling_are_refused_where_they_do_not_apply():
 
 @pytest.mark.parametrize("name", sorted(ADULT_SETUPS))
 def test_a_reproduction_keeps_its_papers_scaling_and_says_it_is_outside_epsilon(name):
-    setup = repro.load_setup(name)
+    setup = setups.load_setup(name)
     assert setup.settings["scenario.feature_scaling"] == ADULT_SETUPS[name]  # explicit, not the default
-    planner = repro.Planner(setup, None, [], max_rounds=1, examples=lambda *_: 1000)
+    planner = planning.Planner(setup, None, [], max_rounds=1, examples=lambda *_: 1000)
     for run in planner.final_runs(1, {}):
         spec = validate(run.raw).scenario
         assert spec.feature_scaling == ADULT_SETUPS[name]
@@ -92,5 +92,5 @@ def test_a_reproduction_keeps_its_papers_scaling_and_says_it_is_outside_epsilon(
 
 
 def test_every_reproduction_on_adult_is_listed():
-    on_adult = {name for name in repro.builtin_setups() if repro.load_setup(name).scenario == "adult"}
+    on_adult = {name for name in setups.builtin_setups() if setups.load_setup(name).scenario == "adult"}
     assert on_adult == set(ADULT_SETUPS)

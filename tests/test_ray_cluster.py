@@ -2,7 +2,7 @@
 --address=...` node, one CPU each. `fairclip run --backend ray --address` and `fairclip compare
 --address` must give the numbers of the local backend, with actors on both nodes.
 
-The nodes come from :func:`fairclip.sims.local_cluster.local_cluster` (``ray start --block``
+The nodes come from :func:`fairclip.benchmarks.local_cluster.local_cluster` (``ray start --block``
 in process groups of their own, stopped by those ids, never ``ray stop``). Where ``ray start``
 cannot run, the module is skipped with the reason.
 """
@@ -29,7 +29,7 @@ SCENARIO = ["--scenario", "demo", "--set", "federation.num_clients=60", "--set",
 @pytest.fixture(scope="module")
 def cluster():
     """HOST:PORT of a 2-node Ray cluster (1 CPU per node), or a skip with the reason."""
-    from fairclip.sims.local_cluster import ClusterError, local_cluster
+    from fairclip.benchmarks.local_cluster import ClusterError, local_cluster
 
     try:
         with local_cluster(nodes=2, cpus_per_node=1) as address:
@@ -84,7 +84,7 @@ def test_a_local_cluster_leaves_the_machines_ray_record_as_it_was():
     """``ray start`` records its cluster for every later ``ray.init()`` without an address
     (Flower's simulation runtime hung on a record of a stopped test cluster): the record is the
     same before, during and after :func:`local_cluster`."""
-    from fairclip.sims.local_cluster import ClusterError, _machine_record, local_cluster
+    from fairclip.benchmarks.local_cluster import ClusterError, _machine_record, local_cluster
 
     record = _machine_record()
     before = record.read_bytes() if record.is_file() else None
@@ -101,8 +101,8 @@ def test_an_address_other_than_the_connected_cluster_is_refused(cluster):
     """In a process already connected to a local Ray, ``address`` naming another cluster is one
     error line, not a silent run on the local Ray."""
     script = (
-        "from fairclip.sims.ray_engine import ensure_ray\n"
-        "from fairclip.sims.errors import ConfigError\n"
+        "from fairclip.sims.executors.ray import ensure_ray\n"
+        "from fairclip.scenarios.errors import ConfigError\n"
         "ensure_ray(None, 1)\n"
         "ensure_ray(None, 1)  # the same connection: fine\n"
         "try:\n"
@@ -127,7 +127,7 @@ def test_with_token_authentication_the_cluster_runs_fairclip_and_refuses_a_drive
     written nothing."""
     import secrets
 
-    from fairclip.sims.local_cluster import ClusterError, local_cluster
+    from fairclip.benchmarks.local_cluster import ClusterError, local_cluster
 
     monkeypatch.setenv("RAY_AUTH_MODE", "token")  # read by the nodes and the drivers started here
     monkeypatch.setenv("RAY_AUTH_TOKEN", secrets.token_hex(32))

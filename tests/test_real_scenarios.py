@@ -20,12 +20,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from fairclip.sims.config import load_config
-from fairclip.sims.data import DATASET_FILES, SHA256
-from fairclip.sims.data.datasets import ADULT_NUMERIC
-from fairclip.sims.engine import simulate
-from fairclip.sims.real_data import cohort_test_weights, load, partition
-from fairclip.sims.tasks import build_task
+from fairclip.scenarios.config import load_config
+from fairclip.scenarios.data import DATASET_FILES, SHA256
+from fairclip.scenarios.data.datasets import ADULT_NUMERIC
+from fairclip.scenarios.data.real_data import cohort_test_weights, load, partition
+from fairclip.scenarios.tasks import build_task
+from fairclip.sims.executors.loop import simulate
 
 DATA_DIR = Path(os.environ.get("FAIRCLIP_DATA") or Path(__file__).resolve().parents[2] / "shared" / "data")
 
@@ -244,7 +244,7 @@ def test_a_validation_split_scales_adult_by_the_kept_training_rows_alone(scaling
     statistics of the training rows a grid run keeps (they used to keep the scaling of all the
     training rows, the validation rows among them). The other columns are untouched. The
     public scaling (the default) uses no statistic, so nothing is scaled again."""
-    from fairclip.sims.real_data import validation_split
+    from fairclip.scenarios.data.real_data import validation_split
 
     data_dir = data_dir_for("adult")
     spec = scenario_spec("adult").model_copy(update={"feature_scaling": scaling})

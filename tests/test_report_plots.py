@@ -16,8 +16,8 @@ import pandas as pd
 import pytest
 from matplotlib.collections import PolyCollection
 
-from fairclip.sims import plots
-from fairclip.sims.report import best_for_worst_cohort, markdown_report, write_report
+from fairclip.sims.compare.report import best_for_worst_cohort, markdown_report, write_report
+from fairclip.sims.sweeps import plots
 
 COHORTS = ("majority", "minority")
 
@@ -241,7 +241,7 @@ def test_a_line_drawn_on_another_says_so_and_the_panels_share_their_y_axis(figur
 @pytest.mark.parametrize("cohort_name", ["seed", "strategy", "target_epsilon"])
 def test_a_cohort_named_like_a_column_of_the_report_keeps_its_own_column(cohort_name):
     """Issue 67: a cohort named like one of the report's keys took that key's column."""
-    from fairclip.sims.report import per_run_quantities
+    from fairclip.sims.compare.report import per_run_quantities
 
     table, _, _ = _sweep(["constant"], [2.0])
     table["cohort"] = table["cohort"].replace({"minority": cohort_name})

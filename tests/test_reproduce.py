@@ -17,11 +17,13 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from fairclip.sims import reproduce as repro
-from fairclip.sims import results
-from fairclip.sims.config import validate
-from fairclip.sims.data import DATASET_FILES
-from fairclip.sims.errors import ConfigError
+from fairclip.scenarios.config import validate
+from fairclip.scenarios.data import DATASET_FILES
+from fairclip.scenarios.errors import ConfigError
+from fairclip.sims.reproduce import planning, tables
+from fairclip.sims.reproduce import reproduction as repro
+from fairclip.sims.reproduce import setups as setup_files
+from tools import results
 
 DATA_DIR = Path(os.environ.get("FAIRCLIP_DATA") or Path(__file__).resolve().parents[2] / "shared" / "data")
 SMOKE_TEST_ROWS = 500
@@ -30,7 +32,7 @@ SMOKE_TEST_ROWS = 500
 DATASET_OF = {"adult": "adult", "dutch": "dutch", "skewed-mnist": "mnist", "fashion-mnist": "fashion-mnist"}
 
 
-def skip_without_data(setup: repro.Setup) -> None:
+def skip_without_data(setup: setup_files.Setup) -> None:
     """Skip, with the reason, when a dataset file of ``setup`` is absent."""
     for relative in DATASET_FILES[DATASET_OF[setup.scenario]]:
         if not (DATA_DIR / relative).is_file():
@@ -60,9 +62,9 @@ def test_a_missing_name_is_one_line_and_exit_2_where_no_folder_names_it(cli, tmp
     assert not (tmp_path / "empty").exists()
 
 
-@pytest.mark.parametrize("name", sorted(repro.builtin_setups()))
+@pytest.mark.parametrize("name", sorted(setup_files.builtin_setups()))
 def test_every_setup_runs_a_few_steps(ray_session, cli, tmp_path, name):
-    setup = repro.load_setup(name)
+    setup = setup_files.load_setup(name)
     skip_without_data(setup)
     out = tmp_path / name
     args = ["reproduce", name, "--seeds", "1", "--max-rounds", "1", "--grid-limit", "1", "--out", str(out)]
@@ -76,7 +78,7 @@ def test_every_setup_runs_a_few_steps(ray_session, cli, tmp_path, name):
     assert status == 0, err
     assert "wall time" in stdout
     table = pd.read_csv(out / "reproduction.csv", keep_default_na=False)
-    assert list(table.columns) == repro.COLUMNS
+    assert list(table.columns) == tables.COLUMNS
     strategies = [s.name for s in setup.strategies]
     assert sorted(set(table["strategy"])) == sorted(strategies)
     assert len(table) == len(strategies) * len(setup.epsilons) * len(setup.metrics)
@@ -111,40 +113,40 @@ def test_every_setup_runs_a_few_steps(ray_session, cli, tmp_path, name):
 
 
 def test_sample_level_mapping():
-    setup = repro.load_setup("esipova-adult")
-    assert repro.sample_level_settings(setup, 22400, None) == {
+    setup = setup_files.load_setup("esipova-adult")
+    assert planning.sample_level_settings(setup, 22400, None) == {
         "federation.num_clients": 22400,
         "federation.sample_rate": 256 / 22400,
         "training.rounds": 1750,
     }
-    full = repro.load_setup("zhao-adult")
-    settings = repro.sample_level_settings(full, 22400, None)
+    full = setup_files.load_setup("zhao-adult")
+    settings = planning.sample_level_settings(full, 22400, None)
     assert settings["federation.sample_rate"] == 1.0 and settings["training.rounds"] == 40
-    assert len(repro.grid_points(full, full.strategies[1], full=True, limit=None)) == 200
-    assert len(repro.grid_points(full, full.strategies[1], full=False, limit=None)) == 20
+    assert len(planning.grid_points(full, full.strategies[1], full=True, limit=None)) == 200
+    assert len(planning.grid_points(full, full.strategies[1], full=False, limit=None)) == 20
 
 
 def test_flagging_on_constructed_numbers():
     # ± 2 points without a paper error
-    assert not repro.outside(0.80, None, 0.815)
-    assert repro.outside(0.80, None, 0.825)
-    assert repro.outside(0.80, None, 0.775)
+    assert not tables.outside(0.80, None, 0.815)
+    assert tables.outside(0.80, None, 0.825)
+    assert tables.outside(0.80, None, 0.775)
     # ± 2 combined standard errors when both sides give one (± 2 points when either does not)
-    assert not repro.outside(0.80, 0.01, 0.819)
-    assert not repro.outside(0.80, 0.01, 0.826, 0.01)
-    assert repro.outside(0.80, 0.001, 0.803, 0.001)
+    assert not tables.outside(0.80, 0.01, 0.819)
+    assert not tables.outside(0.80, 0.01, 0.826, 0.01)
+    assert tables.outside(0.80, 0.001, 0.803, 0.001)
     # no paper number: never flagged; a diverged run (NaN) is flagged
-    assert not repro.outside(None, None, 0.1)
-    assert repro.outside(0.80, None, math.nan)
+    assert not tables.outside(None, None, 0.1)
+    assert tables.outside(0.80, None, math.nan)
 
 
 def test_table_rows_flag_constructed_summaries():
-    setup = repro.load_setup("esipova-dutch")
+    setup = setup_files.load_setup("esipova-dutch")
     runs, summaries = [], {}
     for strategy, male in (("none", 0.799), ("constant", 0.70)):
         for seed in (0, 1):
             key = f"{strategy}-{seed}"
-            runs.append(repro.Run(key, strategy, None, seed, {}))
+            runs.append(setup_files.Run(key, strategy, None, seed, {}))
             cohorts = {
                 "male": {"accuracy": male + 0.001 * seed, "train_loss": 0.52},
                 "female": {"accuracy": 0.865, "train_loss": 0.45},
@@ -156,7 +158,7 @@ def test_table_rows_flag_constructed_summaries():
                 "cohorts": cohorts,
                 "privacy": claim,
             }
-    rows = {(r["strategy"], r["metric"]): r for r in repro.table_rows(setup, runs, summaries)}
+    rows = {(r["strategy"], r["metric"]): r for r in tables.table_rows(setup, runs, summaries)}
     assert not rows[("none", "accuracy_male")]["outside"]
     assert rows[("constant", "accuracy_male")]["outside"]  # 0.70 vs the paper's 0.760
     assert not rows[("constant", "accuracy_female")]["outside"]
@@ -182,7 +184,8 @@ def test_table_rows_flag_constructed_summaries():
     # Esipova et al.'s ε are RDP's; Zhao et al.'s ε 0.1 lies below what Opacus' RDP can certify
     # at δ 1e-5 (its orders end at 63), so those targets are calibrated with PRV (setup notes)
     accountants = {
-        name: repro.load_setup(name).settings["privacy.accountant"] for name in repro.builtin_setups()
+        name: setup_files.load_setup(name).settings["privacy.accountant"]
+        for name in setup_files.builtin_setups()
     }
     tabular_zhao = {"zhao-adult", "zhao-dutch"}  # their image setups (epsilon >= 1) use RDP, as the paper
     assert accountants == {name: "prv" if name in tabular_zhao else "rdp" for name in accountants}
@@ -193,12 +196,12 @@ def test_table_rows_flag_constructed_summaries():
 def test_a_non_private_strategy_is_shown_at_infinite_epsilon_beside_a_target():
     """In a setup with a target ε (softadaclip-adult: 8), the non-private ``none`` runs are not
     at that ε: their rows, and the list of flags, say ε inf (they used to say 8.0)."""
-    setup = repro.select_strategies(repro.load_setup("softadaclip-adult"), ["none", "dpsgd-c0.1"])
+    setup = setup_files.select_strategies(setup_files.load_setup("softadaclip-adult"), ["none", "dpsgd-c0.1"])
     runs, summaries = [], {}
     for strategy in ("none", "dpsgd-c0.1"):
         for seed in (0, 1):
             key = f"{strategy}-{seed}"
-            runs.append(repro.Run(key, strategy, 8.0, seed, {}))
+            runs.append(setup_files.Run(key, strategy, 8.0, seed, {}))
             sigma = 0.0 if strategy == "none" else 1.0
             summaries[key] = {
                 "epsilon": "inf" if strategy == "none" else 7.99,
@@ -214,15 +217,15 @@ def test_a_non_private_strategy_is_shown_at_infinite_epsilon_beside_a_target():
                     "delta": 1e-5,
                 },
             }
-    rows = repro.table_rows(setup, runs, summaries)
+    rows = tables.table_rows(setup, runs, summaries)
     assert {(r["strategy"], r["epsilon"]) for r in rows} == {("none", "inf"), ("dpsgd-c0.1", 8.0)}
-    report = repro.markdown(setup, rows, 1.0, [])
+    report = tables.markdown(setup, rows, 1.0, [])
     assert "| `none` | inf | inf / inf | accuracy |" in report
     assert "`none` accuracy (ε inf)" in report and "`dpsgd-c0.1` accuracy (ε 8.0)" in report
 
 
 def test_resume_reuses_finished_runs_and_refuses_other_settings(ray_session, cli, tmp_path):
-    setup = repro.load_setup("esipova-dutch")
+    setup = setup_files.load_setup("esipova-dutch")
     skip_without_data(setup)
     out = tmp_path / "dutch"
     args = ["reproduce", "esipova-dutch", "--seeds", "1", "--max-rounds", "1", "--out", str(out)]
@@ -261,16 +264,16 @@ def test_the_api_runs_here_or_on_ray_with_the_same_numbers(ray_session, cli, tmp
     number. It resumes a folder from its stored specification, and ``--backend local``
     refuses a cluster address in one line."""
     import fairclip
-    from fairclip.sims import compare
+    from fairclip.sims.executors import jobs
 
-    setup = repro.load_setup("esipova-dutch")
+    setup = setup_files.load_setup("esipova-dutch")
     skip_without_data(setup)
     smoke = {"seeds": 1, "max_rounds": 2, "max_batch": 64, "data_dir": DATA_DIR}
     with monkeypatch.context() as patched:
-        patched.setattr(compare, "simulate_on_ray", lambda *a, **k: pytest.fail("a Ray task ran"))
+        patched.setattr(jobs, "simulate_on_ray", lambda *a, **k: pytest.fail("a Ray task ran"))
         here = fairclip.reproduce("esipova-dutch", out=tmp_path / "here", **smoke)
     assert isinstance(here, fairclip.Reproduction) and here.name == "esipova-dutch"
-    assert list(here.table.columns) == repro.COLUMNS
+    assert list(here.table.columns) == tables.COLUMNS
     assert len(here.table) == len(setup.strategies) * len(setup.metrics) and here.wall_seconds > 0
     on_file = pd.read_csv(here.folder / "reproduction.csv", keep_default_na=False)
     assert list(on_file["fairclip_mean"].astype(float)) == list(here.table["fairclip_mean"].astype(float))
@@ -302,7 +305,7 @@ def test_kept_progress_continues_from_a_fresh_folder(ray_session, cli, tmp_path)
     and the finished runs' summaries, nothing of the run in flight); a copy of that alone, as a
     fresh clone has it, continues the reproduction: the kept runs are reused, the missing one is
     computed, and the table is the uninterrupted one."""
-    setup = repro.load_setup("esipova-dutch")
+    setup = setup_files.load_setup("esipova-dutch")
     skip_without_data(setup)
     out = tmp_path / "dutch"
     args = ["reproduce", "esipova-dutch", "--seeds", "1", "--max-rounds", "1", "--out", str(out)]
@@ -368,12 +371,12 @@ def test_markdown_says_what_was_compared():
             "outside": outside,
         }
 
-    setup = repro.load_setup("esipova-dutch")
-    assert "nothing is flagged" in repro.markdown(setup, [row("", False)], 1.0, [])
-    assert "Every number with a paper value (1) lies within" in repro.markdown(
+    setup = setup_files.load_setup("esipova-dutch")
+    assert "nothing is flagged" in tables.markdown(setup, [row("", False)], 1.0, [])
+    assert "Every number with a paper value (1) lies within" in tables.markdown(
         setup, [row(0.76, False)], 1.0, []
     )
-    text = repro.markdown(setup, [row(0.76, True), row("", False)], 1.0, [])
+    text = tables.markdown(setup, [row(0.76, True), row("", False)], 1.0, [])
     assert "1 of 1 numbers with a paper value lie outside" in text
     assert "**outside**" in text and "| 2.1 / 1.9 |" in text
 
@@ -384,7 +387,7 @@ def test_extend_keeps_the_stored_options_it_is_not_given(cli, tmp_path):
     `--extend --seeds N` adds seeds to the stored strategies, not to all of the setup's. So runs
     made in two folders, one strategy each (on two machines, say), put together and extended
     give the table of one folder that ran both."""
-    skip_without_data(repro.load_setup("zhao-dutch"))
+    skip_without_data(setup_files.load_setup("zhao-dutch"))
     local = ["--backend", "local", "--data-dir", str(DATA_DIR)]
     smoke = ["zhao-dutch", "--seeds", "1", "--grid-limit", "1", "--max-rounds", "1", *local]
     folders = {"constant": "constant", "adaptive": "adaptive", "both": "constant,adaptive"}
@@ -418,9 +421,9 @@ def test_extend_keeps_the_stored_options_it_is_not_given(cli, tmp_path):
 
 def test_a_reproduction_is_stored_and_resumed_extended_or_replaced(tmp_path):
     """Issue 18, point 2, for `reproduce`: the stored specification decides what --resume runs."""
-    from fairclip.sims import sweep_folder
-    from fairclip.sims.errors import ConfigError
-    from fairclip.sims.sweep_folder import Mode, settle
+    from fairclip.scenarios.errors import ConfigError
+    from fairclip.sims.sweeps import folder as sweep_folder
+    from fairclip.sims.sweeps.folder import Mode, settle
 
     def spec(explicit_only=False, **options):
         values = {"seeds": None, "full_grid": None, "grid_limit": None, "max_rounds": None, "overrides": None}
@@ -455,7 +458,7 @@ def test_strategies_run_a_subset_and_extend_adds_the_rest(ray_session, cli, tmp_
     """Issue 20, point 3: `--strategies` runs a subset of a setup (named in the report), a
     strategy the setup lacks is one line and exit 2 before any work, and `--extend` adds
     strategies while reusing the finished runs."""
-    setup = repro.load_setup("esipova-dutch")
+    setup = setup_files.load_setup("esipova-dutch")
     skip_without_data(setup)
     out = tmp_path / "dutch"
     args = ["reproduce", "esipova-dutch", "--seeds", "1", "--max-rounds", "1", "--out", str(out)]
@@ -489,8 +492,8 @@ def test_strategies_run_a_subset_and_extend_adds_the_rest(ray_session, cli, tmp_
 
 
 def test_a_strategy_subset_is_part_of_the_stored_reproduction(tmp_path):
-    from fairclip.sims.errors import ConfigError
-    from fairclip.sims.sweep_folder import Mode, settle
+    from fairclip.scenarios.errors import ConfigError
+    from fairclip.sims.sweeps.folder import Mode, settle
 
     def spec(explicit_only=False, **options):
         values = {"seeds": None, "full_grid": None, "grid_limit": None, "max_rounds": None, "overrides": None}
@@ -520,7 +523,7 @@ def test_esipova_setups_run_the_authors_models_and_count_noise():
         "esipova-dutch": "sigmoid-logistic",
     }
     for name, model in models.items():
-        setup = repro.load_setup(name)
+        setup = setup_files.load_setup(name)
         assert setup.settings["scenario.model"] == model, name
         (adapt,) = [s for s in setup.strategies if s.name == "global-adapt"]
         assert adapt.settings["privacy.count_noise_multiplier"] == 10.0, name
@@ -530,7 +533,7 @@ def test_esipova_setups_run_the_authors_models_and_count_noise():
 def test_the_authors_model_variants():
     import torch
 
-    from fairclip.client.models import build_model
+    from fairclip.scenarios.models import build_model
 
     torch.manual_seed(0)
     tanh_mlp, relu_mlp = build_model("mlp-tanh", (5,), 2), build_model("mlp", (5,), 2)
@@ -559,19 +562,19 @@ def test_zhao_setups_choose_their_grid_point_by_macro_accuracy():
     """Seed 000 selects by macro accuracy: a point with the better overall accuracy but the worse
     mean of per-class accuracies loses."""
     for name in ("zhao-adult", "zhao-dutch"):
-        setup = repro.load_setup(name)
+        setup = setup_files.load_setup(name)
         assert setup.select_by == "macro_accuracy" and setup.settings["scenario.model"] == "binary-logistic"
-    assert repro.load_setup("esipova-adult").select_by == "accuracy"
+    assert setup_files.load_setup("esipova-adult").select_by == "accuracy"
     grid = [
-        repro.Run(f"p{i}", "bounded", 0.5, 0, {}, {"training.server_lr": lr})
+        setup_files.Run(f"p{i}", "bounded", 0.5, 0, {}, {"training.server_lr": lr})
         for i, lr in enumerate((1.0, 2.0))
     ]
     summaries = {
         "p0": {"overall": {"accuracy": 0.85, "macro_accuracy": 0.70}},
         "p1": {"overall": {"accuracy": 0.83, "macro_accuracy": 0.78}},
     }
-    assert repro.choose(grid, summaries)[("bounded", 0.5)] == {"training.server_lr": 1.0}
-    assert repro.choose(grid, summaries, "macro_accuracy")[("bounded", 0.5)] == {"training.server_lr": 2.0}
+    assert planning.choose(grid, summaries)[("bounded", 0.5)] == {"training.server_lr": 1.0}
+    assert planning.choose(grid, summaries, "macro_accuracy")[("bounded", 0.5)] == {"training.server_lr": 2.0}
 
 
 def _summary(overall: float, male: float, female: float, sigma: float) -> dict:
@@ -587,7 +590,7 @@ def _summary(overall: float, male: float, female: float, sigma: float) -> dict:
 def test_changes_against_the_reference_are_paired_by_seed():
     """Seed 004 reports accuracy change against non-private SGD: per seed, run − reference run of
     the same seed; the mean and s.e. are those of the paired differences."""
-    setup = repro.load_setup("xu-adult-balanced")
+    setup = setup_files.load_setup("xu-adult-balanced")
     assert setup.relative_to == "none"
     runs, summaries = [], {}
     values = {
@@ -600,9 +603,9 @@ def test_changes_against_the_reference_are_paired_by_seed():
     }
     for (strategy, seed), (overall, male, female) in values.items():
         key = f"{strategy}-{seed}"
-        runs.append(repro.Run(key, strategy, None, seed, {}))
+        runs.append(setup_files.Run(key, strategy, None, seed, {}))
         summaries[key] = _summary(overall, male, female, 0.0 if strategy == "none" else 1.0)
-    rows = {(r["strategy"], r["metric"]): r for r in repro.table_rows(setup, runs, summaries)}
+    rows = {(r["strategy"], r["metric"]): r for r in tables.table_rows(setup, runs, summaries)}
     total = rows[("constant", "accuracy_change_total")]
     assert total["fairclip_mean"] == pytest.approx(-0.035)  # (-0.04 - 0.03) / 2, paired
     assert total["fairclip_stderr"] == pytest.approx(0.005)  # s.e. of the differences, not of levels
@@ -615,15 +618,15 @@ def test_changes_against_the_reference_are_paired_by_seed():
     assert ("none", "accuracy_change_total") not in rows
     # a change needs the reference's run of the same seed
     with pytest.raises(ConfigError, match="seeds \\[1\\]"):
-        repro.table_rows(setup, [r for r in runs if r.key != "none-1"], summaries)
+        tables.table_rows(setup, [r for r in runs if r.key != "none-1"], summaries)
     # a subset of strategies keeps the reference
-    kept = repro.select_strategies(setup, ["constant"])
+    kept = setup_files.select_strategies(setup, ["constant"])
     assert [s.name for s in kept.strategies] == ["none", "constant"]
 
 
 def test_reproduce_reports_paired_tests_between_strategies_of_the_same_seeds(tmp_path):
     """Issue 22: the reproduction's report says which differences are significant at 5 %."""
-    setup = repro.load_setup("xu-adult-balanced")
+    setup = setup_files.load_setup("xu-adult-balanced")
     runs, summaries = [], {}
     # constant is 0.04 ± 0.002 below per-cohort on every seed (male), and level with it (female,
     # ± noise); differences equal on every seed would have an undefined t-test (statistics.py)
@@ -633,9 +636,9 @@ def test_reproduce_reports_paired_tests_between_strategies_of_the_same_seeds(tmp
             ("constant", -gap, 0.86 + (-1) ** seed * 0.01),
         ):
             key = f"{strategy}-{seed}"
-            runs.append(repro.Run(key, strategy, None, seed, {}))
+            runs.append(setup_files.Run(key, strategy, None, seed, {}))
             summaries[key] = _summary(base + shift, base + shift, female, 1.0)
-    tests = repro.paired_rows(setup, runs, summaries)
+    tests = tables.paired_rows(setup, runs, summaries)
     by_metric = {t["quantity"]: t for t in tests}
     male = by_metric["accuracy_change_male"]
     assert (male["first"], male["second"], male["seeds"]) == ("per-cohort", "constant", 3)
@@ -643,15 +646,15 @@ def test_reproduce_reports_paired_tests_between_strategies_of_the_same_seeds(tmp
     assert male["significant"] and male["p_value"] < 0.05
     female = by_metric["accuracy_change_female"]
     assert not female["significant"]
-    text = repro.markdown(setup, [], 1.0, [], tests)
+    text = tables.markdown(setup, [], 1.0, [], tests)
     assert "## Paired tests between strategies" in text
     assert "`per-cohort` − `constant` | 3 | +0.0400" in text and "**significant**" in text
-    repro.write_outputs(tmp_path, setup, [], 1.0, [], tests)
+    tables.write_outputs(tmp_path, setup, [], 1.0, [], tests)
     stored = pd.read_csv(tmp_path / "paired_tests.csv")
-    assert list(stored.columns) == repro.PAIRED_COLUMNS and len(stored) == len(tests)
+    assert list(stored.columns) == tables.PAIRED_COLUMNS and len(stored) == len(tests)
     # one seed: no test, no section
-    assert "Paired tests" not in repro.markdown(
-        setup, [], 1.0, [], repro.paired_rows(setup, runs[:2], summaries)
+    assert "Paired tests" not in tables.markdown(
+        setup, [], 1.0, [], tables.paired_rows(setup, runs[:2], summaries)
     )
 
 
@@ -663,7 +666,7 @@ def test_seed_004_setups_are_its_table_5():
         "xu-dutch-unbalanced": (40_000, True, {"female": 30_000, "male": 10_000}),
     }
     for name, (rows, balance, group_rows) in census.items():
-        setup = repro.load_setup(name)
+        setup = setup_files.load_setup(name)
         assert setup.settings["scenario.model"] == "binary-logistic"
         assert setup.settings["training.weight_decay"] == 0.01
         assert setup.settings.get("scenario.balance", True) is balance
@@ -678,10 +681,10 @@ def test_seed_004_setups_are_its_table_5():
         steps = math.ceil(20 * train / 256)
         assert setup.settings["training.server_lr"] == pytest.approx(1 / math.sqrt(steps), abs=1e-6)
         _check_seed_004_strategies(setup, sigma=1.0, sample_rate=256 / train, steps=steps)
-    dutch = {s.name: s for s in repro.load_setup("xu-dutch").strategies}
+    dutch = {s.name: s for s in setup_files.load_setup("xu-dutch").strategies}
     # seed 004's "male" Dutch rows are fairclip's female rows: its columns are swapped here
     assert dutch["constant"].paper[""]["accuracy_change_female"] == -0.1534
-    unbalanced = {s.name: s for s in repro.load_setup("xu-dutch-unbalanced").strategies}
+    unbalanced = {s.name: s for s in setup_files.load_setup("xu-dutch-unbalanced").strategies}
     assert unbalanced["reweight"].paper[""]["accuracy_change_male"] == 0.025  # the paper's women
 
 
@@ -689,7 +692,7 @@ def test_seed_004_mnist_setups_are_its_tables_3_and_4():
     """Bagdasaryan et al.'s setting, which seed 004 replicates: standardised pixels, SGD with
     momentum 0.5; Algorithm 2 and 3 as written, stopped at DP-SGD's epsilon."""
     for name, train in (("xu-mnist", 54_649), ("xu-mnist-balanced", 60_000), ("xu-mnist-bounds", 54_649)):
-        setup = repro.load_setup(name)
+        setup = setup_files.load_setup(name)
         assert setup.settings["scenario.model"] == "xu-cnn-normalized"
         assert setup.settings["training.server_momentum"] == 0.5
         assert setup.settings["training.server_lr"] == 0.01
@@ -698,8 +701,8 @@ def test_seed_004_mnist_setups_are_its_tables_3_and_4():
         _check_seed_004_strategies(
             setup, sigma=0.8, sample_rate=256 / train, steps=math.ceil(60 * train / 256)
         )
-    bounds = {s.name: s for s in repro.load_setup("xu-mnist-bounds").strategies}
-    mnist = {s.name: s for s in repro.load_setup("xu-mnist").strategies}
+    bounds = {s.name: s for s in setup_files.load_setup("xu-mnist-bounds").strategies}
+    mnist = {s.name: s for s in setup_files.load_setup("xu-mnist").strategies}
     # the runs shared with xu-mnist have its configurations exactly
     assert bounds["per-cohort-c1"].settings == mnist["per-cohort"].settings
     assert bounds["constant-c1"].settings == mnist["constant"].settings
@@ -730,14 +733,14 @@ def _check_seed_004_strategies(setup, sigma: float, sample_rate: float, steps: i
 def test_a_setup_runs_a_policy_variant_under_its_own_label(tmp_path):
     """Seed 003's Table 1 runs ``constant`` three ways: a strategy table may name the policy it
     runs (``policy``) under a label of its own, which keys its runs and rows."""
-    setup = repro.load_setup("esipova-clipping-errors")
+    setup = setup_files.load_setup("esipova-clipping-errors")
     assert [(s.name, s.policy_name) for s in setup.strategies] == [
         ("none", "none"),
         ("constant", "constant"),
         ("magnitude-error-only", "constant"),
         ("direction-error-only", "constant"),
     ]
-    planner = repro.Planner(setup, None, [], max_rounds=3, examples=lambda *_: 1000)
+    planner = planning.Planner(setup, None, [], max_rounds=3, examples=lambda *_: 1000)
     runs = {run.strategy: run for run in planner.final_runs(1, {})}
     assert set(runs) == {s.name for s in setup.strategies}
     assert runs["magnitude-error-only"].key == "magnitude-error-only__eps-none__seed-0"
@@ -752,17 +755,17 @@ def test_a_setup_runs_a_policy_variant_under_its_own_label(tmp_path):
     assert all(validate(run.raw).privacy.noise_multiplier == 0 for run in runs.values())
     # a label that would break the run keys, and a policy that is no string, are refused
     with pytest.raises(ConfigError, match="may not contain '__'"):
-        repro._strategy("a__b", {}, "reproduction x")
+        setup_files._strategy("a__b", {}, "reproduction x")
     with pytest.raises(ConfigError, match="policy must name a strategy"):
-        repro._strategy("variant", {"policy": 3}, "reproduction x")
+        setup_files._strategy("variant", {"policy": 3}, "reproduction x")
 
 
 def test_a_lower_bound_above_the_initial_bound_raises_the_initial_bound():
     """Zhao et al.'s grid puts C_LB above the shared C_0 = 1 (3.18 here, up to 50 in the full
     grid), which ``bounded`` refuses (C_0 < C_LB): a reproduction's run starts at C_0 = C_LB
     there and keeps C_0 = 1 where C_LB is below it; constant's and adaptive's C_0 are untouched."""
-    setup = repro.load_setup("zhao-skewed-mnist")
-    planner = repro.Planner(setup, None, [], max_rounds=3, examples=lambda *_: 48_000)
+    setup = setup_files.load_setup("zhao-skewed-mnist")
+    planner = planning.Planner(setup, None, [], max_rounds=3, examples=lambda *_: 48_000)
     bounds = set()
     for run in planner.grid_runs(full=False, limit=None):
         params = validate(run.raw).strategy.params
@@ -776,11 +779,11 @@ def test_a_lower_bound_above_the_initial_bound_raises_the_initial_bound():
     }
 
 
-def _galli_planner(*strategies: str) -> repro.Planner:
+def _galli_planner(*strategies: str) -> planning.Planner:
     """galli-mnist (budget per grid) planned on MNIST's 60,000 training rows: q = 512/60,000,
     T = 1,172 rounds for grid and final runs alike."""
-    setup = repro.select_strategies(repro.load_setup("galli-mnist"), list(strategies) or None)
-    return repro.Planner(setup, None, [], None, examples=lambda *_: 60_000)
+    setup = setup_files.select_strategies(setup_files.load_setup("galli-mnist"), list(strategies) or None)
+    return planning.Planner(setup, None, [], None, examples=lambda *_: 60_000)
 
 
 def test_a_per_grid_budget_gives_each_run_of_a_search_its_share_of_the_target():
@@ -818,7 +821,7 @@ def test_a_per_grid_budget_gives_each_run_of_a_search_its_share_of_the_target():
         1.208, abs=0.01
     )
     # a smaller grid is a smaller search: k follows the grid last planned, final runs included
-    assert repro.per_run_epsilon(3.0, 1, q, rounds, delta, "rdp") == 3.0
+    assert planning.per_run_epsilon(3.0, 1, q, rounds, delta, "rdp") == 3.0
     small = planner.grid_runs(full=False, limit=2)
     assert {run.strategy: run.search_runs for run in small} == {"online": 2, "fixed": 4, "fixed-quantile": 4}
     assert {run.strategy: run.search_runs for run in planner.final_runs(1, {})} == {
@@ -826,7 +829,7 @@ def test_a_per_grid_budget_gives_each_run_of_a_search_its_share_of_the_target():
         "fixed": 4,
         "fixed-quantile": 4,
     }
-    line = repro.budget_line(planner.setup, planner)
+    line = tables.budget_line(planner.setup, planner)
     assert "`online` 2, `fixed` 4, `fixed-quantile` 4" in line and "per-grid" in line
 
 
@@ -847,7 +850,7 @@ def test_a_per_grid_rows_report_the_epsilon_of_the_whole_search():
         claim = {"effective_noise_multiplier": sigma, "sample_rate": q, "rounds": rounds, "delta": 1e-5}
         summaries[run.key] = {"epsilon": share, "overall": {"accuracy": 0.9}, "privacy": claim}
     rows = {
-        (row["strategy"], row["epsilon"]): row for row in repro.table_rows(planner.setup, runs, summaries)
+        (row["strategy"], row["epsilon"]): row for row in tables.table_rows(planner.setup, runs, summaries)
     }
     for strategy, k in (("online", 5), ("fixed", 25)):
         for target in (3.0, 9.0):
@@ -864,24 +867,24 @@ def test_a_per_grid_rows_report_the_epsilon_of_the_whole_search():
 
 def test_setup_budget_is_checked(tmp_path, monkeypatch):
     """``setup.budget`` is per-run (the default) or per-grid, and per-grid needs target epsilons."""
-    text = repro.builtin_setups()["galli-mnist"].read_text()
-    assert repro.load_setup("esipova-adult").budget == "per-run"
-    monkeypatch.setattr(repro, "SETUP_DIR", tmp_path)
+    text = setup_files.builtin_setups()["galli-mnist"].read_text()
+    assert setup_files.load_setup("esipova-adult").budget == "per-run"
+    monkeypatch.setattr(setup_files, "SETUP_DIR", tmp_path)
     (tmp_path / "galli-mnist.toml").write_text(text.replace('budget = "per-grid"', 'budget = "per-seed"'))
     with pytest.raises(ConfigError, match=re.escape("setup.budget must be one of per-run, per-grid")):
-        repro.load_setup("galli-mnist")
+        setup_files.load_setup("galli-mnist")
     (tmp_path / "galli-mnist.toml").write_text(text.replace("epsilons = [3.0, 5.0, 7.0, 9.0]\n", ""))
     with pytest.raises(ConfigError, match=re.escape("per-grid needs setup.epsilons")):
-        repro.load_setup("galli-mnist")
+        setup_files.load_setup("galli-mnist")
 
 
 def test_grid_runs_evaluate_after_their_last_round_only():
     """A grid run's one product is its final validation metric, so it is evaluated once, after
     its last round, unless the user sets ``training.eval_every``; the final runs keep their curve."""
-    setup = repro.load_setup("galli-mnist")
+    setup = setup_files.load_setup("galli-mnist")
 
-    def planner(*overrides: str) -> repro.Planner:
-        return repro.Planner(setup, None, list(overrides), None, examples=lambda *_: 48_000)
+    def planner(*overrides: str) -> planning.Planner:
+        return planning.Planner(setup, None, list(overrides), None, examples=lambda *_: 48_000)
 
     grid = planner().grid_runs(full=False, limit=1)
     assert grid
@@ -899,11 +902,11 @@ def test_set_wins_over_the_strategy_settings_and_refuses_what_each_run_sets():
     """``--set`` is applied on top of every run's strategy settings (``global``'s server lr and Z
     are strategy settings of esipova-adult, and were silently kept before); keys the reproduction
     sets per run, or that a grid varies, are refused rather than half applied."""
-    from fairclip.sims.errors import ConfigError
+    from fairclip.scenarios.errors import ConfigError
 
-    def planner(name: str, *overrides: str, strategies: list[str] | None = None) -> repro.Planner:
-        setup = repro.select_strategies(repro.load_setup(name), strategies)
-        return repro.Planner(setup, None, list(overrides), None, examples=lambda *_: 28_000)
+    def planner(name: str, *overrides: str, strategies: list[str] | None = None) -> planning.Planner:
+        setup = setup_files.select_strategies(setup_files.load_setup(name), strategies)
+        return planning.Planner(setup, None, list(overrides), None, examples=lambda *_: 28_000)
 
     sets = ("training.server_lr=0.5", "strategy.scale_threshold=100", "seed=7")
     runs = planner("esipova-adult", *sets, strategies=["global", "global-adapt"]).final_runs(2, {})
@@ -939,11 +942,11 @@ def test_a_setup_with_a_grid_splits_every_seeds_rows_as_its_first_seed_does(tmp_
     validation rows (and grid-training rows); so in a setup with a grid every run splits them as
     the first seed does (``scenario.split_seed``), while the seed still varies the rest. A setup
     without a grid, and a dataset with a fixed test set, keep the split of each run's own seed."""
-    from fairclip.sims.errors import ConfigError
+    from fairclip.scenarios.errors import ConfigError
 
-    def runs(name: str, *overrides: str) -> list[repro.Run]:
-        planner = repro.Planner(
-            repro.load_setup(name), None, list(overrides), None, examples=lambda *_: 28_000
+    def runs(name: str, *overrides: str) -> list[setup_files.Run]:
+        planner = planning.Planner(
+            setup_files.load_setup(name), None, list(overrides), None, examples=lambda *_: 28_000
         )
         return planner.grid_runs(False, 1) + planner.final_runs(3, {})
 
@@ -959,15 +962,15 @@ def test_a_setup_with_a_grid_splits_every_seeds_rows_as_its_first_seed_does(tmp_
         validate(run.raw).scenario.split_seed for run in runs("esipova-adult", "scenario.split_seed=1")
     } == {1}
     # a setup whose only grids are strategies' splits every run alike, whichever strategies run
-    text = repro.builtin_setups()["zhao-adult"].read_text()
+    text = setup_files.builtin_setups()["zhao-adult"].read_text()
     for table in ("[grid]", "[full_grid]"):
         start = text.index(table + "\n")
         text = text[:start] + text[text.index("\n\n", start) + 2 :]
     (tmp_path / "zhao-adult.toml").write_text(text)
-    monkeypatch.setattr(repro, "SETUP_DIR", tmp_path)
-    only_adaptive = repro.select_strategies(repro.load_setup("zhao-adult"), ["adaptive"])
+    monkeypatch.setattr(setup_files, "SETUP_DIR", tmp_path)
+    only_adaptive = setup_files.select_strategies(setup_files.load_setup("zhao-adult"), ["adaptive"])
     assert not only_adaptive.has_grid and only_adaptive.selects
-    planner = repro.Planner(only_adaptive, None, [], None, examples=lambda *_: 28_000)
+    planner = planning.Planner(only_adaptive, None, [], None, examples=lambda *_: 28_000)
     assert {validate(run.raw).scenario.split_seed for run in planner.final_runs(2, {})} == {0}
 
 
@@ -987,19 +990,19 @@ def test_a_strategys_final_runs_start_once_its_own_grid_has_finished(ray_session
     while other grid runs still run: the tail of the grid leaves no core idle. Continued with
     one strategy's grid finished, the grid runs still to compute are queued before that
     strategy's final runs; the table and the chosen points are the uninterrupted run's."""
-    from fairclip.sims import compare
+    from fairclip.sims.reproduce import planning  # where the runs are handed to the executors
 
-    setup = repro.load_setup("zhao-dutch")
+    setup = setup_files.load_setup("zhao-dutch")
     skip_without_data(setup)
     queued_at_each_result: list[tuple[str, list[str]]] = []
-    real = compare.simulate_jobs
+    real = planning.simulate_jobs
 
     def recording(jobs, **options):
         for run, result in real(jobs, **options):
             queued_at_each_result.append((run.key, [queued.key for queued, _raw in jobs]))
             yield run, result
 
-    monkeypatch.setattr(compare, "simulate_jobs", recording)
+    monkeypatch.setattr(planning, "simulate_jobs", recording)
     smoke = {"seeds": 1, "grid_limit": 1, "max_rounds": 1, "max_batch": 64, "data_dir": DATA_DIR}
     out = tmp_path / "dutch"
     rows, _wall = repro.reproduce("zhao-dutch", out=out, **smoke)
@@ -1047,54 +1050,54 @@ def test_a_setup_may_not_set_what_the_reproduction_sets_for_each_run(tmp_path, m
     """A setup (or one of its strategies) that set ``scenario.evaluate_on`` would have had its
     final runs scored on the validation split; one that set ``training.rounds`` saw it replaced
     by the setup's epochs. Both are refused in one line, naming where."""
-    from fairclip.sims.errors import ConfigError
+    from fairclip.scenarios.errors import ConfigError
 
-    text = repro.builtin_setups()["zhao-adult"].read_text()
+    text = setup_files.builtin_setups()["zhao-adult"].read_text()
     assert text.count(table + "\n") == 1
     text = text.replace(table + "\n", f"{table}\n{line}\n")
     (tmp_path / "zhao-adult.toml").write_text(text)
-    monkeypatch.setattr(repro, "SETUP_DIR", tmp_path)
+    monkeypatch.setattr(setup_files, "SETUP_DIR", tmp_path)
     key = line.split('"')[1]
     with pytest.raises(
         ConfigError, match=rf"reproduction zhao-adult: .*sets {key}, which a reproduction sets"
     ):
-        repro.load_setup("zhao-adult")
+        setup_files.load_setup("zhao-adult")
 
 
 def test_a_strategy_may_train_with_its_own_epochs_and_batch_size(tmp_path, monkeypatch):
     """Seed 001 trains its non-private model 15 epochs in batches of 32 and its private ones 30
     epochs in batches of 128: the ``none`` runs get q = 32/N and 15·N/32 rounds, the others the
     setup's."""
-    setup = repro.load_setup("softadaclip-adult")
+    setup = setup_files.load_setup("softadaclip-adult")
     none = next(s for s in setup.strategies if s.name == "none")
     dpsgd = next(s for s in setup.strategies if s.name == "dpsgd-c0.1")
     assert (none.epochs, none.batch_size) == (15, 32) and (dpsgd.epochs, dpsgd.batch_size) == (None, None)
-    assert repro.sample_level_settings(setup, 22_400, None, strategy=none) == {
+    assert planning.sample_level_settings(setup, 22_400, None, strategy=none) == {
         "federation.num_clients": 22_400,
         "federation.sample_rate": 32 / 22_400,
         "training.rounds": 10_500,
     }
-    assert repro.sample_level_settings(setup, 22_400, None, strategy=dpsgd)["training.rounds"] == 5_250
-    planner = repro.Planner(setup, None, [], None, examples=lambda *_: 22_400)
+    assert planning.sample_level_settings(setup, 22_400, None, strategy=dpsgd)["training.rounds"] == 5_250
+    planner = planning.Planner(setup, None, [], None, examples=lambda *_: 22_400)
     by_name = {run.strategy: validate(run.raw) for run in planner.final_runs(1, {})}
     assert by_name["none"].training.rounds == 10_500 and by_name["none"].training.server_lr == 3e-4
     assert by_name["dpsgd-c0.1"].training.rounds == 5_250 and by_name["dpsgd-c0.1"].training.server_lr == 3e-3
-    text = repro.builtin_setups()["softadaclip-adult"].read_text()
+    text = setup_files.builtin_setups()["softadaclip-adult"].read_text()
     for bad in ("0", "2.5", "true"):
         (tmp_path / "softadaclip-adult.toml").write_text(
             text.replace("batch_size = 32\n", f"batch_size = {bad}\n")
         )
-        monkeypatch.setattr(repro, "SETUP_DIR", tmp_path)
+        monkeypatch.setattr(setup_files, "SETUP_DIR", tmp_path)
         with pytest.raises(ConfigError, match=r"strategies.none.batch_size must be a positive integer"):
-            repro.load_setup("softadaclip-adult")
+            setup_files.load_setup("softadaclip-adult")
 
 
 def test_seed_001_selects_its_bound_learning_rate_by_validation_f1_and_runs_no_idle_grid():
     """The paper gives no η_C: adaptive and soft choose it on the validation split by F1 (the
     paper's validation criterion); the strategies without grid axes get no validation run."""
-    setup = repro.load_setup("softadaclip-adult")
+    setup = setup_files.load_setup("softadaclip-adult")
     assert setup.select_by == "f1" and setup.selects
-    planner = repro.Planner(setup, None, [], None, examples=lambda *_: 22_400)
+    planner = planning.Planner(setup, None, [], None, examples=lambda *_: 22_400)
     grid = planner.grid_runs(False, None)
     assert {run.strategy for run in grid} == {
         f"{p}-c{c}" for p in ("adaptive", "soft") for c in (0.01, 0.05, 0.1)
@@ -1107,14 +1110,14 @@ def test_seed_001_selects_its_bound_learning_rate_by_validation_f1_and_runs_no_i
     }
     assert len(ungridded) == 14 and all(validate(run.raw).scenario.split_seed == 0 for run in ungridded)
     runs = [
-        repro.Run(f"p{i}", "soft-c0.1", 8.0, 0, {}, {"strategy.bound_lr": lr})
+        setup_files.Run(f"p{i}", "soft-c0.1", 8.0, 0, {}, {"strategy.bound_lr": lr})
         for i, lr in enumerate((0.2, 2.0))
     ]
     summaries = {
         "p0": {"overall": {"accuracy": 0.85, "f1": 0.55}},
         "p1": {"overall": {"accuracy": 0.83, "f1": 0.61}},
     }
-    assert repro.choose(runs, summaries, "f1")[("soft-c0.1", 8.0)] == {"strategy.bound_lr": 2.0}
+    assert planning.choose(runs, summaries, "f1")[("soft-c0.1", 8.0)] == {"strategy.bound_lr": 2.0}
     for strategy in setup.strategies:  # the paper's count (Algorithm 2, line 10): norms above C itself
         params = validate(planner.final_runs_of(strategy, 8.0, 1, {})[0].raw).strategy.params
         if strategy.policy_name in ("adaptive", "soft"):

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 import fairclip
-from fairclip.sims.checkpoint import released_path
+from fairclip.server.checkpoint import released_path
 from fairclip.strategies.accounting import epsilon
 from fairclip.strategies.base import DPEvent
 

@@ -79,7 +79,7 @@ def test_sigterm_stops_a_run_like_ctrl_c_and_keeps_every_finished_round(tmp_path
 def test_sigterm_during_a_rounds_evaluation_leaves_that_round_whole(cli, tmp_path, monkeypatch):
     """The race behind a CI failure: SIGTERM while round 3 was being evaluated left a summary and
     model of 3 rounds beside a rounds.csv of 2. The round in flight is now finished first."""
-    from fairclip.sims.mean_estimation import MeanEstimationTask
+    from fairclip.scenarios.tasks.mean_estimation import MeanEstimationTask
 
     evaluate = MeanEstimationTask.evaluate
     calls = []
@@ -111,7 +111,7 @@ def test_kill_9_leaves_the_finished_rounds_and_a_summary_marked_running(tmp_path
 def test_a_failed_write_is_one_line_and_keeps_what_was_written(cli, tmp_path, monkeypatch):
     import errno
 
-    import fairclip.sims.outputs as outputs_module
+    import fairclip.server.outputs as outputs_module
 
     original = outputs_module.write_run
     calls = []
@@ -164,9 +164,9 @@ def _bad_outs(tmp_path: Path) -> dict[str, Path]:
 
 @pytest.mark.parametrize("command", ["run", "compare"])
 def test_a_bad_output_folder_is_one_line_before_any_work(cli, tmp_path, command, monkeypatch):
-    import fairclip.sims.tasks as engine
+    import fairclip.scenarios.tasks as tasks
 
-    monkeypatch.setattr(engine, "build_task", lambda *a, **k: pytest.fail("work started"))
+    monkeypatch.setattr(tasks, "build_task", lambda *a, **k: pytest.fail("work started"))
     args = {"run": ["run", "--scenario", "demo"], "compare": ["compare", "--scenario", "demo"]}[command]
     for reason, out in _bad_outs(tmp_path).items():
         status, _, err = cli(*args, "--out", str(out))

@@ -20,11 +20,12 @@ from hypothesis import strategies as st
 from fairclip.client.contributions import contribute
 from fairclip.client.protocol import CONTRIBUTION, REPORTS, UPDATE
 from fairclip.policies import check_policy
+from fairclip.scenarios.config import load_config
+from fairclip.scenarios.tasks import build_task
 from fairclip.server.replies import ReplyError, check_reply
-from fairclip.sims.config import load_config
-from fairclip.sims.engine import RunServer, simulate
-from fairclip.sims.local_engine import LocalExecutor
-from fairclip.sims.tasks import build_task
+from fairclip.server.run import Run
+from fairclip.sims.executors.local import LocalExecutor
+from fairclip.sims.executors.loop import simulate
 from fairclip.strategies import NoiseMultipliers, build_policy
 from fairclip.strategies.aggregation import CohortDiagnostics, Exchange, RoundSums
 from fairclip.strategies.randomness import Stream, rng
@@ -77,7 +78,7 @@ def _sums(contribution, report) -> RoundSums:
     )
 
 
-def _demo_server(*settings: str) -> tuple[RunServer, object]:
+def _demo_server(*settings: str) -> tuple[Run, object]:
     config = load_config(
         "demo",
         None,
@@ -91,7 +92,7 @@ def _demo_server(*settings: str) -> tuple[RunServer, object]:
         ],
     )
     task = build_task(config)
-    return RunServer(config, task), task
+    return Run(config, task), task
 
 
 def test_counts_and_sum_are_drawn_from_one_noise_stream_and_accounted_at_the_counts():

@@ -22,8 +22,8 @@ SCRIPT = textwrap.dedent(
     import json, sys
     import numpy as np
     from fairclip.api import simulate_config
-    from fairclip.sims.config import load_config
-    from fairclip.sims.ray_engine import ensure_ray
+    from fairclip.scenarios.config import load_config
+    from fairclip.sims.executors.ray import ensure_ray
 
     config = load_config("demo", None, ["federation.num_clients=400", "federation.sample_rate=0.3",
                                         "training.rounds=3", "strategy.name=bounded", "seed=3"])
@@ -83,7 +83,7 @@ def test_unsorted_ids_are_refused():
 def test_each_group_of_one_by_one_clients_belongs_to_one_actor(num_clients, rate, actors, seed):
     """Where clients train one after the other, every group's sampled clients are owned by one
     actor (the one that holds their data), and every sampled client is trained exactly once."""
-    from fairclip.sims.ray_engine import held_clients, owned_shares
+    from fairclip.sims.executors.ray import held_clients, owned_shares
     from fairclip.strategies.aggregation import group_blocks
 
     ids = np.flatnonzero(np.random.default_rng(seed).random(num_clients) < rate)
@@ -106,9 +106,9 @@ def test_each_group_of_one_by_one_clients_belongs_to_one_actor(num_clients, rate
 
 
 def test_a_task_keeps_only_its_clients_and_trains_them_as_before():
-    from fairclip.sims.config import load_config
-    from fairclip.sims.ray_engine import held_clients
-    from fairclip.sims.tasks import build_task
+    from fairclip.scenarios.config import load_config
+    from fairclip.scenarios.tasks import build_task
+    from fairclip.sims.executors.ray import held_clients
 
     config = load_config("demo", None, ["federation.num_clients=90"])
     full, part = build_task(config), build_task(config)

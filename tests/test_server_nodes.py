@@ -102,8 +102,8 @@ def test_a_registered_partition_cannot_be_taken_whoever_answers_first(server_tas
 
 
 def test_node_partitions_are_read_strictly():
-    from fairclip.sims.errors import ConfigError
-    from fairclip.sims.flower_config import parse_node_partitions
+    from fairclip.scenarios.errors import ConfigError
+    from fairclip.scenarios.flower_config import parse_node_partitions
 
     assert parse_node_partitions("") == {}
     assert parse_node_partitions("123:0, 456:1") == {123: 0, 456: 1}

@@ -8,10 +8,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from fairclip.scenarios.config import ConfigError, load_config
+from fairclip.scenarios.tasks import build_task
 from fairclip.server.optimizer import ServerAdam, ServerSGD, server_optimizer
-from fairclip.sims.config import ConfigError, load_config
-from fairclip.sims.engine import simulate
-from fairclip.sims.tasks import build_task
+from fairclip.sims.executors.loop import simulate
 
 
 def test_weight_decay_adds_the_penalty_gradient_to_the_released_estimate():

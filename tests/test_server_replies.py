@@ -18,11 +18,11 @@ from hypothesis import strategies as st
 
 from fairclip.client.contributions import contribute
 from fairclip.client.protocol import CONTRIBUTION, DIAGNOSTICS, REPORTS, UPDATE, reply_content
+from fairclip.scenarios.config import load_config
+from fairclip.scenarios.tasks import build_task
 from fairclip.server.replies import ReplyError, check_reply, read_float_vector
+from fairclip.server.run import Run
 from fairclip.server.strategy import PolicyStrategy
-from fairclip.sims.config import load_config
-from fairclip.sims.engine import RunServer
-from fairclip.sims.tasks import build_task
 from fairclip.strategies import POLICIES, build_policy, policy_parameters
 
 NAMES = sorted(POLICIES)
@@ -214,7 +214,7 @@ def _strategy(name: str = "constant", clients: int = 6, **kwargs):
         ],
     )
     task = build_task(config)
-    server = RunServer(config, task)
+    server = Run(config, task)
     nodes = {client: 100 + client for client in range(clients)}
     cohorts = task.client_cohorts if server.policy.needs_cohorts else None
     return config, task, server, PolicyStrategy(server, nodes, clients, cohorts, **kwargs)

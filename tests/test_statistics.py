@@ -11,8 +11,8 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
-from fairclip.server.fairness import group_fairness, partition
-from fairclip.sims import statistics
+from fairclip.scenarios.tasks.fairness import group_fairness, partition
+from fairclip.sims.sweeps import statistics
 
 
 def test_mean_interval_is_students_t_interval():

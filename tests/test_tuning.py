@@ -16,9 +16,9 @@ from opacus.accountants.analysis.rdp import get_privacy_spent
 from scipy import stats
 
 import fairclip
-from fairclip.sims.cli import main
-from fairclip.sims.errors import ConfigError
-from fairclip.sims.tune import METRICS, draw_trials, grid_points
+from fairclip.cli import main
+from fairclip.scenarios.errors import ConfigError
+from fairclip.sims.tune.search import METRICS, draw_trials, grid_points
 from fairclip.strategies import PolicyConfigError
 from fairclip.strategies.accountants import ORDERS, rdp_epsilon
 from fairclip.strategies.tuning import (
@@ -150,7 +150,7 @@ def test_tune_end_to_end_releases_the_best_trial_with_the_search_epsilon(tmp_pat
     tuning = fairclip.tune(
         "demo", grid=GRID, overrides=SMALL, seed=3, out=out, on_start=lambda n, m: started.append((n, m))
     )
-    from fairclip.sims.tune import TuneSpec
+    from fairclip.sims.tune.search import TuneSpec
 
     spec = TuneSpec(raw={}, grid=GRID, metric="macro_accuracy", trials=TrialCount(), seed=3)
     drawn = draw_trials(spec, len(grid_points(GRID)))
@@ -353,7 +353,7 @@ def test_tune_command_prints_the_report(tmp_path, capsys):
 
 
 def test_a_strategy_searches_only_its_own_and_the_shared_keys():
-    from fairclip.sims.tune import strategy_grid
+    from fairclip.sims.tune.curve import strategy_grid
 
     grid = {
         "training.client_lr": [0.1],
@@ -437,10 +437,10 @@ def test_tuning_curve_runs_one_search_per_strategy_and_epsilon(tmp_path):
 
 def test_a_search_stopped_early_closes_its_runs_so_those_still_going_stop(tmp_path, monkeypatch):
     """A search stopped between runs (Ctrl-C, an error) closes the generator of its runs, which
-    on Ray cancels the tasks still going (:func:`fairclip.sims.compare.stop_tasks`)."""
-    from fairclip.sims import compare
+    on Ray cancels the tasks still going (:func:`fairclip.sims.executors.jobs.stop_tasks`)."""
+    from fairclip.sims.executors import jobs
 
-    real = compare.simulate_jobs
+    real = jobs.simulate_jobs
     closed = []
 
     def recording(jobs, **kwargs):
@@ -450,7 +450,7 @@ def test_a_search_stopped_early_closes_its_runs_so_those_still_going_stop(tmp_pa
             closed.append(len(jobs))
             raise
 
-    monkeypatch.setattr(compare, "simulate_jobs", recording)
+    monkeypatch.setattr(jobs, "simulate_jobs", recording)
 
     def stop(name, result):
         raise KeyboardInterrupt

@@ -1,0 +1,551 @@
+"""One run of a scenario on the server: the rounds, the evaluation schedule, the rows and the summary.
+
+:class:`Run` is what a deployment's ServerApp (:mod:`fairclip.server.app`) and a simulation's
+round loop (:func:`fairclip.sims.executors.loop.simulate`) both drive: ``sample``, send
+``broadcast()`` and ``model`` to the sampled clients, collect their sums, ``finish_round``; at the
+end ``finish``. Its observers (:class:`RunObserver`: the file writer, a progress bar, a tracker,
+a user's callback) see every round and the end.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import Any
+
+import numpy as np
+
+from fairclip.scenarios.config import RunConfig
+from fairclip.scenarios.errors import ConfigError
+from fairclip.scenarios.tasks import Task
+from fairclip.scenarios.tasks.clipping_errors import keep_one_error
+from fairclip.server.interrupts import interrupts_deferred
+from fairclip.server.observers import RunResult
+from fairclip.server.optimizer import server_optimizer
+from fairclip.server.privacy_plan import json_number, plan_privacy
+from fairclip.server.provenance import provenance
+from fairclip.server.rounds import Rounds
+from fairclip.server.secure_noise import noise_source, secure_sampler
+from fairclip.strategies import Policy, ServerRound, build_policy
+from fairclip.strategies.accounting import Accountant, PrivacyClaim
+from fairclip.strategies.aggregation import RoundSums
+from fairclip.strategies.base import Broadcast, DPEvent, GaussianSampler
+from fairclip.strategies.errors import one_line
+from fairclip.strategies.randomness import poisson_sample
+
+
+def in_background(function: Callable[..., Any], *args: Any) -> Future:
+    """``function(*args)`` in a daemon thread of its own; its result (or error) in the future.
+    A thread per call rather than a shared pool: a pool's thread does not survive a fork."""
+    future: Future = Future()
+
+    def resolve() -> None:
+        try:
+            future.set_result(function(*args))
+        except BaseException as error:  # handed to whoever asks for the result
+            future.set_exception(error)
+
+    threading.Thread(target=resolve, name="fairclip-background", daemon=True).start()
+    return future
+
+
+class Run:
+    """One simulated (or Flower-driven) run of a scenario: the round server built from the run's
+    configuration and task, the evaluation schedule, the rows of ``rounds.csv`` and the summary.
+
+    The rounds themselves -- noise with the sensitivity of the round that clipped, the bound
+    update, the server optimizer, the accountant fed with each round's DP event -- are
+    :class:`fairclip.server.rounds.Rounds`'s, which the local and Ray engines and the
+    Flower ``ServerApp`` drive through this object the same way: ``sample``, send ``broadcast()``
+    and ``model`` to the sampled clients, collect their :class:`RoundSums`, ``finish_round``.
+
+    ``seeded=False`` (a deployment, docs/design.md, section 6) draws client sampling and DP noise
+    from operating-system entropy instead of the run's seed. ``not_private`` marks a deployment
+    whose sampling and noise follow a seed all the same (a test's ``not-private`` run): whoever
+    knows the seed can subtract the noise, so its public outputs report ε as infinite, with the
+    mechanism's ε beside it as ``privacy.mechanism_epsilon`` and ``privacy.guarantee = false``.
+    """
+
+    def __init__(
+        self,
+        config: RunConfig,
+        task: Task,
+        *,
+        seeded: bool = True,
+        secure_noise_default: bool = False,
+        not_private: bool = False,
+        simulation: bool = True,
+    ):
+        self.config = config
+        self.task = task
+        self.seeded = seeded
+        self.not_private = not_private
+        self.simulation = simulation
+        """Whether the run's summary may say what only a simulation knows (the ServerApp's is
+        public and knows no client's diagnostics)."""
+        self.dropped_rounds: list[int] = []
+        """Rounds in which every sampled client's update was not finite (a simulation's flag)."""
+        self.couples_clients = config.training.objective == "fairlens"
+        """Whether each client's update depends on the other sampled clients' data (FairLens's
+        batch regularisers, :mod:`fairclip.scenarios.tasks.fairlens`): then no contribution's sensitivity is
+        the noise's, and the run claims no ε (:meth:`_claim`)."""
+        secure = config.privacy.secure_noise
+        self.secure_noise = secure_noise_default if secure is None else secure
+        """Whether the DP noise comes from OpenDP's exact sampler (``privacy.secure_noise``, or
+        the caller's default where unset: on for the Flower ServerApp, off for simulations)."""
+        policy = build_policy(
+            config.strategy.name, config.strategy.params, num_cohorts=len(task.cohort_names)
+        )
+        model = task.initial_model()
+        self.plan = plan_privacy(config, policy, model.shape[0])
+        self._secure_sampler = secure_sampler(self.secure_noise and policy.private)
+        self.rounds = Rounds(
+            policy=policy,
+            model=model,
+            noise=self.plan.noise,
+            sample_rate=config.federation.sample_rate,
+            expected_clients=config.expected_clients,
+            optimizer=server_optimizer(
+                config.training.server_optimizer,
+                config.training.server_lr,
+                momentum=config.training.server_momentum,
+                weight_decay=config.training.weight_decay,
+                betas=(config.training.server_beta1, config.training.server_beta2),
+                eps=config.training.server_eps,
+            ),
+            accountant=Accountant(config.privacy.accountant),
+            sampler=self._sample,
+            noise_source=self._noise,
+            evaluator=task.evaluate,
+        )
+        self.rows: list[dict[str, Any]] = []
+        self.public_columns: set[str] = set()
+        """Columns of ``rows`` that DP covers (or that are public anyway) and may be published;
+        every other column -- exact counts, simulation diagnostics, what an engine adds -- is
+        internal to the server (:func:`fairclip.server.outputs.split_rows`)."""
+        self.stop_reason: str | None = None
+        self.execution: dict[str, Any] | None = None
+        """How the engine runs the clients (backend, workers or actors and nodes), where it
+        says: the summary's ``provenance.execution``."""
+        self._started = (dt.datetime.now(dt.UTC), time.perf_counter())
+        self._earlier_pieces: list[dict[str, Any]] = []
+        """The pieces of this run computed by earlier processes, oldest first (:meth:`restore`)."""
+        self.rounds_released_again = 0
+        """Rounds released before an interruption that the checkpoint did not hold, recomputed
+        with fresh noise after it, and so accounted twice (:meth:`charge_released_again`)."""
+        self._final_claim = in_background(self.plan.epsilon_after, self.rounds_to_run)
+        """ε after the last round, computed while the rounds run (PRV for W1's 5 rounds: 0.025 s
+        of CPU since the accountants share their RDP work, 0.15 s before; when the summary
+        waited for it, 15 % of the run). The accountant's ε for that round is then a cache hit."""
+        self.summary = self._summary({}, {})
+        self.evaluated_model = model
+        """The model that ``summary`` describes (the last evaluated one)."""
+
+    @property
+    def policy(self) -> Policy:
+        return self.rounds.policy
+
+    @property
+    def model(self) -> np.ndarray:
+        """θ after the last finished round."""
+        return self.rounds.model
+
+    @property
+    def state(self) -> Any:
+        return self.rounds.state
+
+    @property
+    def rounds_completed(self) -> int:
+        return self.rounds.rounds_completed
+
+    @property
+    def result(self) -> RunResult:
+        """What the run produced so far."""
+        return RunResult(self.rows, self.summary, self.stop_reason, self.evaluated_model, self.public_columns)
+
+    @property
+    def noise_source(self) -> str:
+        """Where this run's DP noise comes from, in words (summary.json and the server log)."""
+        if not self.policy.private:
+            return "none (the non-private reference adds no noise)"
+        if self._secure_sampler is not None:
+            return "OpenDP's exact Gaussian sampler, operating-system entropy (not reproducible)"
+        if self.seeded:
+            return f"numpy's Gaussian sampler, seed {self.config.seed} (reproducible)"
+        return "numpy's Gaussian sampler, operating-system entropy"
+
+    @property
+    def noise_reproducible(self) -> bool:
+        """Whether a round computed again draws the same noise (a function of (seed, round));
+        not with OpenDP's sampler or operating-system entropy. Always so without noise."""
+        return not self.policy.private or (self._secure_sampler is None and self.seeded)
+
+    @property
+    def rounds_to_run(self) -> int:
+        """Configured rounds, cut where the next round would exceed the privacy budget (counting
+        the rounds accounted twice, :meth:`charge_released_again`)."""
+        allowed = self.plan.rounds_allowed
+        if self.plan.budget is not None:
+            allowed = max(allowed - self.rounds_released_again, self.rounds_completed)
+        return min(self.config.training.rounds, allowed)
+
+    def charge_released_again(self, rounds: int) -> None:
+        """Account for ``rounds`` rounds that an interrupted process released and that this run
+        computes again with fresh noise: each is a release of its own
+        (:mod:`fairclip.server.checkpoint`). Refused (:class:`ConfigError`) for a policy that
+        noises below its sensitivity: the multipliers of rounds the checkpoint lost are not
+        known, and the planned one would undercharge them."""
+        if rounds and self.policy.noises_below_sensitivity:
+            raise ConfigError(
+                f"cannot resume: {rounds} round(s) released before the interruption are not in the "
+                f"checkpoint, and policy {self.policy.name!r} noises each round with its own multiplier, "
+                "so what they cost is unknown; start the run again (or run with seeded noise, which a "
+                "resume recomputes exactly)"
+            )
+        event = DPEvent.planned(self.plan.noise, self.plan.releases_reports)
+        for _ in range(rounds):
+            self.rounds.accountant.step(event, self.plan.sample_rate)
+        self.rounds_released_again += rounds
+        claim = self._claim()
+        self.summary = {**self.summary, "privacy": claim, "epsilon": claim["epsilon"]}
+
+    def snapshot(self) -> dict[str, Any]:
+        """What a later process needs to continue this run after its last finished round
+        (:mod:`fairclip.server.checkpoint`): the round server's state, the rows and summary so
+        far, and the pieces of run time behind them. No generator state: the run's randomness
+        is keyed by (seed, round). Refused between a counts-first round's two releases."""
+        rounds = self.rounds
+        if rounds.pending is not None:
+            raise RuntimeError(f"round {rounds.pending.number} is half released (its counts only)")
+        return {
+            "rounds_completed": rounds.rounds_completed,
+            "model": rounds.model,
+            "state": rounds.state,
+            "optimizer": rounds.optimizer,
+            "accountant_history": list(rounds.accountant.history),
+            "last_event": rounds.last_event,
+            "rows": self.rows,
+            "public_columns": sorted(self.public_columns),
+            "summary": self.summary,
+            "evaluated_model": self.evaluated_model,
+            "pieces": [*self._earlier_pieces, self._piece()],
+            "rounds_released_again": self.rounds_released_again,
+            "dropped_rounds": list(self.dropped_rounds),
+        }
+
+    def restore(self, snapshot: dict[str, Any]) -> None:
+        """Continue from ``snapshot`` (:meth:`snapshot` of a run of the same configuration): the
+        next round is the one after its last finished round."""
+        rounds = self.rounds
+        rounds.rounds_completed = int(snapshot["rounds_completed"])
+        rounds.model = snapshot["model"]
+        rounds.state = snapshot["state"]
+        rounds.optimizer = snapshot["optimizer"]
+        rounds.accountant.history = list(snapshot["accountant_history"])
+        rounds.last_event = snapshot["last_event"]
+        self.rows = list(snapshot["rows"])
+        self.public_columns = set(snapshot["public_columns"])
+        self.summary = snapshot["summary"]
+        self.evaluated_model = snapshot["evaluated_model"]
+        self._earlier_pieces = list(snapshot["pieces"])
+        self.rounds_released_again = int(snapshot.get("rounds_released_again", 0))
+        self.dropped_rounds = list(snapshot.get("dropped_rounds", []))
+        self._started = (dt.datetime.now(dt.UTC), time.perf_counter())
+
+    def _piece(self) -> dict[str, Any]:
+        """This process's piece of the run: when it started, its code, machine and training
+        device, its rounds and run time."""
+        first = self._earlier_pieces[-1]["last_round"] + 1 if self._earlier_pieces else 1
+        static = provenance(self._started[0], 0.0)  # (git and the machine are asked once)
+        return {
+            "started": self._started[0].isoformat(timespec="seconds"),
+            "git_commit": static["git_commit"],
+            "machine": static["machine"],
+            "device": (self.execution or {}).get("device"),
+            "first_round": first,
+            "last_round": self.rounds_completed,
+            "wall_seconds": round(time.perf_counter() - self._started[1], 3),
+        }
+
+    def _provenance(self) -> dict[str, Any]:
+        """The summary's provenance. A run continued from a checkpoint counts the run time of
+        every piece, starts with the first, and lists the pieces (``pieces``): each one's code,
+        machine, training device, rounds and run time (a run continued on another machine, a
+        GPU's say, so says where each round ran; ``machine`` and ``execution`` are the last
+        piece's)."""
+        if not self._earlier_pieces:
+            found = provenance(self._started[0], time.perf_counter() - self._started[1])
+        else:
+            pieces = [*self._earlier_pieces, self._piece()]
+            started = dt.datetime.fromisoformat(pieces[0]["started"])
+            found = {**provenance(started, sum(p["wall_seconds"] for p in pieces)), "pieces": pieces}
+        return {**found, **({"execution": self.execution} if self.execution is not None else {})}
+
+    def _sample(self, round_number: int) -> np.ndarray:
+        clients, rate = self.config.federation.num_clients, self.config.federation.sample_rate
+        return poisson_sample(self.config.seed if self.seeded else None, round_number, clients, rate)
+
+    def _noise(self, round_number: int) -> np.random.Generator | GaussianSampler:
+        return noise_source(self._secure_sampler, self.config.seed if self.seeded else None, round_number)
+
+    def sample(self, round_number: int) -> np.ndarray:
+        """Ids of the clients of round ``round_number`` (Poisson sampling with rate q)."""
+        return self.rounds.sample(round_number)
+
+    def broadcast(self) -> Broadcast:
+        """The policy's public parameters of the coming round (for example C_t)."""
+        return self.rounds.broadcast()
+
+    def release_counts(self, round_number: int, sums: RoundSums) -> np.ndarray:
+        """The first exchange of a counts-first round (:attr:`Policy.counts_first`): release the
+        noisy counts of ``sums``' reports; the next ``broadcast()`` carries the bounds they set."""
+        with interrupts_deferred():  # the release and its accounting move together
+            return self.rounds.release_counts(round_number, sums)
+
+    def finish_round(
+        self, round_number: int, sums: RoundSums, extra: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
+        """Release the round (noise, model step, state, accountant), evaluate on schedule, and
+        return the round's row."""
+        with interrupts_deferred():  # the model, state, accountant, summary and rows move together
+            released = self.rounds.release(
+                round_number, keep_one_error(sums, self.config.training.clipping_error)
+            )
+            overall: dict[str, float] = {}
+            per_cohort: dict[str, dict[str, float]] = {}
+            epsilon = math.nan
+            if self._reports(round_number):
+                overall, per_cohort = self._evaluate()
+                epsilon = self.summary["epsilon"]
+            public, internal = _round_row(
+                round_number, released, sums, epsilon, overall, per_cohort, self.task.cohort_names
+            )
+            if self.simulation and sums.num_reports > 0 and internal["nonfinite_updates"] == sums.num_reports:
+                self.dropped_rounds.append(round_number)
+            self.public_columns.update(public)
+            row = {**public, **internal, **(extra or {})}
+            self.rows.append(row)
+        return row
+
+    def finish(self, interrupted: bool = False, error: BaseException | None = None) -> RunResult:
+        """The result, with the budget message when the budget cut the run short.
+
+        The summary describes the model after the last completed round, evaluated here if that
+        round was not a reporting round (a run stopped early, ``interrupted`` or by an ``error``),
+        and its ``status`` says ``finished``, ``interrupted`` (Ctrl-C, SIGTERM) or ``failed``
+        (an ``error`` stopped it: a file that could not be written, a model that is not finite;
+        ``summary["error"]`` says which, in one line).
+        """
+        if self.summary.get("rounds_completed") != self.rounds_completed:
+            self._evaluate()
+        self._add_group_metrics()
+        if self.config.training.train_loss:
+            self._add_train_losses()
+        budget_cut = self.rounds_to_run < self.config.training.rounds
+        if budget_cut and self.rounds_completed >= self.rounds_to_run:
+            self.stop_reason = self.plan.budget_message(self.rounds_completed, self.rounds_released_again)
+        self.summary["stopped_early"] = self.stop_reason
+        if self.dropped_rounds:
+            self.summary["flags"] = [dropped_rounds_flag(self.dropped_rounds, self.rounds_completed)]
+        if error is not None and not isinstance(error, KeyboardInterrupt | SystemExit):
+            self.summary["status"] = "failed"
+            self.summary["error"] = one_line(error)
+        else:
+            self.summary["status"] = "interrupted" if interrupted or error is not None else "finished"
+        return self.result
+
+    @property
+    def status(self) -> str:
+        return str(self.summary["status"])
+
+    def _reports(self, round_number: int) -> bool:
+        """Whether this round is evaluated and gets ε in its row: after every k-th round and the
+        last (``training.eval_every``; k grows further for runs of more than EPSILON_ROWS rounds,
+        :meth:`PrivacyPlan.report_every`, because each accountant call costs 0.01-0.2 s)."""
+        every = self.plan.report_every(self.rounds_to_run, self.config.training.eval_every)
+        return round_number % every == 0 or round_number >= self.rounds_to_run
+
+    def _evaluate(self) -> tuple[dict[str, float], dict[str, dict[str, float]]]:
+        """Evaluate the current model per cohort and refresh the summary (ε included); the
+        summary then describes ``evaluated_model``."""
+        overall, per_cohort = self.rounds.evaluate()
+        self.summary = self._summary(overall, per_cohort)
+        self.evaluated_model = self.model
+        return overall, per_cohort
+
+    def _add_group_metrics(self) -> None:
+        """Group-fairness metrics of the evaluated model (TPR, FPR and selection rate per cohort;
+        demographic-parity and equalized-odds differences) into the summary, where the task
+        gives them (``group_metrics``: binary tasks whose cohorts partition the test set). Once a
+        run, at its end: Fairlearn takes about 0.15 s a call, too slow for every round."""
+        group_metrics = getattr(self.task, "group_metrics", None)
+        found = group_metrics(self.evaluated_model) if group_metrics is not None else None
+        if found is None:
+            return
+        overall, per_cohort = found
+        self.summary["overall"] = {**self.summary["overall"], **overall}
+        cohorts = self.summary["cohorts"]
+        for name, values in per_cohort.items():
+            cohorts[name] = {**cohorts.get(name, {}), **values}
+
+    def _add_train_losses(self) -> None:
+        """Each cohort's mean training loss under the evaluated model (``training.train_loss``),
+        as ``train_loss`` beside its test metrics: a simulation-only diagnostic of the clients'
+        data, which the summary names as not covered by DP (``not_covered_by_dp``)."""
+        cohorts = self.summary["cohorts"]
+        for name, value in self.task.train_losses(self.evaluated_model).items():
+            cohorts[name] = {**cohorts.get(name, {}), "train_loss": value}
+        self.summary["not_covered_by_dp"] = ["cohorts.*.train_loss (the clients' training examples)"]
+
+    def _claim(self) -> dict[str, Any]:
+        """The privacy claim of the rounds that ran: ε from the accountant that was fed each
+        round's DP event, with the noise those rounds released (the planned noise before the
+        first)."""
+        accountant, plan = self.rounds.accountant, self.plan
+        if self.rounds_completed == self.rounds_to_run:
+            self._final_claim.result()  # the background computation of this very ε
+        event = self.rounds.last_event or DPEvent.planned(plan.noise, plan.releases_reports)
+        mechanism_epsilon = accountant.get_epsilon(plan.delta)
+        claimed = not (self.not_private or self.couples_clients)
+        claim = PrivacyClaim(
+            epsilon=mechanism_epsilon if claimed else math.inf,
+            delta=plan.delta,
+            accountant=accountant.mechanism,
+            sample_rate=plan.sample_rate,
+            rounds=accountant.rounds,
+            noise_multiplier=event.noise_multiplier,
+            count_noise_multiplier=event.report_noise_multiplier,
+            effective_noise_multiplier=event.effective_noise_multiplier,
+        ).as_dict()
+        if self.rounds_released_again:
+            claim["rounds_released_again"] = self.rounds_released_again
+        if self.policy.noises_below_sensitivity and accountant.history:
+            # each round ran with its own multiplier (the ones above are the last round's)
+            claim["noise_multiplier_varies"] = True
+            claim["smallest_effective_noise_multiplier"] = min(sigma for sigma, _, _ in accountant.history)
+            claim["epsilon_note"] = REALIZED_EPSILON_NOTE
+        if not claimed:
+            claim.update(
+                guarantee=False,
+                not_private=NOT_PRIVATE_NOTE if self.not_private else COUPLED_CLIENTS_NOTE,
+                mechanism_epsilon=json_number(mechanism_epsilon),
+            )
+        return claim
+
+    def _summary(self, overall, per_cohort) -> dict[str, Any]:
+        config, plan = self.config, self.plan
+        claim = self._claim()
+        return {
+            "status": "running",
+            "scenario": config.scenario.name,
+            "strategy": config.strategy.name,
+            "seed": config.seed,
+            "rounds_completed": self.rounds_completed,
+            "epsilon": claim["epsilon"],
+            "delta": plan.delta,
+            "privacy": claim,
+            "privacy_budget": plan.budget,
+            "noise_source": self.noise_source,
+            "final_clip_bound": json_number(self.rounds.clip_bound),
+            "cohorts": per_cohort,
+            "overall": overall,
+            **self.task.summary(self.model),
+            "config": config.as_dict(),
+            "provenance": self._provenance(),
+        }
+
+
+REALIZED_EPSILON_NOTE = (
+    "each round's noise multiplier was chosen from counts released during the run: epsilon is the "
+    "accountant's reading of the multipliers that ran (an odometer), not a guarantee fixed before "
+    "the run, which only the smallest multiplier the policy can reach would give"
+)
+"""What the privacy claim of a run whose multipliers varied with its releases says of its ε."""
+
+NOT_PRIVATE_NOTE = (
+    "client sampling and DP noise followed the configuration's seed (not-private run): anyone who "
+    "knows the seed can subtract the noise, so no privacy is claimed; mechanism_epsilon is the "
+    "epsilon of the same mechanism with secret randomness"
+)
+"""What the privacy claim of a not-private run says instead of an ε (:class:`Run`)."""
+
+COUPLED_CLIENTS_NOTE = (
+    "training.objective = fairlens: each example's clipped gradient depends on the whole batch "
+    "through FairLens's regularisers, so adding or removing one example changes every contribution "
+    "and the sum's sensitivity is not the bound its noise uses; no privacy is claimed. "
+    "mechanism_epsilon is the epsilon DP-SGD's accounting gives the same noise, as seed 003 reports it"
+)
+"""What the privacy claim of a run whose clients' updates depend on each other says instead of an
+ε (:attr:`Run.couples_clients`)."""
+
+
+def dropped_rounds_flag(rounds: list[int], completed: int) -> str:
+    """The summary's flag of a simulation in which every sampled client's update was not finite
+    in ``rounds``: those rounds released noise alone, and the model learnt nothing from them."""
+    return (
+        f"every sampled client's update was not finite (all dropped) in {len(rounds)} of {completed} "
+        f"rounds, first round {rounds[0]}: those rounds released noise alone, the model did not learn "
+        "from them"
+    )
+
+
+NOISY_REPORT_COLUMNS = 16
+"""A released noisy report sum of at most this many coordinates (the noisy counts of every
+count-releasing policy) is written to the round's row as ``noisy_report_<j>``."""
+
+
+def _round_row(
+    round_number, server: ServerRound, sums: RoundSums, epsilon: float, overall, per_cohort, cohort_names
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(public, internal) values of one round.
+
+    *Public*: what DP covers or what is public anyway -- the bound, the noise, ε, the policy's
+    public state, the noisy report sums, and the server's evaluation of the released model on
+    its own test data. *Internal*: exact counts and the simulation-only diagnostics, which only
+    a trusted server (or a simulation) may keep.
+    """
+    public: dict[str, Any] = {
+        "round": round_number,
+        "clip_bound": server.clip_bound,
+        "noise_std": server.noise_std,
+        "sensitivity": server.sensitivity,
+        "epsilon": epsilon,
+        "server_lr_factor": server.server_lr_factor,
+        **server.info,
+    }
+    if server.noisy_reports is not None and server.noisy_reports.size <= NOISY_REPORT_COLUMNS:
+        for index, value in enumerate(server.noisy_reports):
+            public[f"noisy_report_{index}"] = float(value)
+    public.update(overall)
+    diagnostics = sums.diagnostics
+    internal: dict[str, Any] = {
+        "clipped_fraction": float(diagnostics.exceeded.sum() / max(sums.num_reports, 1)),
+        "sampled_clients": sums.num_reports,
+        "nonfinite_updates": _count(diagnostics.nonfinite.sum()),
+    }
+    for index, name in enumerate(cohort_names):
+        count = diagnostics.sampled[index]
+        internal[f"{name}/sampled"] = _count(count)
+        internal[f"{name}/clipped_fraction"] = _ratio(diagnostics.exceeded[index], count)
+        internal[f"{name}/norm_before"] = _ratio(diagnostics.norm_before[index], count)
+        internal[f"{name}/norm_after"] = _ratio(diagnostics.norm_after[index], count)
+        internal[f"{name}/median_norm"] = diagnostics.median_norm(index)
+        if diagnostics.unclipped_sums is not None:
+            internal[f"{name}/direction_cosine"] = diagnostics.direction_cosine(index)
+            internal[f"{name}/magnitude_ratio"] = diagnostics.magnitude_ratio(index)
+        for metric, value in per_cohort.get(name, {}).items():
+            public[f"{name}/{metric}"] = value
+    return public, internal
+
+
+def _count(total: float) -> int | float:
+    """A count as an integer; NaN where the server does not know it (no diagnostics sent)."""
+    return int(total) if math.isfinite(total) else math.nan
+
+
+def _ratio(total: float, count: float) -> float:
+    return float(total / count) if count > 0 else math.nan

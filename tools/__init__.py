@@ -1,0 +1,1 @@
+"""Repository tooling, not installed with fairclip: ``python -m tools.results ...``."""
