@@ -5,6 +5,7 @@ the public API."""
 from __future__ import annotations
 
 import ast
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -53,11 +54,15 @@ def test_examples_use_the_public_api_only():
             assert module in PUBLIC, f"{path.relative_to(ROOT)}: {module}"
 
 
-PACKAGE_FILES = sorted(
-    path
-    for path in ROOT.rglob("*.py")
-    if path.relative_to(ROOT).parts[0] not in {"tests", "tools", "examples", "docker", "results", "docs"}
-)
+def _installed_files() -> list[Path]:
+    """The modules the wheel installs: the files of each package ``pyproject.toml`` lists (a
+    walk of the repository root would take in a ``.venv`` or build folder there too)."""
+    packages = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
+    folders = [ROOT.joinpath(*package.split(".")[1:]) for package in packages]
+    return sorted(path for folder in folders for path in folder.glob("*.py"))
+
+
+PACKAGE_FILES = _installed_files()
 MODULES = {
     ".".join(("fairclip", *path.relative_to(ROOT).with_suffix("").parts)).removesuffix(".__init__"): path
     for path in PACKAGE_FILES
