@@ -9,7 +9,13 @@ The component folders are subpackages of this namespace (docs/design.md, section
 :mod:`fairclip.errors`; the command line (:mod:`fairclip.cli`) sits on top of both.
 """
 
-__version__ = "0.1.0"
+from importlib.metadata import PackageNotFoundError
+from importlib.metadata import version as _installed_version
+
+try:  # one source, pyproject.toml's [project] version (Flower's app checks need it there, static)
+    __version__ = _installed_version("fairclip")
+except PackageNotFoundError:  # a copy that was never installed
+    __version__ = "0+unknown"
 
 __all__ = [
     "Comparison",

@@ -20,8 +20,8 @@ def test_the_version_has_one_source():
     import fairclip
 
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())
-    assert "version" not in project["project"] and "version" in project["project"]["dynamic"]
-    assert project["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "fairclip.__version__"}
+    assert fairclip.__version__ == project["project"]["version"]  # read from the installed metadata
+    assert f'"{fairclip.__version__}"' not in (ROOT / "__init__.py").read_text()  # no second copy
     assert (ROOT / "CITATION.cff").read_text().count(f"version: {fairclip.__version__}") == 1
     assert project["project"]["requires-python"] == ">=3.11"  # no upper bound it does not need
 
