@@ -38,10 +38,19 @@ from pydantic import BaseModel
 # The objects the generated pages document, one import line each: nothing else in docs/ imports
 # them. tools/ (the repository's results tool) lives outside the package, beside docs/.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from fairclip.cli import app as cli_app
-from fairclip.policies import BUILTIN as POLICIES
-from fairclip.scenarios.config import RunConfig, builtin_scenarios, read_toml, validate
-from tools.results import RESULTS_DIR, results_markdown
+# mkdocstrings finds packages by their folder's name, and fairclip's folder is the repository
+# root, whatever the clone is called: .griffe/fairclip (ignored by git) holds links to the
+# package's modules and subpackages only (the root also holds .venv, whose scan takes minutes).
+_ROOT = Path(__file__).resolve().parents[1]
+_GRIFFE = _ROOT / ".griffe" / "fairclip"
+_GRIFFE.mkdir(parents=True, exist_ok=True)
+for _entry in [*_ROOT.glob("*.py"), *(p.parent for p in _ROOT.glob("*/__init__.py"))]:
+    if not (_GRIFFE / _entry.name).exists():
+        (_GRIFFE / _entry.name).symlink_to(_entry, target_is_directory=_entry.is_dir())
+from fairclip.cli import app as cli_app  # noqa: E402
+from fairclip.policies import BUILTIN as POLICIES  # noqa: E402
+from fairclip.scenarios.config import RunConfig, builtin_scenarios, read_toml, validate  # noqa: E402
+from tools.results import RESULTS_DIR, results_markdown  # noqa: E402
 
 RESULTS_TOOL = "python -m tools.results"
 """The repository's results tool (record, keep, notes, claims), as the pages show it: a page writes

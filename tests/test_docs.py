@@ -655,9 +655,9 @@ def test_the_outputs_page_lists_the_columns_the_code_writes() -> None:
     """The columns of the files no quick run writes, from the code's own lists."""
     from fairclip.server.nodes import NODE_COLUMNS
     from fairclip.server.strategy import EVENT_COLUMNS
-    from fairclip.sims.claims import CLAIM_COLUMNS, FAIREST_COLUMNS
+    from fairclip.sims.reproduce.claims import CLAIM_COLUMNS, FAIREST_COLUMNS
     from fairclip.sims.reproduce.tables import COLUMNS, PAIRED_COLUMNS
-    from fairclip.sims.tune import curve_public_columns
+    from fairclip.sims.tune.curve import curve_public_columns
 
     reproduction = "## A reproduction (`fairclip reproduce`)"
     assert _columns_in(reproduction, "reproduction.csv") == COLUMNS
