@@ -706,7 +706,8 @@ def main(argv: list[str] | None = None) -> None:
     except (click.exceptions.Abort, KeyboardInterrupt):
         status = 130
     except ConnectionError as error:  # an OSError, but a cluster or server refused us, not a file
-        print(f"fairclip: error: {one_line(error)}", file=sys.stderr)
+        # Its message names what refused us ("Failed to connect to Ray cluster at ..."): no type.
+        print(f"fairclip: error: {' '.join(str(error).split()) or one_line(error)}", file=sys.stderr)
         sys.exit(1)
     except OSError as error:  # a file that could not be written or read mid-run: a full disk, say
         print(f"fairclip: error: {one_line(error)}", file=sys.stderr)

@@ -148,7 +148,7 @@ def test_a_refused_connection_is_one_line_with_status_1_not_an_output_error(cli,
     monkeypatch.setattr(api_module, "simulate_config", refused)
     status, _, err = cli("run", "--scenario", "bimodal-mean", "--out", str(tmp_path))
     assert status == 1 and err.strip().splitlines() == [
-        "fairclip: error: ConnectionError: Failed to connect to Ray cluster at 192.0.2.2:1"
+        "fairclip: error: Failed to connect to Ray cluster at 192.0.2.2:1"
     ]
 
 
