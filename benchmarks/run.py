@@ -58,7 +58,7 @@ DEVICES = ("cpu", "cuda")
 GPU_WORKLOADS = ("w2",)
 """The workloads that run on a GPU with ``--device cuda``; the others measure CPU engines."""
 TIMEOUT_S = {"w1": 1800, "w2": 1200, "w3": 1200, "w4": 1800, "w5": 1800}
-W5_SPEEDUP = 1.7
+W5_SPEEDUP = 1.6  # on one 2-core machine (decided 2026-12)
 W3_MEMORY_LIMIT = 4 * 2**30
 W3_POPULATION_SLOWDOWN = 1.5
 """The million-client run's rounds/s over the billion-client run's, at most."""
@@ -165,15 +165,25 @@ def targets(workload: str, results: dict[str, dict[str, Any]], cores: int) -> li
             fairclip_result = results.get(fairclip, {})
             ok = fairclip_result.get("status") == "ok"
             medians = (fairclip_result.get("paired_medians") or {}) if ok else {}
-            ratio(f"{prefix}fairclip/opacus", fairclip, opacus, 2.0, "≥ 2", medians.get("fairclip/opacus"))
-            ratio(
-                f"{prefix}fairclip/opacus-ghost",
-                fairclip,
-                ghost,
-                1.0,
-                "≥ 1",
-                medians.get("fairclip/opacus-ghost"),
+            # Targets (decided 2026-12): at least as fast as the faster of Opacus' two modes (its
+            # hooks or its ghost clipping), and at most 1.5 times plain SGD's time per example.
+            faster = medians.get("fairclip/faster-opacus")
+            if faster is None:
+                speeds = [_value(results, name) for name in (opacus, ghost)]
+                best = max((s for s in speeds if s is not None), default=None)
+                mine = _value(results, fairclip)
+                faster = mine / best if mine is not None and best else None
+            rows.append(
+                {
+                    "name": f"{prefix}fairclip/faster Opacus mode",
+                    "value": faster,
+                    "target": "≥ 1",
+                    "threshold": 1.0,
+                    "met": None if faster is None else faster >= 1.0,
+                }
             )
+            reference(f"{prefix}fairclip/opacus", fairclip, opacus, medians.get("fairclip/opacus"))
+            reference(f"{prefix}fairclip/opacus-ghost", fairclip, ghost, medians.get("fairclip/opacus-ghost"))
             at_most(
                 f"{prefix}sgd/fairclip (time per example)", sgd, fairclip, 1.5, medians.get("sgd/fairclip")
             )
