@@ -2,7 +2,8 @@
 actors, on one local Ray and on a Ray cluster of single-CPU nodes started on this machine with
 ``ray start`` (:func:`fairclip.benchmarks.local_cluster.local_cluster`).
 
-Client updates per second of the rounds (as W1). Target: 2 workers at least 1.6× as fast as 1 (on one 2-core machine).
+Client updates per second of the rounds (as W1). Target: 2 workers at least 1.6× as fast as 1
+(on one 2-core machine).
 
 The speed-up is the median of paired repeats, as W4's overhead is: one W1 run lasts 3-6 s, and
 this 2-core machine drifts by more than the target's margin within minutes (one single-thread
