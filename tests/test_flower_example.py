@@ -344,3 +344,32 @@ def test_the_readme_snippet_runs_as_written():
     exec(compile(snippet, "README.md (Flower)", "exec"), namespace)
     assert namespace["strategy"].policy.name == "bounded" and namespace["strategy"].policy.lower_bound == 0.05
     assert namespace["app"]._mods == [fairclip_mod]
+
+
+@pytest.mark.slow
+def test_the_example_refuses_a_relative_out_and_fairclip_flower_fails_with_it(tmp_path):
+    """Issue 67: the example's README once wrote `out='runs'`, which resolved against the
+    SuperLink's working folder and overwrote another app's rounds.csv. A relative `out` is refused
+    before any round, in one line, and `fairclip flower` (flwr run, streamed) exits non-zero."""
+    home = tmp_path / "flwr-home"
+    home.mkdir()
+    env = local_simulation_env(home, BIN)
+    write_local_simulation(home)
+    arguments = [str(EXAMPLE), LOCAL_CONNECTION, *simulation_options(NODES), "--run-config", "out='runs'"]
+    try:
+        done = subprocess.run(
+            [str(BIN / "fairclip"), "flower", *arguments],
+            env=env,
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=400,
+        )
+    finally:
+        kill_sessions_mentioning(str(home))
+    log = done.stdout + done.stderr
+    assert done.returncode != 0, log[-3000:]
+    refusal = "fairclip example: error: out='runs' is relative to the SuperLink's working folder"
+    assert sum(refusal in line for line in log.splitlines()) >= 1, log[-3000:]
+    assert "finished:failed" in log, log[-3000:]
+    assert not list(tmp_path.rglob("rounds.csv"))  # nothing written anywhere

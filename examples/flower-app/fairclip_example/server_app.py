@@ -3,12 +3,16 @@
 
 from __future__ import annotations
 
+from logging import ERROR
 from pathlib import Path
 
 import pandas as pd
 from flwr.app import ArrayRecord, Context, MetricRecord
+from flwr.app.exception import AppExitException
+from flwr.common import log
 from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import FedAvg
+from flwr.supercore.exit import ExitCode
 
 from fairclip.flower import DifferentialPrivacy
 from fairclip_example.task import accuracy, make_model, test_data
@@ -16,9 +20,21 @@ from fairclip_example.task import accuracy, make_model, test_data
 app = ServerApp()
 
 
+class RelativeOut(AppExitException):
+    """``out`` is relative: the ServerApp runs in the SuperLink's working folder, not this app's,
+    so a relative folder would land (and overwrite) wherever that SuperLink was started."""
+
+    exit_code = ExitCode.SERVERAPP_STRATEGY_PRECONDITION_UNMET
+
+
 @app.main()
 def main(grid: Grid, context: Context) -> None:
     config = context.run_config
+    out = str(config["out"])
+    if out and not Path(out).is_absolute():  # refused before any round, in one line
+        message = f"out={out!r} is relative to the SuperLink's working folder; give an absolute one"
+        log(ERROR, "fairclip example: error: %s (--run-config \"out='$PWD/runs'\")", message)
+        raise RelativeOut(message)
     model = make_model()
     clients = int(config["num-clients"])  # the population: every client runs one node here
     inner = FedAvg(fraction_train=1.0, fraction_evaluate=0.0, min_available_nodes=clients)
@@ -50,10 +66,10 @@ def main(grid: Grid, context: Context) -> None:
         num_rounds=int(config["num-server-rounds"]),
         evaluate_fn=evaluate,
     )
-    if config["out"]:
+    if out:
         rows = [
             {"round": t, **dict(metrics), **dict(result.evaluate_metrics_serverapp.get(t, {}))}
             for t, metrics in sorted(result.train_metrics_clientapp.items())
         ]
-        Path(str(config["out"])).mkdir(parents=True, exist_ok=True)
-        pd.DataFrame(rows).to_csv(Path(str(config["out"])) / "rounds.csv", index=False)
+        Path(out).mkdir(parents=True, exist_ok=True)
+        pd.DataFrame(rows).to_csv(Path(out) / "rounds.csv", index=False)
