@@ -27,6 +27,7 @@ classes) against the non-private reference, per target ε and seed, and returns 
 
 from __future__ import annotations
 
+import copy
 import itertools
 import json
 import math
@@ -68,7 +69,7 @@ from fairclip.sims.sweeps import folder as sweep_folder
 from fairclip.sims.sweeps.tracking import LoggerObserver, log_finished_run, require_packages, round_loggers
 from fairclip.strategies import NoiseMultipliers
 from fairclip.strategies.errors import PolicyConfigError
-from fairclip.strategies.registry import register as register_policy
+from fairclip.strategies.registry import ResolvedPolicy, policy_name, resolve_policy
 
 __all__ = [
     "MODES",
@@ -93,6 +94,7 @@ __all__ = [
     "parse_epsilons",
     "parse_grid",
     "parse_overrides",
+    "policy_name",
     "privacy_claim",
     "reproduce",
     "reproduction_setups",
@@ -198,6 +200,7 @@ class Scenario:
 def simulate(
     scenario: str | Scenario | None = None,
     *,
+    policy: Any = None,
     config_file: str | Path | None = None,
     overrides: Mapping[str, Any] | None = None,
     data_dir: str | Path | None = None,
@@ -206,11 +209,16 @@ def simulate(
     observers: Sequence[Any] = (),
     checkpoint: str | Path | None = None,
     checkpoint_every: float = DEFAULT_EVERY_SECONDS,
+    progress: bool | None = None,
 ) -> Simulation:
     """Run one simulation in this process and return its results.
 
     ``scenario`` names a built-in scenario (``fairclip scenarios``) or is a :class:`Scenario`
-    of your own, and ``config_file`` a scenario TOML (one of the two); ``overrides`` sets
+    of your own, and ``config_file`` a scenario TOML (one of the two); ``policy`` is the run's
+    clipping policy -- a name (``"bounded"``, a plug-in's registered name, ``"package.module:Class"``),
+    a :class:`fairclip.policies.Policy` subclass or an instance, which carries its parameters
+    (:func:`fairclip.policies.resolve_policy`; the same as ``strategy.name`` in ``overrides``,
+    which may also hold a class or an instance; give it one way); ``overrides`` sets
     dotted configuration keys to typed values (``{"strategy.name": "bounded",
     "privacy.target_epsilon": 2.0}``), validated like ``--set``; ``data_dir`` holds the real
     datasets (default: ``FAIRCLIP_DATA``); ``workers`` threads train the sampled clients (the
@@ -223,7 +231,7 @@ def simulate(
     its last saved round, with the same result as a run never stopped
     (:mod:`fairclip.server.checkpoint`).
     """
-    config = validate(_raw_config(scenario, config_file, overrides))
+    config = validate(_raw_config(scenario, config_file, overrides, policy))
     result = simulate_config(
         config,
         data_dir=data_dir,
@@ -330,10 +338,13 @@ def _refuse_repeats(values: Sequence[Any], what: str) -> None:
 
 
 def _raw_config(
-    scenario: str | Scenario | None, config_file: str | Path | None, overrides: Mapping[str, Any] | None
+    scenario: str | Scenario | None,
+    config_file: str | Path | None,
+    overrides: Mapping[str, Any] | None,
+    policy: Any = None,
 ) -> dict[str, Any]:
     """The raw configuration of a built-in scenario, a :class:`Scenario` or a TOML file, with
-    ``overrides`` set (typed dotted keys)."""
+    ``overrides`` set (typed dotted keys) and the run's ``policy`` (:func:`_with_policy`)."""
     if isinstance(scenario, Scenario):
         if config_file is not None:
             raise ConfigError("give a Scenario or a config_file, not both")
@@ -343,6 +354,58 @@ def _raw_config(
     for key, value in (overrides or {}).items():
         raw = set_value(raw, key, value)
     check_overrides_used(raw, list(overrides or {}))
+    keys = _given_keys(scenario, overrides)
+    named = raw.get("strategy", {}).get("name") if isinstance(raw.get("strategy"), dict) else None
+    if policy is not None:
+        if "strategy.name" in keys:
+            raise ConfigError("the policy is given twice (policy= and strategy.name): give it once")
+        raw = _with_policy(raw, policy, keys)
+    elif named is not None and not isinstance(named, str):  # a class or an instance as strategy.name
+        raw = _with_policy(raw, named, keys)
+    return raw
+
+
+def _given_keys(scenario: str | Scenario | None, overrides: Mapping[str, Any] | None) -> list[str]:
+    """The dotted keys the caller sets: ``overrides`` and a :class:`Scenario`'s ``settings``."""
+    own = list(scenario.settings) if isinstance(scenario, Scenario) else []
+    return [*own, *(overrides or {})]
+
+
+def _with_policy(raw: dict[str, Any], policy: Any, given: Sequence[str]) -> dict[str, Any]:
+    """``raw`` with the run's policy set (:func:`fairclip.policies.resolve_policy`: a name, a class
+    or an instance): ``strategy.name`` names it, and an instance's parameters are its
+    (:func:`_with_instance_params`)."""
+    resolved = resolve_policy(policy)
+    raw = set_value(raw, "strategy.name", resolved.reference)
+    return _with_instance_params(raw, resolved, given)
+
+
+def _with_instance_params(
+    raw: dict[str, Any], resolved: ResolvedPolicy, given: Sequence[str]
+) -> dict[str, Any]:
+    """``raw`` with an instance's parameters as its policy's (unchanged for a name or a class):
+    they replace what the scenario itself sets for that policy (its table ``[strategy.<name>]``
+    and the keys directly under ``[strategy]`` that the policy takes), and the keys ``given`` by
+    the caller (``overrides``, a :class:`Scenario`'s ``settings``) may not set any: one
+    :class:`ConfigError` line, not a silent pick of one of the two."""
+    if resolved.params is None:
+        return raw
+    for key in given:
+        parts = key.split(".")
+        if parts[0] == "strategy" and (
+            (len(parts) == 2 and parts[1] != "name") or (len(parts) > 2 and parts[1] == resolved.reference)
+        ):
+            raise ConfigError(
+                f"{key}: policy {resolved.name!r} is given as an instance, which carries its own "
+                "parameters, and the settings set them too: give them one way (the instance, or its "
+                "name or class with the settings)"
+            )
+    raw = copy.deepcopy(raw)
+    strategy = raw.setdefault("strategy", {})
+    for key in resolved.params:  # the scenario's own values for the policy: the instance's replace them
+        if not isinstance(strategy.get(key), dict):
+            strategy.pop(key, None)
+    strategy[resolved.reference] = dict(resolved.params)
     return raw
 
 
@@ -407,16 +470,15 @@ def compare(
     if out is None and mode != "new":
         raise ConfigError(f"mode {mode} continues a sweep stored in a folder: give out")
     names = None
+    resolved: list[ResolvedPolicy] = []
     if strategies is not None:
-        names = []
-        for strategy in strategies:
-            if isinstance(strategy, type):
-                register_policy(strategy, replace=True)
-                strategy = strategy.name
-            names.append(strategy)
+        if isinstance(strategies, str) or not isinstance(strategies, Sequence):
+            raise ConfigError(f"strategies must be a list of policies (got {strategies!r})")
+        resolved = [resolve_policy(strategy) for strategy in strategies]
+        names = [policy.reference for policy in resolved]
         if not names:
             raise ConfigError("strategies names no strategy (none runs anyway, as the reference): give one")
-        _refuse_repeats(names, "strategies")
+        _refuse_repeats([policy.name for policy in resolved], "strategies")
     targets: list[float | None] | None = None
     if epsilons is not None:
         targets = _checked_targets(epsilons)
@@ -431,6 +493,14 @@ def compare(
             raise ConfigError(f"--set {key}: --epsilons sets it for each run")
     given_nothing = scenario is None and config_file is None and not overrides
     raw = None if mode == "resume" and given_nothing else _raw_config(scenario, config_file, overrides)
+    for policy in resolved:  # an instance's parameters, in its policy's table
+        if policy.params is not None:
+            if raw is None:
+                raise ConfigError(
+                    f"policy {policy.name!r} is an instance: its parameters go into the scenario's "
+                    "settings, so give the scenario too"
+                )
+            raw = _with_instance_params(raw, policy, _given_keys(scenario, overrides))
     given = sweep.compare_spec(raw, names, targets, seeds, explicit_only=mode == "resume")
     explicit = sweep.compare_spec(raw, names, targets, seeds, explicit_only=True)
     parallel = (os.cpu_count() or 1) // workers if ray or address else 1

@@ -145,12 +145,13 @@ def run(
     api.require_packages(tensorboard is not None, mlflow is not None)
     if tensorboard is not None:
         api.check_output_folder(tensorboard)  # the event files' folder, before any work
-    out = out or Path("runs") / f"{run_config.scenario.name}-{run_config.strategy.name}"
+    policy = api.policy_name(run_config.strategy.name)  # its one name (a plug-in's, not its import path)
+    out = out or Path("runs") / f"{run_config.scenario.name}-{policy}"
     api.check_output_folder(out)
     local_actors = (actors or api.cpu_count()) if backend is Backend.ray and not address else 0
     api.check_memory(run_config, copies=1 + local_actors)  # the driver's task and each local actor's
     progress = progress_bar(
-        f"[bold]{run_config.strategy.name}[/bold] on {run_config.scenario.name}",
+        f"[bold]{policy}[/bold] on {run_config.scenario.name}",
         console=console,
         transient=True,
         unit="rounds",
