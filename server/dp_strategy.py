@@ -90,19 +90,22 @@ class _Round:
 class DifferentialPrivacy(Strategy):
     """User-level DP with a fairclip clipping policy around an inner Flower strategy.
 
-    ``policy``: a name (built-in, registered plug-in or ``"package.module:Class"``), a :class:`Policy`
-    subclass, or an instance of one (:func:`fairclip.policies.resolve_policy`); ``params`` the parameters of a
-    name or a class (an instance carries its own: giving both is an error). Logs and errors name the policy by
-    its one display name (:func:`fairclip.policies.display_name`, also :attr:`policy_name`). ``num_clients``
-    is N, the size of the population the nodes are drawn from (required: the update is divided by the public
-    m̂ = q·N, module docstring). ``sample_rate`` q, ``noise_multiplier`` σ_Δ and ``count_noise_multiplier``
-    σ_b (default 10·σ_Δ) set the mechanism; or, as Opacus' ``make_private_with_epsilon``, ``target_epsilon``
-    with ``num_rounds`` T calibrates them: σ_eff is the smallest σ whose ε after T rounds is at most the
-    target (:func:`~fairclip.strategies.accounting.calibrate`), split σ_b = 10·σ_Δ, and a round past T is
-    refused. ε at ``delta`` is accounted with ``accountant`` (``prv`` or ``rdp``). The inner ``strategy`` must
-    send its train message to every node (``fraction_train=1.0``): the wrapper samples. Noise comes from
-    OpenDP's exact sampler (``secure_noise``, default on). ``not_private_seed`` makes sampling and noise
-    reproducible, which makes the run not private (module docstring): for tests and debugging only.
+    ``policy``: a name (built-in, registered plug-in or ``"package.module:Class"``), a
+    :class:`Policy` subclass, or an instance of one (:func:`fairclip.policies.resolve_policy`);
+    ``params`` the parameters of a name or a class (an instance carries its own: giving both is
+    an error). Logs and errors name the policy by its one display name
+    (:func:`fairclip.policies.display_name`, also :attr:`policy_name`). ``num_clients`` is N,
+    the size of the population the nodes are drawn from (required: the update is divided by the
+    public m̂ = q·N, module docstring). ``sample_rate`` q, ``noise_multiplier`` σ_Δ and
+    ``count_noise_multiplier`` σ_b (default 10·σ_Δ) set the mechanism; or, as Opacus'
+    ``make_private_with_epsilon``, ``target_epsilon`` with ``num_rounds`` T calibrates them:
+    σ_eff is the smallest σ whose ε after T rounds is at most the target
+    (:func:`~fairclip.strategies.accounting.calibrate`), split σ_b = 10·σ_Δ, and a round past T
+    is refused. ε at ``delta`` is accounted with ``accountant`` (``prv`` or ``rdp``). The inner
+    ``strategy`` must send its train message to every node (``fraction_train=1.0``): the wrapper
+    samples. Noise comes from OpenDP's exact sampler (``secure_noise``, default on).
+    ``not_private_seed`` makes sampling and noise reproducible, which makes the run not private
+    (module docstring): for tests and debugging only.
     """
 
     def __init__(
