@@ -40,9 +40,11 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from fairclip import progress as progress_module
 from fairclip.atomic import json_normalised, write_json
 from fairclip.benchmarks import failed_contenders, run_bench
 from fairclip.plugins import register as register_plugin
+from fairclip.progress import ApiProgress
 from fairclip.root_error import one_line
 from fairclip.scenarios.config import (
     builtin_scenarios,
@@ -230,17 +232,32 @@ def simulate(
     when interrupted and at the end; called again with the same file, the run continues after
     its last saved round, with the same result as a run never stopped
     (:mod:`fairclip.server.checkpoint`).
+
+    ``progress``: ``None`` (default) shows a bar of the rounds where standard error is a terminal
+    (or in Jupyter) and logs progress at INFO to the ``"fairclip"`` logger elsewhere; ``True``
+    always shows it (plain lines on standard error off a terminal); ``False`` shows nothing
+    (:class:`fairclip.progress.ApiProgress`).
     """
     config = validate(_raw_config(scenario, config_file, overrides, policy))
-    result = simulate_config(
-        config,
-        data_dir=data_dir,
-        workers=workers,
-        on_round=on_round,
-        observers=observers,
-        checkpoint=checkpoint,
-        checkpoint_every=checkpoint_every,
+    shown = ApiProgress(
+        progress,
+        f"[bold]{policy_name(config.strategy.name)}[/bold] on {config.scenario.name}",
+        unit="rounds",
+        every=progress_module.API_ROUND_SECONDS,
     )
+    shown.start(config.training.rounds, "rounds")
+    try:
+        result = simulate_config(
+            config,
+            data_dir=data_dir,
+            workers=workers,
+            on_round=on_round,
+            observers=[*observers, RoundCallback(lambda _row: shown.advance())],
+            checkpoint=checkpoint,
+            checkpoint_every=checkpoint_every,
+        )
+    finally:
+        shown.close()
     rounds = pd.DataFrame(result.rows)
     if not rounds.empty:
         rounds = rounds.set_index("round")
@@ -445,6 +462,7 @@ def compare(
     workers: int = 1,
     on_start: Callable[[int, int], None] | None = None,
     on_run: Callable[[str, dict[str, Any]], None] | None = None,
+    progress: bool | None = None,
 ) -> Comparison:
     """Compare clipping strategies on a scenario; what ``fairclip compare`` does.
 
@@ -463,7 +481,14 @@ def compare(
     options may be left out), ``extend`` (add strategies, ε or seeds; an option left out keeps
     the stored value) or ``replace``.
     ``on_start(runs, to_run)`` is called when the runs are known, ``on_run(key, {"rows": ...,
-    "summary": ...})`` per finished run.
+    "summary": ...})`` per finished run. ``progress``: the runs done, as :func:`simulate`'s rounds
+    (``None``: a bar on a terminal, else log records of the ``"fairclip"`` logger; ``False``: off).
+
+    Every policy of ``strategies`` is one of :func:`fairclip.policies.resolve_policy`'s: a name, a
+    class (registered under its display name, so Ray workers find it) or an instance, whose
+    parameters replace the scenario's own for its policy (setting them in ``overrides`` too is an
+    error). Each shows under one name, :func:`fairclip.policies.display_name`, in the run keys,
+    ``table``, ``summary.json``, ``report.md`` and the plots.
     """
     _check_workers(workers)
     _check_mode(mode)
@@ -507,25 +532,38 @@ def compare(
     if mode != "resume":  # every run validated, and the memory checked, before the folder is touched
         sweep.check_sweep_memory(*sweep.plan_from_spec(given), parallel, address)
     folder_data = Path(data_dir) if data_dir is not None else None
-    on_result = None if on_run is None else (lambda run, result: on_run(run.key, result))
-    if out is None:
-        raw, runs = sweep.plan_from_spec(given)
+    shown = ApiProgress(progress, "[bold]compare[/bold] {task.description}", unit="runs")
+
+    def started(total: int, to_run: int) -> None:
+        shown.start(to_run, Path(out).name if out is not None else "runs")
         if on_start is not None:
-            on_start(len(runs), len(runs))
-        results = sweep.execute(
-            raw, runs, None, data_dir=folder_data, ray=ray or address is not None, address=address,
-            workers=workers, on_result=on_result,
+            on_start(total, to_run)
+
+    def on_result(run: Any, result: dict[str, Any]) -> None:
+        shown.advance(note=run.key, reused=share_computed_earlier(result["summary"]))
+        if on_run is not None:
+            on_run(run.key, result)
+
+    try:
+        if out is None:
+            raw, runs = sweep.plan_from_spec(given)
+            started(len(runs), len(runs))
+            results = sweep.execute(
+                raw, runs, None, data_dir=folder_data, ray=ray or address is not None, address=address,
+                workers=workers, on_result=on_result,
+            )  # fmt: skip
+            summaries = {run.key: results[run.key]["summary"] for run in runs}
+            rounds = {run.key: pd.DataFrame(results[run.key]["rows"]) for run in runs}
+            table, rounds, _ = sweep.results_table(runs, summaries, rounds)
+            return Comparison(table=table, rounds=rounds, summaries=summaries)
+        folder = Path(out)
+        runs, table, rounds, drawn = sweep.run_sweep(
+            folder, given, sweep_folder.Mode(mode), data_dir=folder_data, ray=ray or address is not None,
+            address=address, workers=workers, parallel=parallel, on_start=started, on_result=on_result,
+            explicit=explicit,
         )  # fmt: skip
-        summaries = {run.key: results[run.key]["summary"] for run in runs}
-        rounds = {run.key: pd.DataFrame(results[run.key]["rows"]) for run in runs}
-        table, rounds, _ = sweep.results_table(runs, summaries, rounds)
-        return Comparison(table=table, rounds=rounds, summaries=summaries)
-    folder = Path(out)
-    runs, table, rounds, drawn = sweep.run_sweep(
-        folder, given, sweep_folder.Mode(mode), data_dir=folder_data, ray=ray or address is not None,
-        address=address, workers=workers, parallel=parallel, on_start=on_start, on_result=on_result,
-        explicit=explicit,
-    )  # fmt: skip
+    finally:
+        shown.close()
     summaries = {
         run.key: json.loads((folder / "runs" / run.key / "summary.json").read_text()) for run in runs
     }

@@ -273,6 +273,7 @@ def compare(
             workers=workers,
             on_start=started_runs,
             on_run=finished_run,
+            progress=False,  # the command's own display, above
         )
     finally:
         if progress.live.is_started:
