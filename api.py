@@ -27,6 +27,7 @@ classes) against the non-private reference, per target ε and seed, and returns 
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import itertools
 import json
@@ -592,6 +593,7 @@ def tune(
     workers: int = 1,
     on_start: Callable[[int, int], None] | None = None,
     on_run: Callable[[str, dict[str, Any]], None] | None = None,
+    progress: bool | None = None,
 ) -> Any:
     """Tune hyperparameters with a DP random search, and (``grid_baseline``) also by the
     non-private selection over the whole grid; what ``fairclip tune`` does.
@@ -611,7 +613,7 @@ def tune(
     finishes); ``resume`` continues such a folder. Runs go one after the other in this process,
     or as parallel Ray tasks with ``ray`` (or a cluster's ``address``). With ``resume``, ``out`` and
     neither a scenario, a config file nor a ``grid``, the search stored in ``out`` continues as it
-    was asked.
+    was asked. ``progress``: the runs done, as :func:`compare`'s (``False``: off).
     """
     # torch and Opacus (the search's accountant): kept out of the command line's start
     from fairclip.sims.tune import search
@@ -646,15 +648,30 @@ def tune(
             jobs, data_dir=folder_data, ray=ray or address is not None, address=address, workers=workers
         )
 
-    return search.run_search(
-        spec,
-        out=Path(out) if out is not None else None,
-        resume=resume,
-        data_dir=folder_data,
-        run=run,
-        on_start=on_start,
-        on_run=on_run,
-    )
+    shown = ApiProgress(progress, "[bold]tune[/bold] {task.description}", unit="runs")
+
+    def started(total: int, to_run: int) -> None:
+        shown.start(to_run, Path(out).name if out is not None else "runs")
+        if on_start is not None:
+            on_start(total, to_run)
+
+    def finished(key: str, result: dict[str, Any]) -> None:
+        shown.advance(note=key)
+        if on_run is not None:
+            on_run(key, result)
+
+    try:
+        return search.run_search(
+            spec,
+            out=Path(out) if out is not None else None,
+            resume=resume,
+            data_dir=folder_data,
+            run=run,
+            on_start=started,
+            on_run=finished,
+        )
+    finally:
+        shown.close()
 
 
 CURVE_OPTIONS = ("metric", "distribution", "eta", "gamma", "mu", "seed", "grid_baseline")
@@ -790,6 +807,7 @@ def reproduce(
     on_run: Callable[[str], None] | None = None,
     on_reused: Callable[[str], None] | None = None,
     on_continued: Callable[[str, float], None] | None = None,
+    progress: bool | None = None,
 ) -> Reproduction:
     """Reproduce a seed paper's experiment (a built-in setup, see ``fairclip reproduce --list``);
     what ``fairclip reproduce`` does.
@@ -813,7 +831,9 @@ def reproduce(
     instead of ``on_run`` for a run found finished in the folder (``resume``, ``extend``);
     ``on_continued(key, share)``, before ``on_run``, for a run this call finished from the
     checkpoint of an earlier one, with the share of its rounds computed before (0 < share <= 1:
-    a progress display counts it as done earlier, not towards its pace).
+    a progress display counts it as done earlier, not towards its pace). ``progress``: the runs
+    done, as :func:`compare`'s (``None``: a bar on a terminal, else log records of the
+    ``"fairclip"`` logger; ``False``: off).
     """
     # torch and Opacus (planning calibrates noise), scipy (the setups' statistics): kept out of
     # the command line's start
@@ -855,19 +875,29 @@ def reproduce(
     folder = folder or Path("runs") / f"reproduce-{name}"
     check_output_folder(folder)
 
+    shown = ApiProgress(progress, "[bold]reproduce[/bold] {task.description}", unit="runs")
+
+    def planned(total: int) -> None:
+        shown.total(total)
+        if on_plan is not None:
+            on_plan(total)
+
     def finished(run: setups.Run, summary: dict[str, Any]) -> None:
         share = share_computed_earlier(summary)
+        shown.advance(note=run.key, reused=share)
         if on_continued is not None and share > 0:
             on_continued(run.key, share)
         if on_run is not None:
             on_run(run.key)
 
     def reused(run: setups.Run, _summary: dict[str, Any]) -> None:
+        shown.advance(note=run.key, reused=1)
         announce = on_reused or on_run
         if announce is not None:
             announce(run.key)
 
-    with sweep_folder.locked(folder):
+    shown.start(None, name)
+    with contextlib.closing(shown), sweep_folder.locked(folder):
         spec = sweep_folder.settle(
             folder,
             given,
@@ -892,7 +922,7 @@ def reproduce(
             resume=mode in ("resume", "extend"),
             on_finished=finished,
             on_reused=reused,
-            on_plan=on_plan,
+            on_plan=planned,
             ray=ray or address is not None,
         )
     table = pd.DataFrame(rows, columns=tables_.COLUMNS)

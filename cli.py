@@ -373,6 +373,7 @@ def reproduce(
             on_run=lambda key: progress.advance(bar, note=key, reused=continued.pop(key, 0.0)),
             on_reused=lambda key: progress.advance(bar, note=key, reused=1),
             on_continued=continued.__setitem__,
+            progress=False,  # the command's own display, above
         )
     typer.echo((reproduction.folder / "reproduction.md").read_text())
     typer.echo(f"wall time {reproduction.wall_seconds:.1f} s ({reproduction.name})")
@@ -482,6 +483,7 @@ def tune(
         workers=workers,
         on_start=started_runs,
         on_run=lambda key, _result: progress.advance(progress.task_ids[-1], note=key),
+        progress=False,  # the command's own display, above
     )
     options.update(stored_options)  # a curve continued from its folder keeps its own options
     try:

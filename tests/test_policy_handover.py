@@ -364,3 +364,17 @@ def test_progress_true_writes_lines_to_stderr_and_false_nothing(every_round, cap
 def test_progress_must_be_a_flag():
     with pytest.raises(TypeError, match="progress must be True, False or None"):
         _simulate(policy="constant", progress="yes")
+
+
+def test_tune_logs_each_run_off_a_terminal_and_is_silent_when_asked(caplog, capsys):
+    grid = {"training.client_lr": [0.1, 0.5]}
+    settings = {"strategy.name": "constant", "training.rounds": 2, "privacy.target_epsilon": 2.0}
+    with caplog.at_level(logging.INFO, logger="fairclip"):
+        fairclip.tune("demo", grid=grid, overrides=settings, seed=3, grid_baseline=False)
+        lines = [record.getMessage() for record in caplog.records if record.name == "fairclip"]
+        assert lines and all(line.startswith("tune runs: ") for line in lines)
+        assert lines[-1].split(": ")[1].split(" ")[0] == f"{len(lines)}/{len(lines)}"
+        caplog.clear()
+        fairclip.tune("demo", grid=grid, overrides=settings, seed=3, grid_baseline=False, progress=False)
+    assert not [record for record in caplog.records if record.name == "fairclip"]
+    assert capsys.readouterr().err == ""
