@@ -12,13 +12,17 @@ same numbers for the same configuration and seed::
     result.epsilon, result.privacy   # ε, and δ, the accountant, q, T and the noise multipliers
 
 Nothing is written to disk; pass ``on_round`` (for example a logger of
-:mod:`fairclip.sims.sweeps.tracking`) to see each round as it finishes.
+:mod:`fairclip.sims.sweeps.tracking`) to see each round as it finishes. Progress shows as the
+command line's bar where standard error is a terminal, as INFO records of the ``"fairclip"``
+logger elsewhere, and not at all with ``progress=False``.
 
 Bring your own data, model and policy: a :class:`Scenario` holds a
-:class:`fairclip.FederatedDataset` (or a loader of one) and a model factory; :func:`compare`
-runs strategies (built-in names, plug-in references, or :class:`fairclip.policies.Policy`
-classes) against the non-private reference, per target ε and seed, and returns the table of
-``fairclip compare``::
+:class:`fairclip.FederatedDataset` (or a loader of one) and a model factory; a policy is a name,
+a :class:`fairclip.policies.Policy` class or an instance, the same for :func:`simulate`
+(``policy=``), :func:`compare` (``strategies=``) and the Flower wrapper
+(:func:`fairclip.policies.resolve_policy`), and shows under one name in every output
+(:func:`fairclip.policies.display_name`). :func:`compare` runs strategies against the
+non-private reference, per target ε and seed, and returns the table of ``fairclip compare``::
 
     scenario = fairclip.Scenario("mine", dataset=data, model=make_mlp, sample_rate=0.2, rounds=30)
     comparison = fairclip.compare(scenario, strategies=["constant", "bounded", MyPolicy], epsilons=[2.0])
