@@ -12,13 +12,17 @@ same numbers for the same configuration and seed::
     result.epsilon, result.privacy   # ε, and δ, the accountant, q, T and the noise multipliers
 
 Nothing is written to disk; pass ``on_round`` (for example a logger of
-:mod:`fairclip.sims.sweeps.tracking`) to see each round as it finishes.
+:mod:`fairclip.sims.sweeps.tracking`) to see each round as it finishes. Progress shows as the
+command line's bar where standard error is a terminal, as INFO records of the ``"fairclip"``
+logger elsewhere, and not at all with ``progress=False``.
 
 Bring your own data, model and policy: a :class:`Scenario` holds a
-:class:`fairclip.FederatedDataset` (or a loader of one) and a model factory; :func:`compare`
-runs strategies (built-in names, plug-in references, or :class:`fairclip.policies.Policy`
-classes) against the non-private reference, per target ε and seed, and returns the table of
-``fairclip compare``::
+:class:`fairclip.FederatedDataset` (or a loader of one) and a model factory; a policy is a name,
+a :class:`fairclip.policies.Policy` class or an instance, the same for :func:`simulate`
+(``policy=``), :func:`compare` (``strategies=``) and the Flower wrapper
+(:func:`fairclip.policies.resolve_policy`), and shows under one name in every output
+(:func:`fairclip.policies.display_name`). :func:`compare` runs strategies against the
+non-private reference, per target ε and seed, and returns the table of ``fairclip compare``::
 
     scenario = fairclip.Scenario("mine", dataset=data, model=make_mlp, sample_rate=0.2, rounds=30)
     comparison = fairclip.compare(scenario, strategies=["constant", "bounded", MyPolicy], epsilons=[2.0])
@@ -27,6 +31,8 @@ classes) against the non-private reference, per target ε and seed, and returns 
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import itertools
 import json
 import math
@@ -39,9 +45,11 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from fairclip import progress as progress_module
 from fairclip.atomic import json_normalised, write_json
 from fairclip.benchmarks import failed_contenders, run_bench
 from fairclip.plugins import register as register_plugin
+from fairclip.progress import ApiProgress
 from fairclip.root_error import one_line
 from fairclip.scenarios.config import (
     builtin_scenarios,
@@ -68,7 +76,7 @@ from fairclip.sims.sweeps import folder as sweep_folder
 from fairclip.sims.sweeps.tracking import LoggerObserver, log_finished_run, require_packages, round_loggers
 from fairclip.strategies import NoiseMultipliers
 from fairclip.strategies.errors import PolicyConfigError
-from fairclip.strategies.registry import register as register_policy
+from fairclip.strategies.registry import ResolvedPolicy, policy_name, resolve_policy
 
 __all__ = [
     "MODES",
@@ -93,6 +101,7 @@ __all__ = [
     "parse_epsilons",
     "parse_grid",
     "parse_overrides",
+    "policy_name",
     "privacy_claim",
     "reproduce",
     "reproduction_setups",
@@ -198,6 +207,7 @@ class Scenario:
 def simulate(
     scenario: str | Scenario | None = None,
     *,
+    policy: Any = None,
     config_file: str | Path | None = None,
     overrides: Mapping[str, Any] | None = None,
     data_dir: str | Path | None = None,
@@ -206,11 +216,16 @@ def simulate(
     observers: Sequence[Any] = (),
     checkpoint: str | Path | None = None,
     checkpoint_every: float = DEFAULT_EVERY_SECONDS,
+    progress: bool | None = None,
 ) -> Simulation:
     """Run one simulation in this process and return its results.
 
     ``scenario`` names a built-in scenario (``fairclip scenarios``) or is a :class:`Scenario`
-    of your own, and ``config_file`` a scenario TOML (one of the two); ``overrides`` sets
+    of your own, and ``config_file`` a scenario TOML (one of the two); ``policy`` is the run's
+    clipping policy -- a name (``"bounded"``, a plug-in's registered name, ``"package.module:Class"``),
+    a :class:`fairclip.policies.Policy` subclass or an instance, which carries its parameters
+    (:func:`fairclip.policies.resolve_policy`; the same as ``strategy.name`` in ``overrides``,
+    which may also hold a class or an instance; give it one way); ``overrides`` sets
     dotted configuration keys to typed values (``{"strategy.name": "bounded",
     "privacy.target_epsilon": 2.0}``), validated like ``--set``; ``data_dir`` holds the real
     datasets (default: ``FAIRCLIP_DATA``); ``workers`` threads train the sampled clients (the
@@ -222,17 +237,32 @@ def simulate(
     when interrupted and at the end; called again with the same file, the run continues after
     its last saved round, with the same result as a run never stopped
     (:mod:`fairclip.server.checkpoint`).
+
+    ``progress``: ``None`` (default) shows a bar of the rounds where standard error is a terminal
+    (or in Jupyter) and logs progress at INFO to the ``"fairclip"`` logger elsewhere; ``True``
+    always shows it (plain lines on standard error off a terminal); ``False`` shows nothing
+    (:class:`fairclip.progress.ApiProgress`).
     """
-    config = validate(_raw_config(scenario, config_file, overrides))
-    result = simulate_config(
-        config,
-        data_dir=data_dir,
-        workers=workers,
-        on_round=on_round,
-        observers=observers,
-        checkpoint=checkpoint,
-        checkpoint_every=checkpoint_every,
+    config = validate(_raw_config(scenario, config_file, overrides, policy))
+    shown = ApiProgress(
+        progress,
+        f"[bold]{policy_name(config.strategy.name)}[/bold] on {config.scenario.name}",
+        unit="rounds",
+        every=progress_module.API_ROUND_SECONDS,
     )
+    shown.start(config.training.rounds, "rounds")
+    try:
+        result = simulate_config(
+            config,
+            data_dir=data_dir,
+            workers=workers,
+            on_round=on_round,
+            observers=[*observers, RoundCallback(lambda _row: shown.advance())],
+            checkpoint=checkpoint,
+            checkpoint_every=checkpoint_every,
+        )
+    finally:
+        shown.close()
     rounds = pd.DataFrame(result.rows)
     if not rounds.empty:
         rounds = rounds.set_index("round")
@@ -330,10 +360,13 @@ def _refuse_repeats(values: Sequence[Any], what: str) -> None:
 
 
 def _raw_config(
-    scenario: str | Scenario | None, config_file: str | Path | None, overrides: Mapping[str, Any] | None
+    scenario: str | Scenario | None,
+    config_file: str | Path | None,
+    overrides: Mapping[str, Any] | None,
+    policy: Any = None,
 ) -> dict[str, Any]:
     """The raw configuration of a built-in scenario, a :class:`Scenario` or a TOML file, with
-    ``overrides`` set (typed dotted keys)."""
+    ``overrides`` set (typed dotted keys) and the run's ``policy`` (:func:`_with_policy`)."""
     if isinstance(scenario, Scenario):
         if config_file is not None:
             raise ConfigError("give a Scenario or a config_file, not both")
@@ -343,6 +376,58 @@ def _raw_config(
     for key, value in (overrides or {}).items():
         raw = set_value(raw, key, value)
     check_overrides_used(raw, list(overrides or {}))
+    keys = _given_keys(scenario, overrides)
+    named = raw.get("strategy", {}).get("name") if isinstance(raw.get("strategy"), dict) else None
+    if policy is not None:
+        if "strategy.name" in keys:
+            raise ConfigError("the policy is given twice (policy= and strategy.name): give it once")
+        raw = _with_policy(raw, policy, keys)
+    elif named is not None and not isinstance(named, str):  # a class or an instance as strategy.name
+        raw = _with_policy(raw, named, keys)
+    return raw
+
+
+def _given_keys(scenario: str | Scenario | None, overrides: Mapping[str, Any] | None) -> list[str]:
+    """The dotted keys the caller sets: ``overrides`` and a :class:`Scenario`'s ``settings``."""
+    own = list(scenario.settings) if isinstance(scenario, Scenario) else []
+    return [*own, *(overrides or {})]
+
+
+def _with_policy(raw: dict[str, Any], policy: Any, given: Sequence[str]) -> dict[str, Any]:
+    """``raw`` with the run's policy set (:func:`fairclip.policies.resolve_policy`: a name, a class
+    or an instance): ``strategy.name`` names it, and an instance's parameters are its
+    (:func:`_with_instance_params`)."""
+    resolved = resolve_policy(policy)
+    raw = set_value(raw, "strategy.name", resolved.reference)
+    return _with_instance_params(raw, resolved, given)
+
+
+def _with_instance_params(
+    raw: dict[str, Any], resolved: ResolvedPolicy, given: Sequence[str]
+) -> dict[str, Any]:
+    """``raw`` with an instance's parameters as its policy's (unchanged for a name or a class):
+    they replace what the scenario itself sets for that policy (its table ``[strategy.<name>]``
+    and the keys directly under ``[strategy]`` that the policy takes), and the keys ``given`` by
+    the caller (``overrides``, a :class:`Scenario`'s ``settings``) may not set any: one
+    :class:`ConfigError` line, not a silent pick of one of the two."""
+    if resolved.params is None:
+        return raw
+    for key in given:
+        parts = key.split(".")
+        if parts[0] == "strategy" and (
+            (len(parts) == 2 and parts[1] != "name") or (len(parts) > 2 and parts[1] == resolved.reference)
+        ):
+            raise ConfigError(
+                f"{key}: policy {resolved.name!r} is given as an instance, which carries its own "
+                "parameters, and the settings set them too: give them one way (the instance, or its "
+                "name or class with the settings)"
+            )
+    raw = copy.deepcopy(raw)
+    strategy = raw.setdefault("strategy", {})
+    for key in resolved.params:  # the scenario's own values for the policy: the instance's replace them
+        if not isinstance(strategy.get(key), dict):
+            strategy.pop(key, None)
+    strategy[resolved.reference] = dict(resolved.params)
     return raw
 
 
@@ -382,6 +467,7 @@ def compare(
     workers: int = 1,
     on_start: Callable[[int, int], None] | None = None,
     on_run: Callable[[str, dict[str, Any]], None] | None = None,
+    progress: bool | None = None,
 ) -> Comparison:
     """Compare clipping strategies on a scenario; what ``fairclip compare`` does.
 
@@ -400,23 +486,29 @@ def compare(
     options may be left out), ``extend`` (add strategies, ε or seeds; an option left out keeps
     the stored value) or ``replace``.
     ``on_start(runs, to_run)`` is called when the runs are known, ``on_run(key, {"rows": ...,
-    "summary": ...})`` per finished run.
+    "summary": ...})`` per finished run. ``progress``: the runs done, as :func:`simulate`'s rounds
+    (``None``: a bar on a terminal, else log records of the ``"fairclip"`` logger; ``False``: off).
+
+    Every policy of ``strategies`` is one of :func:`fairclip.policies.resolve_policy`'s: a name, a
+    class (registered under its display name, so Ray workers find it) or an instance, whose
+    parameters replace the scenario's own for its policy (setting them in ``overrides`` too is an
+    error). Each shows under one name, :func:`fairclip.policies.display_name`, in the run keys,
+    ``table``, ``summary.json``, ``report.md`` and the plots.
     """
     _check_workers(workers)
     _check_mode(mode)
     if out is None and mode != "new":
         raise ConfigError(f"mode {mode} continues a sweep stored in a folder: give out")
     names = None
+    resolved: list[ResolvedPolicy] = []
     if strategies is not None:
-        names = []
-        for strategy in strategies:
-            if isinstance(strategy, type):
-                register_policy(strategy, replace=True)
-                strategy = strategy.name
-            names.append(strategy)
+        if isinstance(strategies, str) or not isinstance(strategies, Sequence):
+            raise ConfigError(f"strategies must be a list of policies (got {strategies!r})")
+        resolved = [resolve_policy(strategy) for strategy in strategies]
+        names = [policy.reference for policy in resolved]
         if not names:
             raise ConfigError("strategies names no strategy (none runs anyway, as the reference): give one")
-        _refuse_repeats(names, "strategies")
+        _refuse_repeats([policy.name for policy in resolved], "strategies")
     targets: list[float | None] | None = None
     if epsilons is not None:
         targets = _checked_targets(epsilons)
@@ -431,31 +523,52 @@ def compare(
             raise ConfigError(f"--set {key}: --epsilons sets it for each run")
     given_nothing = scenario is None and config_file is None and not overrides
     raw = None if mode == "resume" and given_nothing else _raw_config(scenario, config_file, overrides)
+    for policy in resolved:  # an instance's parameters, in its policy's table
+        if policy.params is not None:
+            if raw is None:
+                raise ConfigError(
+                    f"policy {policy.name!r} is an instance: its parameters go into the scenario's "
+                    "settings, so give the scenario too"
+                )
+            raw = _with_instance_params(raw, policy, _given_keys(scenario, overrides))
     given = sweep.compare_spec(raw, names, targets, seeds, explicit_only=mode == "resume")
     explicit = sweep.compare_spec(raw, names, targets, seeds, explicit_only=True)
     parallel = (os.cpu_count() or 1) // workers if ray or address else 1
     if mode != "resume":  # every run validated, and the memory checked, before the folder is touched
         sweep.check_sweep_memory(*sweep.plan_from_spec(given), parallel, address)
     folder_data = Path(data_dir) if data_dir is not None else None
-    on_result = None if on_run is None else (lambda run, result: on_run(run.key, result))
-    if out is None:
-        raw, runs = sweep.plan_from_spec(given)
+    shown = ApiProgress(progress, "[bold]compare[/bold] {task.description}", unit="runs")
+
+    def started(total: int, to_run: int) -> None:
+        shown.start(to_run, Path(out).name if out is not None else "runs")
         if on_start is not None:
-            on_start(len(runs), len(runs))
-        results = sweep.execute(
-            raw, runs, None, data_dir=folder_data, ray=ray or address is not None, address=address,
-            workers=workers, on_result=on_result,
+            on_start(total, to_run)
+
+    def on_result(run: Any, result: dict[str, Any]) -> None:
+        shown.advance(note=run.key, reused=share_computed_earlier(result["summary"]))
+        if on_run is not None:
+            on_run(run.key, result)
+
+    try:
+        if out is None:
+            raw, runs = sweep.plan_from_spec(given)
+            started(len(runs), len(runs))
+            results = sweep.execute(
+                raw, runs, None, data_dir=folder_data, ray=ray or address is not None, address=address,
+                workers=workers, on_result=on_result,
+            )  # fmt: skip
+            summaries = {run.key: results[run.key]["summary"] for run in runs}
+            rounds = {run.key: pd.DataFrame(results[run.key]["rows"]) for run in runs}
+            table, rounds, _ = sweep.results_table(runs, summaries, rounds)
+            return Comparison(table=table, rounds=rounds, summaries=summaries)
+        folder = Path(out)
+        runs, table, rounds, drawn = sweep.run_sweep(
+            folder, given, sweep_folder.Mode(mode), data_dir=folder_data, ray=ray or address is not None,
+            address=address, workers=workers, parallel=parallel, on_start=started, on_result=on_result,
+            explicit=explicit,
         )  # fmt: skip
-        summaries = {run.key: results[run.key]["summary"] for run in runs}
-        rounds = {run.key: pd.DataFrame(results[run.key]["rows"]) for run in runs}
-        table, rounds, _ = sweep.results_table(runs, summaries, rounds)
-        return Comparison(table=table, rounds=rounds, summaries=summaries)
-    folder = Path(out)
-    runs, table, rounds, drawn = sweep.run_sweep(
-        folder, given, sweep_folder.Mode(mode), data_dir=folder_data, ray=ray or address is not None,
-        address=address, workers=workers, parallel=parallel, on_start=on_start, on_result=on_result,
-        explicit=explicit,
-    )  # fmt: skip
+    finally:
+        shown.close()
     summaries = {
         run.key: json.loads((folder / "runs" / run.key / "summary.json").read_text()) for run in runs
     }
@@ -484,6 +597,7 @@ def tune(
     workers: int = 1,
     on_start: Callable[[int, int], None] | None = None,
     on_run: Callable[[str, dict[str, Any]], None] | None = None,
+    progress: bool | None = None,
 ) -> Any:
     """Tune hyperparameters with a DP random search, and (``grid_baseline``) also by the
     non-private selection over the whole grid; what ``fairclip tune`` does.
@@ -503,7 +617,7 @@ def tune(
     finishes); ``resume`` continues such a folder. Runs go one after the other in this process,
     or as parallel Ray tasks with ``ray`` (or a cluster's ``address``). With ``resume``, ``out`` and
     neither a scenario, a config file nor a ``grid``, the search stored in ``out`` continues as it
-    was asked.
+    was asked. ``progress``: the runs done, as :func:`compare`'s (``False``: off).
     """
     # torch and Opacus (the search's accountant): kept out of the command line's start
     from fairclip.sims.tune import search
@@ -538,15 +652,30 @@ def tune(
             jobs, data_dir=folder_data, ray=ray or address is not None, address=address, workers=workers
         )
 
-    return search.run_search(
-        spec,
-        out=Path(out) if out is not None else None,
-        resume=resume,
-        data_dir=folder_data,
-        run=run,
-        on_start=on_start,
-        on_run=on_run,
-    )
+    shown = ApiProgress(progress, "[bold]tune[/bold] {task.description}", unit="runs")
+
+    def started(total: int, to_run: int) -> None:
+        shown.start(to_run, Path(out).name if out is not None else "runs")
+        if on_start is not None:
+            on_start(total, to_run)
+
+    def finished(key: str, result: dict[str, Any]) -> None:
+        shown.advance(note=key)
+        if on_run is not None:
+            on_run(key, result)
+
+    try:
+        return search.run_search(
+            spec,
+            out=Path(out) if out is not None else None,
+            resume=resume,
+            data_dir=folder_data,
+            run=run,
+            on_start=started,
+            on_run=finished,
+        )
+    finally:
+        shown.close()
 
 
 CURVE_OPTIONS = ("metric", "distribution", "eta", "gamma", "mu", "seed", "grid_baseline")
@@ -682,6 +811,7 @@ def reproduce(
     on_run: Callable[[str], None] | None = None,
     on_reused: Callable[[str], None] | None = None,
     on_continued: Callable[[str, float], None] | None = None,
+    progress: bool | None = None,
 ) -> Reproduction:
     """Reproduce a seed paper's experiment (a built-in setup, see ``fairclip reproduce --list``);
     what ``fairclip reproduce`` does.
@@ -705,7 +835,9 @@ def reproduce(
     instead of ``on_run`` for a run found finished in the folder (``resume``, ``extend``);
     ``on_continued(key, share)``, before ``on_run``, for a run this call finished from the
     checkpoint of an earlier one, with the share of its rounds computed before (0 < share <= 1:
-    a progress display counts it as done earlier, not towards its pace).
+    a progress display counts it as done earlier, not towards its pace). ``progress``: the runs
+    done, as :func:`compare`'s (``None``: a bar on a terminal, else log records of the
+    ``"fairclip"`` logger; ``False``: off).
     """
     # torch and Opacus (planning calibrates noise), scipy (the setups' statistics): kept out of
     # the command line's start
@@ -747,19 +879,29 @@ def reproduce(
     folder = folder or Path("runs") / f"reproduce-{name}"
     check_output_folder(folder)
 
+    shown = ApiProgress(progress, "[bold]reproduce[/bold] {task.description}", unit="runs")
+
+    def planned(total: int) -> None:
+        shown.total(total)
+        if on_plan is not None:
+            on_plan(total)
+
     def finished(run: setups.Run, summary: dict[str, Any]) -> None:
         share = share_computed_earlier(summary)
+        shown.advance(note=run.key, reused=share)
         if on_continued is not None and share > 0:
             on_continued(run.key, share)
         if on_run is not None:
             on_run(run.key)
 
     def reused(run: setups.Run, _summary: dict[str, Any]) -> None:
+        shown.advance(note=run.key, reused=1)
         announce = on_reused or on_run
         if announce is not None:
             announce(run.key)
 
-    with sweep_folder.locked(folder):
+    shown.start(None, name)
+    with contextlib.closing(shown), sweep_folder.locked(folder):
         spec = sweep_folder.settle(
             folder,
             given,
@@ -784,7 +926,7 @@ def reproduce(
             resume=mode in ("resume", "extend"),
             on_finished=finished,
             on_reused=reused,
-            on_plan=on_plan,
+            on_plan=planned,
             ray=ray or address is not None,
         )
     table = pd.DataFrame(rows, columns=tables_.COLUMNS)

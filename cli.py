@@ -145,12 +145,13 @@ def run(
     api.require_packages(tensorboard is not None, mlflow is not None)
     if tensorboard is not None:
         api.check_output_folder(tensorboard)  # the event files' folder, before any work
-    out = out or Path("runs") / f"{run_config.scenario.name}-{run_config.strategy.name}"
+    policy = api.policy_name(run_config.strategy.name)  # its one name (a plug-in's, not its import path)
+    out = out or Path("runs") / f"{run_config.scenario.name}-{policy}"
     api.check_output_folder(out)
     local_actors = (actors or api.cpu_count()) if backend is Backend.ray and not address else 0
     api.check_memory(run_config, copies=1 + local_actors)  # the driver's task and each local actor's
     progress = progress_bar(
-        f"[bold]{run_config.strategy.name}[/bold] on {run_config.scenario.name}",
+        f"[bold]{policy}[/bold] on {run_config.scenario.name}",
         console=console,
         transient=True,
         unit="rounds",
@@ -272,6 +273,7 @@ def compare(
             workers=workers,
             on_start=started_runs,
             on_run=finished_run,
+            progress=False,  # the command's own display, above
         )
     finally:
         if progress.live.is_started:
@@ -371,6 +373,7 @@ def reproduce(
             on_run=lambda key: progress.advance(bar, note=key, reused=continued.pop(key, 0.0)),
             on_reused=lambda key: progress.advance(bar, note=key, reused=1),
             on_continued=continued.__setitem__,
+            progress=False,  # the command's own display, above
         )
     typer.echo((reproduction.folder / "reproduction.md").read_text())
     typer.echo(f"wall time {reproduction.wall_seconds:.1f} s ({reproduction.name})")
@@ -480,6 +483,7 @@ def tune(
         workers=workers,
         on_start=started_runs,
         on_run=lambda key, _result: progress.advance(progress.task_ids[-1], note=key),
+        progress=False,  # the command's own display, above
     )
     options.update(stored_options)  # a curve continued from its folder keeps its own options
     try:

@@ -9,6 +9,11 @@ move the bound on the server. Make it available to scenarios in one of three way
 * ``strategy.name = "mypkg.policies:MyPolicy"`` in a scenario TOML or with ``--set``;
 * an entry point of the group ``fairclip.policies`` in the package that ships it.
 
+From Python, every entry point (:func:`fairclip.compare`, :func:`fairclip.simulate`,
+:class:`fairclip.flower.DifferentialPrivacy`) takes a policy the same way: a name, a class or an
+instance (which carries its parameters), resolved by :func:`resolve_policy`; every output shows
+it under one name, :func:`display_name`.
+
 :func:`check_policy` runs the properties every policy must keep (contributions never exceed
 the noised sensitivity, bounds stay finite and positive, reports have norm at most 1) on any
 policy, built-in or not; it needs ``hypothesis``.
@@ -36,11 +41,15 @@ from fairclip.strategies.errors import PolicyConfigError
 from fairclip.strategies.params import Fraction, NonNegativeFinite, PolicyParams, PositiveFinite
 from fairclip.strategies.registry import (
     BUILTIN,
+    ResolvedPolicy,
     build_policy,
+    display_name,
     plugin_names,
     policy_class,
+    policy_name,
     policy_parameters,
     register,
+    resolve_policy,
 )
 
 
@@ -63,6 +72,7 @@ __all__ = [
     "PolicyConfigError",
     "PolicyParams",
     "PositiveFinite",
+    "ResolvedPolicy",
     "RowScales",
     "ScaledReports",
     "ServerRound",
@@ -70,13 +80,16 @@ __all__ = [
     "build_policy",
     "check_policy",
     "clip_rows",
+    "display_name",
     "exponential_step",
     "geometric_update",
     "hard_clip",
     "noisy_fraction",
     "plugin_names",
     "policy_class",
+    "policy_name",
     "policy_parameters",
     "register",
+    "resolve_policy",
     "row_norms",
 ]

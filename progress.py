@@ -1,5 +1,5 @@
-"""The command line's progress display (``run``, ``compare``, ``reproduce``, ``tune``): a part of
-:mod:`fairclip.cli`, which alone imports it.
+"""The progress display of the command line (``run``, ``compare``, ``reproduce``, ``tune``) and of
+the Python API (:class:`ApiProgress`: ``simulate``, ``compare``, ``tune``, ``reproduce``).
 
 On a terminal it is rich's live bar: done of total, time so far and an ETA. Where standard error
 is not a terminal (a log file, a pipe, a run under ``nohup``) rich draws nothing until the end, so
@@ -17,6 +17,7 @@ run resumed one round before its end would set a pace of seconds a run.
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Callable
 from datetime import timedelta
@@ -155,3 +156,79 @@ def progress_bar(
         unit=unit,
         every=every,
     )
+
+
+API_ROUND_SECONDS = 30.0
+"""Off a terminal, the API's progress of a run's rounds comes at most this often (the first after
+this many seconds; as the command line's ``run``); runs of a sweep are reported one line each."""
+
+LOGGER = logging.getLogger("fairclip")
+"""Where the API's progress goes off a terminal (records at INFO), unless ``progress=True``."""
+
+
+class _LogLines:
+    """A text stream that hands each complete line written to it to :data:`LOGGER` at INFO."""
+
+    def __init__(self) -> None:
+        self._pending = ""
+
+    def write(self, text: str) -> int:
+        self._pending += text
+        *lines, self._pending = self._pending.split("\n")
+        for line in lines:
+            if line.strip():
+                LOGGER.info("%s", line)
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+    def isatty(self) -> bool:
+        return False
+
+
+class ApiProgress:
+    """The progress of a Python API call (``progress`` of :func:`fairclip.simulate`,
+    :func:`fairclip.compare`, ...), one of three:
+
+    * ``None`` (the default): where standard error is a terminal (or a Jupyter notebook), rich's
+      bar, as the command line draws it; elsewhere log records at INFO of the logger
+      ``"fairclip"`` (:data:`LOGGER`), one per finished run, or for a run's rounds at most one
+      every :data:`API_ROUND_SECONDS` -- silent unless the program configures logging
+      (``logging.basicConfig(level=logging.INFO)``);
+    * ``True``: the bar on a terminal, else the command line's plain lines on standard error;
+    * ``False``: nothing.
+    """
+
+    def __init__(self, progress: bool | None, title: str, *, unit: str, every: float = 0.0) -> None:
+        if progress not in (None, True, False):
+            raise TypeError(f"progress must be True, False or None (got {progress!r})")
+        self.display: WatchedProgress | None = None
+        if progress is False:
+            return
+        console = Console(stderr=True)
+        interactive = console.is_terminal or console.is_jupyter
+        if not interactive and progress is None:
+            console = Console(file=_LogLines(), force_terminal=False, force_jupyter=False, width=240)
+        self.display = progress_bar(title, console=console, transient=not interactive, unit=unit, every=every)
+
+    def start(self, total: float | None, description: str = "") -> None:
+        """Begin the display with ``total`` steps (``None``: not known yet)."""
+        if self.display is not None:
+            self.display.start()
+            self.display.add_task(description, total=total)
+
+    def total(self, total: float) -> None:
+        """The number of steps, once known."""
+        if self.display is not None and self.display.task_ids:
+            self.display.update(self.display.task_ids[-1], total=total)
+
+    def advance(self, note: str | None = None, reused: float = 0.0) -> None:
+        """One more step done (:meth:`WatchedProgress.advance`)."""
+        if self.display is not None and self.display.task_ids:
+            self.display.advance(self.display.task_ids[-1], note=note, reused=reused)
+
+    def close(self) -> None:
+        """End the display (also after an error)."""
+        if self.display is not None and self.display.live.is_started:
+            self.display.stop()

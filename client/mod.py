@@ -26,6 +26,7 @@ from fairclip.client.contributions import contribute
 from fairclip.client.errors import ModError
 from fairclip.client.protocol import flatten, read_policy_config, reply_content
 from fairclip.strategies import build_policy
+from fairclip.strategies.registry import display_name
 
 
 def fairclip_mod(message: Message, context: Context, call_next: ClientAppCallable) -> Message:
@@ -41,7 +42,8 @@ def fairclip_mod(message: Message, context: Context, call_next: ClientAppCallabl
         reference, params, broadcast = policy_config
         policy = build_policy(reference, params)
         if policy.needs_cohorts:
-            raise ModError(f"policy {policy.name!r} needs cohorts, which this mod does not send")
+            name = display_name(type(policy))
+            raise ModError(f"policy {name!r} needs cohorts, which this mod does not send")
     except Exception as error:
         return _error(message, error)
     reply = call_next(message, context)

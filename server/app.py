@@ -46,6 +46,7 @@ from fairclip.server.observers import RunObserver, notify_start
 from fairclip.server.outputs import write_server_run
 from fairclip.server.run import Run
 from fairclip.server.strategy import EVENT_COLUMNS, REPLY_TIMEOUT_SECONDS, PolicyStrategy
+from fairclip.strategies.registry import policy_name
 
 
 class RunRefused(AppExitException):
@@ -141,7 +142,7 @@ def run_federation(grid: Grid, context: Context, observers: Sequence[RunObserver
     log(
         INFO,
         "fairclip: %s on %s, %d rounds; results in %s (exact counts only in its server-internal/)",
-        config.strategy.name,
+        policy_name(config.strategy.name),
         config.scenario.name,
         server.rounds_to_run,
         out,

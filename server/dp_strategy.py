@@ -71,7 +71,7 @@ from fairclip.strategies import NoiseMultipliers, Policy, PolicyConfigError, bui
 from fairclip.strategies.accounting import DEFAULT_COUNT_RATIO, Accountant, calibrate, calibrate_effective
 from fairclip.strategies.aggregation import sum_replies
 from fairclip.strategies.randomness import poisson_sample
-from fairclip.strategies.registry import check_policy_class
+from fairclip.strategies.registry import resolve_policy
 
 
 @dataclass(frozen=True)
@@ -90,16 +90,20 @@ class _Round:
 class DifferentialPrivacy(Strategy):
     """User-level DP with a fairclip clipping policy around an inner Flower strategy.
 
-    ``policy``: a strategy name (built-in or plug-in) or a :class:`Policy`; ``params`` its
-    parameters. ``num_clients`` is N, the size of the population the nodes are drawn from
-    (required: the update is divided by the public m̂ = q·N, module docstring). ``sample_rate``
-    q, ``noise_multiplier`` σ_Δ and ``count_noise_multiplier`` σ_b (default 10·σ_Δ) set the
-    mechanism; or, as Opacus' ``make_private_with_epsilon``, ``target_epsilon`` with
-    ``num_rounds`` T calibrates them: σ_eff is the smallest σ whose ε after T rounds is at most
-    the target (:func:`~fairclip.strategies.accounting.calibrate`), split σ_b = 10·σ_Δ, and a
-    round past T is refused. ε at ``delta`` is accounted with ``accountant`` (``prv`` or ``rdp``). The inner
-    ``strategy`` must send its train message to every node (``fraction_train=1.0``): the
-    wrapper samples. Noise comes from OpenDP's exact sampler (``secure_noise``, default on).
+    ``policy``: a name (built-in, registered plug-in or ``"package.module:Class"``), a
+    :class:`Policy` subclass, or an instance of one (:func:`fairclip.policies.resolve_policy`);
+    ``params`` the parameters of a name or a class (an instance carries its own: giving both is
+    an error). Logs and errors name the policy by its one display name
+    (:func:`fairclip.policies.display_name`, also :attr:`policy_name`). ``num_clients`` is N,
+    the size of the population the nodes are drawn from (required: the update is divided by the
+    public m̂ = q·N, module docstring). ``sample_rate`` q, ``noise_multiplier`` σ_Δ and
+    ``count_noise_multiplier`` σ_b (default 10·σ_Δ) set the mechanism; or, as Opacus'
+    ``make_private_with_epsilon``, ``target_epsilon`` with ``num_rounds`` T calibrates them:
+    σ_eff is the smallest σ whose ε after T rounds is at most the target
+    (:func:`~fairclip.strategies.accounting.calibrate`), split σ_b = 10·σ_Δ, and a round past T
+    is refused. ε at ``delta`` is accounted with ``accountant`` (``prv`` or ``rdp``). The inner
+    ``strategy`` must send its train message to every node (``fraction_train=1.0``): the wrapper
+    samples. Noise comes from OpenDP's exact sampler (``secure_noise``, default on).
     ``not_private_seed`` makes sampling and noise reproducible, which makes the run not private
     (module docstring): for tests and debugging only.
     """
@@ -107,7 +111,7 @@ class DifferentialPrivacy(Strategy):
     def __init__(
         self,
         strategy: Strategy,
-        policy: str | Policy = "bounded",
+        policy: str | type[Policy] | Policy = "bounded",
         params: Mapping[str, Any] | None = None,
         *,
         num_clients: int | None = None,
@@ -122,25 +126,30 @@ class DifferentialPrivacy(Strategy):
         not_private_seed: int | None = None,
     ) -> None:
         super().__init__()
-        if isinstance(policy, Policy):
+        resolved = resolve_policy(policy, register_class=False)
+        if resolved.instance is not None:
             if params:
-                raise PolicyConfigError("give params with a policy name, not with a Policy object")
-            check_policy_class(type(policy), type(policy).__name__)
-            self.policy = policy
+                raise PolicyConfigError(
+                    f"policy {resolved.name!r} is an instance, which carries its own parameters: give "
+                    "params with a policy name or class, not with an instance"
+                )
+            self.policy = resolved.instance
         else:
-            self.policy = build_policy(policy, params)
+            self.policy = build_policy(resolved.cls, params)
+        self.policy_name = resolved.name
+        """The policy's one name in every output (:func:`fairclip.policies.display_name`)."""
+        name = self.policy_name
         if self.policy.needs_cohorts:
             raise PolicyConfigError(
-                f"policy {self.policy.name!r} needs each client's cohort: use fairclip's own ServerApp"
+                f"policy {name!r} needs each client's cohort: use fairclip's own ServerApp"
             )
         if self.policy.counts_first:
             raise PolicyConfigError(
-                f"policy {self.policy.name!r} asks its clients twice a round (counts first): "
-                "use fairclip's own ServerApp"
+                f"policy {name!r} asks its clients twice a round (counts first): use fairclip's own ServerApp"
             )
         if self.policy.noises_below_sensitivity and accountant == "prv":
             raise PolicyConfigError(
-                f"policy {self.policy.name!r} noises below its sensitivity (each round with its own "
+                f"policy {name!r} noises below its sensitivity (each round with its own "
                 "multiplier): account it with accountant='rdp', PRV would compose one mechanism per round"
             )
         if num_clients is None:
@@ -161,7 +170,7 @@ class DifferentialPrivacy(Strategy):
         ):
             raise PolicyConfigError(f"not_private_seed must be an integer (got {not_private_seed!r})")
         self.target_epsilon, self.num_rounds = _check_target(
-            self.policy, noise_multiplier, count_noise_multiplier, target_epsilon, num_rounds
+            self.policy, noise_multiplier, count_noise_multiplier, target_epsilon, num_rounds, name
         )
         if self.target_epsilon is not None:
             # σ_eff now, so that a budget no σ reaches fails here; its split between the update
@@ -204,7 +213,7 @@ class DifferentialPrivacy(Strategy):
         log(
             INFO,
             "\t├──> fairclip DP: policy %r, N=%d, q=%g, %s",
-            self.policy.name,
+            self.policy_name,
             self.num_clients,
             self.sample_rate,
             noise,
@@ -379,6 +388,7 @@ def _check_target(
     count_noise_multiplier: float | None,
     target_epsilon: float | None,
     num_rounds: int | None,
+    name: str,
 ) -> tuple[float | None, int | None]:
     """The wrapper's (target ε, T), after checking that exactly one way to set the noise is given."""
     if (noise_multiplier is None) == (target_epsilon is None):
@@ -394,7 +404,7 @@ def _check_target(
             raise PolicyConfigError(f"noise_multiplier must be a number (got {noise_multiplier!r})")
         return None, None
     if not policy.private:
-        raise PolicyConfigError(f"policy {policy.name!r} is not private: it has no epsilon to target")
+        raise PolicyConfigError(f"policy {name!r} is not private: it has no epsilon to target")
     if count_noise_multiplier is not None:
         raise PolicyConfigError(
             "count_noise_multiplier is calibrated with target_epsilon: give noise multipliers instead"

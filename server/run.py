@@ -36,6 +36,7 @@ from fairclip.strategies.aggregation import RoundSums
 from fairclip.strategies.base import Broadcast, DPEvent, GaussianSampler
 from fairclip.strategies.errors import one_line
 from fairclip.strategies.randomness import poisson_sample
+from fairclip.strategies.registry import policy_name
 
 
 def in_background(function: Callable[..., Any], *args: Any) -> Future:
@@ -442,7 +443,7 @@ class Run:
         return {
             "status": "running",
             "scenario": config.scenario.name,
-            "strategy": config.strategy.name,
+            "strategy": policy_name(config.strategy.name),
             "seed": config.seed,
             "rounds_completed": self.rounds_completed,
             "epsilon": claim["epsilon"],

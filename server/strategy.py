@@ -47,6 +47,7 @@ from fairclip.client.protocol import MODEL, train_content
 from fairclip.server.replies import check_reply, collect_replies
 from fairclip.strategies import Policy
 from fairclip.strategies.aggregation import Exchange, RoundSums, sum_replies
+from fairclip.strategies.registry import display_name
 
 REPLY_TIMEOUT_SECONDS = 600.0
 """How long a round waits for replies; a client that has not answered by then is left out."""
@@ -134,7 +135,8 @@ class PolicyStrategy(Strategy):
         self._round: _Round | None = None
 
     def summary(self) -> None:
-        log(INFO, "fairclip policy %r over %d nodes", self.server.policy.name, len(self.nodes))
+        policy = display_name(type(self.server.policy))
+        log(INFO, "fairclip policy %r over %d nodes", policy, len(self.nodes))
 
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid

@@ -228,7 +228,8 @@ def test_simulate_trains_the_users_own_model(research):
 def test_the_cli_runs_the_same_comparison_from_import_paths(research, tmp_path):
     config = tmp_path / "mine.toml"
     config.write_text(TOML)
-    environment = {**os.environ, "PYTHONPATH": str(tmp_path), "FLWR_TELEMETRY_ENABLED": "0"}
+    path = os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))  # this fairclip too
+    environment = {**os.environ, "PYTHONPATH": path, "FLWR_TELEMETRY_ENABLED": "0"}
     out = tmp_path / "cli-sweep"
     done = subprocess.run(
         [sys.executable, "-m", "fairclip", "compare", "--config", str(config), "--out", str(out),
@@ -237,9 +238,14 @@ def test_the_cli_runs_the_same_comparison_from_import_paths(research, tmp_path):
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     from_cli = pd.read_csv(out / "summary.csv")
-    assert set(from_cli["strategy"]) == {"none", "constant", "my_research:HardSchedule"}
-    rounds = pd.read_csv(out / "runs" / "my_research:HardSchedule__eps-none__seed-4" / "rounds.csv")
+    # the import path's policy shows its one name, as from Python (issue 67): not the path
+    assert set(from_cli["strategy"]) == {"none", "constant", "hard-schedule"}
+    rounds = pd.read_csv(out / "runs" / "hard-schedule__eps-none__seed-4" / "rounds.csv")
     np.testing.assert_allclose(rounds["clip_bound"], [2.0, 1.0, 0.5])
+    summary = json.loads((out / "runs" / "hard-schedule__eps-none__seed-4" / "summary.json").read_text())
+    assert summary["strategy"] == "hard-schedule"
+    assert summary["config"]["strategy"]["name"] == "my_research:HardSchedule"  # how to find it again
+    assert "hard-schedule" in done.stdout and "my_research:HardSchedule" not in done.stdout
 
     # the Python API on the same settings (the policy named by the same import path) gives the
     # same numbers, run by run and cohort by cohort

@@ -29,6 +29,7 @@ from fairclip.sims.executors.memory import check_memory
 from fairclip.sims.sweeps import folder as sweep_folder
 from fairclip.sims.sweeps.folder import specification, union
 from fairclip.sims.sweeps.runs import discard_checkpoints, finished_summary, run_checkpoint, save_run
+from fairclip.strategies.registry import policy_name
 
 REFERENCE = "none"
 T = TypeVar("T")
@@ -39,13 +40,20 @@ class RunSpec:
     """One cell of the sweep."""
 
     strategy: str
+    """The policy as the configuration names it (``strategy.name``: a name or an import path)."""
     target_epsilon: float | None
     seed: int
 
     @property
+    def name(self) -> str:
+        """The policy's one name in every output (:func:`fairclip.policies.display_name`): the
+        run's key, the table's ``strategy`` column, the report and the plots."""
+        return policy_name(self.strategy)
+
+    @property
     def key(self) -> str:
         epsilon = "none" if self.target_epsilon is None else f"{self.target_epsilon:g}"
-        return f"{self.strategy}__eps-{epsilon}__seed-{self.seed}"
+        return f"{self.name}__eps-{epsilon}__seed-{self.seed}"
 
     def config(self, raw: dict[str, Any]) -> RunConfig:
         """The configuration of this run: the scenario with strategy, ε and seed set."""
@@ -242,7 +250,7 @@ def results_table(
     """As :func:`load_results`, from each run's summary and rounds by key (held in memory)."""
     references = {run.seed: summaries[run.key] for run in runs if run.strategy == REFERENCE}
     rows = []
-    keys = {run.key: (run.strategy, _target(run, summaries[run.key])) for run in runs}
+    keys = {run.key: (run.name, _target(run, summaries[run.key])) for run in runs}
     for run in runs:
         summary = summaries[run.key]
         reference = references[run.seed]["cohorts"]
@@ -252,7 +260,7 @@ def results_table(
             loss = metrics.get("loss", math.nan)
             rows.append(
                 {
-                    "strategy": run.strategy,
+                    "strategy": run.name,
                     "target_epsilon": keys[run.key][1],
                     "epsilon": float(summary["epsilon"]),
                     "seed": run.seed,
