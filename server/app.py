@@ -141,7 +141,7 @@ def run_federation(grid: Grid, context: Context, observers: Sequence[RunObserver
     log(
         INFO,
         "fairclip: %s on %s, %d rounds; results in %s (exact counts only in its server-internal/)",
-        config.strategy.name,
+        config.policy.name,
         config.scenario.name,
         server.rounds_to_run,
         out,

@@ -1,4 +1,4 @@
-"""How the clients' contributions are summed, the same way on every engine and the Flower server.
+"""How the clients' contributions are summed, the same way on every executor and the Flower server.
 
 Everything a round adds up -- contributions, report vectors, and the simulation-only
 diagnostics -- travels as :class:`RoundSums`. Clients are summed in :data:`SUM_SHARDS` fixed
@@ -8,7 +8,7 @@ Flower replies. :func:`group_blocks` fixes which blocks are trained in one call 
 :func:`balance` shares those groups out to workers; neither changes the result.
 
 This module is pure numpy and sits with the policies because the client side (which produces
-``RoundSums``), the server side (which sums replies) and every engine share it.
+``RoundSums``), the server side (which sums replies) and every executor share it.
 """
 
 from __future__ import annotations
@@ -156,7 +156,7 @@ def sent_in(sums: RoundSums, exchange: Exchange) -> RoundSums:
     """What ``sums`` (one block's) releases in ``exchange``, so that nothing a client computed
     for the other exchange reaches the server: the updates exchange's report sum is zero, and
     the counts exchange carries no contribution sum at all (an empty vector, :data:`NOT_SENT`):
-    the engines then neither form nor add 64 model-sized vectors of zeros per round (on an H200,
+    the executors then neither form nor add 64 model-sized vectors of zeros per round (on an H200,
     ``xu-cnn``, they took 18.6 s of a same-round ``per-cohort`` run's 35.5 s under cProfile).
     :func:`round_total` gives the round's total the model's length again."""
     if exchange is Exchange.COUNTS:
@@ -274,7 +274,7 @@ def balance(
 def sum_replies(
     accepted: dict[int, RoundSums], num_clients: int, dim: int, report_size: int, num_cohorts: int
 ) -> RoundSums:
-    """Σ of the accepted clients' sums, block by block in id order (as every engine adds)."""
+    """Σ of the accepted clients' sums, block by block in id order (as every executor adds)."""
     empty = RoundSums(np.zeros(dim), np.zeros(report_size), 0, CohortDiagnostics.zeros(num_cohorts))
     ids = np.array(sorted(accepted), dtype=np.int64)
     blocks = []

@@ -134,10 +134,10 @@ TOML = textwrap.dedent(
     rounds = 3
     client_lr = 0.5
 
-    [strategy]
+    [policy]
     name = "constant"
 
-    [strategy."my_research:HardSchedule"]
+    [policy."my_research:HardSchedule"]
     initial_bound = 2.0
     decay = 0.5
 
@@ -175,7 +175,7 @@ def test_compare_own_model_data_and_policy_from_python(research, tmp_path):
     comparison = fairclip.compare(
         scenario(research),
         strategies=["constant", research.HardSchedule],
-        overrides={"strategy.constant.initial_bound": 2.0, "strategy.hard-schedule.initial_bound": 2.0},
+        overrides={"policy.constant.initial_bound": 2.0, "policy.hard-schedule.initial_bound": 2.0},
         out=tmp_path / "sweep",
         on_run=lambda key, _result: finished.append(key),
     )
@@ -217,7 +217,7 @@ def test_ray_workers_receive_objects_registered_in_this_process(research, ray_se
 
 
 def test_simulate_trains_the_users_own_model(research):
-    result = fairclip.simulate(scenario(research), overrides={"strategy.name": "none"})
+    result = fairclip.simulate(scenario(research), overrides={"policy.name": "none"})
     # the MLP of my_research: 4·8 + 8 + 8·2 + 2 parameters, trained
     assert result.model.shape == (58,)
     assert list(result.cohorts.index) == ["north", "south", "east"]
@@ -254,14 +254,14 @@ def test_the_cli_runs_the_same_comparison_from_import_paths(research, tmp_path):
 
 
 PLUGIN_ERRORS = [
-    (["strategy.name=my_research:HardSchedule", "strategy.decay=2.0"], "decay must be <= 1 (got 2.0)"),
+    (["policy.name=my_research:HardSchedule", "policy.decay=2.0"], "decay must be <= 1 (got 2.0)"),
     (
-        ["strategy.name=my_research:HardSchedule", "strategy.lower_bound=0.1"],
-        "strategy.lower_bound: strategy 'my_research:HardSchedule' has no such parameter",
+        ["policy.name=my_research:HardSchedule", "policy.lower_bound=0.1"],
+        "policy.lower_bound: policy 'my_research:HardSchedule' has no such parameter",
     ),
-    (["strategy.name=no_such_module:Policy"], "cannot import 'no_such_module'"),
-    (["strategy.name=my_research:Missing"], "has no attribute 'Missing'"),
-    (["strategy.name=my_research:make_mlp"], "not a subclass of fairclip's Policy"),
+    (["policy.name=no_such_module:Policy"], "cannot import 'no_such_module'"),
+    (["policy.name=my_research:Missing"], "has no attribute 'Missing'"),
+    (["policy.name=my_research:make_mlp"], "not a subclass of fairclip's Policy"),
     (["scenario.model=my_research:nope"], "has no attribute 'nope'"),
     (["scenario.model=my_research:make_batchnorm_mlp"], "layer '2' is a BatchNorm1d"),
     (["scenario.dataset=my_research:make_mlp"], "dataset loader 'my_research:make_mlp' failed"),
@@ -404,7 +404,7 @@ def test_register_and_entry_points(research, tmp_path):
     (info / "entry_points.txt").write_text("[fairclip.policies]\nscheduled = my_research:HardSchedule\n")
     importlib.invalidate_caches()
     result = fairclip.simulate(
-        scenario(research), overrides={"strategy.name": "scheduled", "strategy.initial_bound": 4.0}
+        scenario(research), overrides={"policy.name": "scheduled", "policy.initial_bound": 4.0}
     )
     np.testing.assert_allclose(result.rounds["clip_bound"], [4.0, 2.0, 1.0])
     assert "scheduled" in fairclip.policies.plugin_names()
