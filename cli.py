@@ -266,7 +266,7 @@ def compare(
     tensorboard: TensorBoardOption = None,
     mlflow: MLflowOption = None,
 ) -> None:
-    """Compare policies across target ε and seeds on Ray; write summary.csv, report.md and plots.
+    """Compare policies across target ε and seeds (on Ray by default); write summary.csv, report.md, plots.
 
     The sweep's specification is stored in --out: --resume alone continues it.
     """

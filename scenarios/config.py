@@ -392,7 +392,7 @@ class TrainingSpec(_Section):
     one_step_rows: Annotated[int, Field(ge=1)] | None = None
     """Examples per call of the one-step path (one-step clients only): the executors train a
     round's sampled clients in groups of whole summation blocks of about this many examples,
-    the same groups on every backend and number of workers, so a run is the same run on all of
+    the same groups on every executor and number of workers, so a run is the same run on all of
     them for a given value; another value changes the run by float rounding. Unset: 32 where
     the task trains on the CPU, 1,024 on a GPU
     (:func:`fairclip.scenarios.tasks.classification.rows_per_one_step_call`)."""

@@ -181,7 +181,7 @@ def round_total(total: RoundSums, exchange: Exchange, dimension: int) -> RoundSu
 
 
 SUM_SHARDS = 64
-"""Clients are summed in this many fixed blocks of ids, in block order, on every backend, so that
+"""Clients are summed in this many fixed blocks of ids, in block order, on every executor, so that
 the floating-point sum -- and with it the whole run -- is the same whether the blocks are
 computed here, in threads or in any number of Ray actors (at most this many: a block is never
 split). 64 blocks let a run use up to 64 actors; the sums of all blocks are held at once, so a
@@ -235,8 +235,8 @@ def group_blocks(blocks: list[np.ndarray], rows_per_call: int, dimension: int) -
     The one-step path so computes per-sample gradients in vectorised batches of about
     ``rows_per_call`` examples even when the sampled batch falls into many small blocks.
     Kernels may round differently for other batch sizes, so the groups depend only on the
-    sampled clients, the task and the policy -- never on the backend or its number of workers --
-    and every backend trains the same groups: the run stays identical on all of them.
+    sampled clients, the task and the policy -- never on the executor or its number of workers --
+    and every executor trains the same groups: the run stays identical on all of them.
     """
     limit = max(1, min(rows_per_call, GROUP_BYTES // (8 * dimension)) if dimension else rows_per_call)
     groups: list[dict[int, np.ndarray]] = []

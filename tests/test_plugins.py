@@ -228,7 +228,9 @@ def test_simulate_trains_the_users_own_model(research):
 def test_the_cli_runs_the_same_comparison_from_import_paths(research, tmp_path):
     config = tmp_path / "mine.toml"
     config.write_text(TOML)
-    environment = {**os.environ, "PYTHONPATH": str(tmp_path), "FLWR_TELEMETRY_ENABLED": "0"}
+    # tmp_path first, then wherever this process found fairclip (a worktree on PYTHONPATH, say)
+    path = os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH", "")]))
+    environment = {**os.environ, "PYTHONPATH": path, "FLWR_TELEMETRY_ENABLED": "0"}
     out = tmp_path / "cli-sweep"
     done = subprocess.run(
         [sys.executable, "-m", "fairclip", "compare", "--config", str(config), "--out", str(out),

@@ -297,7 +297,7 @@ def test_resume_moves_a_folder_of_the_old_layout_into_not_dp_protected(tmp_path)
     [
         (["--grid", "training.client_lr"], "--grid expects KEY=V1,V2"),
         (["--grid", "training.client_lr=0.1", "--metric", "speed"], "metric must be one of"),
-        (["--grid", "scenario.features=3,4"], "tune searches training, strategy and privacy"),
+        (["--grid", "scenario.features=3,4"], "tune searches training, policy and privacy"),
         (["--grid", "privacy.delta=1e-5,1e-6"], "one privacy.delta"),
         (["--grid", "training.client_lr=0.1", "--set", "policy.name=none"], "needs a private policy"),
         (["--grid", "training.client_lr=-1"], "client_lr"),

@@ -1,4 +1,4 @@
-"""The Ray backend: long-lived actors, each owning some blocks of clients and their data.
+"""The Ray executor: long-lived actors, each owning some blocks of clients and their data.
 
 Per round the driver puts θ_t into the object store once; every actor trains and clips the
 sampled clients of its groups of blocks with the same functions as the in-process executor
