@@ -102,3 +102,39 @@ def test_the_command_line_notes_old_keys_once_and_refuses_both(cli, tmp_path):
         and "policy.target_quantil:" in err
         and "'target_quantile'" in err
     )
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["compare", "--scenario", "demo", "--scheduler", "here", "--backend", "local"], "not both"),
+        (
+            ["tune", "--scenario", "demo", "--backend", "mars", "--grid", "training.client_lr=0.1"],
+            "local or ray",
+        ),
+        (["reproduce", "xu-dutch", "--backend", "local", "--address", "127.0.0.1:1"], "--scheduler ray"),
+        (["reproduce", "xu-dutch", "--scheduler", "here", "--address", "127.0.0.1:1"], "--scheduler ray"),
+        (["compare", "--scenario", "demo", "--policies", "bounded,bounded"], "policies names bounded twice"),
+        (
+            ["compare", "--scenario", "demo", "--strategies", "bounded,bounded"],
+            "policies names bounded twice",
+        ),
+    ],
+)
+def test_old_flags_are_aliases_and_both_are_refused(cli, args, message):
+    status, _, err = cli(*args)
+    assert status == 2 and err.count("\n") == 1 and message in err, err
+
+
+def test_the_api_takes_old_keywords_with_a_deprecation_warning():
+    import fairclip
+
+    old = pytest.warns(DeprecationWarning, match="strategies= is the old name of policies=")
+    with old, pytest.raises(ConfigError, match="names no policy"):
+        fairclip.compare("demo", strategies=[])
+    with pytest.raises(ConfigError, match="not both"):
+        fairclip.compare("demo", policies=["bounded"], strategies=["bounded"])
+    config = load_config("bimodal-mean", None, [])
+    old = pytest.warns(DeprecationWarning, match="backend= is the old name of executor=")
+    with old, pytest.raises(ConfigError, match="executor must be local or ray"):
+        fairclip.api.simulate_config(config, backend="mars")
