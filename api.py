@@ -7,7 +7,7 @@ cohort, the final metrics), the privacy claim and the final model. ``fairclip ru
 same numbers for the same configuration and seed::
 
     import fairclip
-    result = fairclip.simulate("demo", overrides={"strategy.name": "adaptive", "training.rounds": 20})
+    result = fairclip.simulate("demo", overrides={"policy.name": "adaptive", "training.rounds": 20})
     result.cohorts["accuracy"]       # per cohort
     result.epsilon, result.privacy   # ε, and δ, the accountant, q, T and the noise multipliers
 
@@ -19,13 +19,13 @@ logger elsewhere, and not at all with ``progress=False``.
 Bring your own data, model and policy: a :class:`Scenario` holds a
 :class:`fairclip.FederatedDataset` (or a loader of one) and a model factory; a policy is a name,
 a :class:`fairclip.policies.Policy` class or an instance, the same for :func:`simulate`
-(``policy=``), :func:`compare` (``strategies=``) and the Flower wrapper
+(``policy=``), :func:`compare` (``policies=``) and the Flower wrapper
 (:func:`fairclip.policies.resolve_policy`), and shows under one name in every output
-(:func:`fairclip.policies.display_name`). :func:`compare` runs strategies against the
+(:func:`fairclip.policies.display_name`). :func:`compare` runs policies against the
 non-private reference, per target ε and seed, and returns the table of ``fairclip compare``::
 
     scenario = fairclip.Scenario("mine", dataset=data, model=make_mlp, sample_rate=0.2, rounds=30)
-    comparison = fairclip.compare(scenario, strategies=["constant", "bounded", MyPolicy], epsilons=[2.0])
+    comparison = fairclip.compare(scenario, policies=["constant", "bounded", MyPolicy], epsilons=[2.0])
     comparison.table          # per run and cohort: accuracy, privacy cost, excessive risk, ε
 """
 
@@ -37,6 +37,7 @@ import itertools
 import json
 import math
 import os
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -52,7 +53,9 @@ from fairclip.plugins import register as register_plugin
 from fairclip.progress import ApiProgress
 from fairclip.root_error import one_line
 from fairclip.scenarios.config import (
+    OldNameNote,
     builtin_scenarios,
+    canonical_mapping,
     check_overrides_used,
     load_config,
     parse_override,
@@ -82,6 +85,7 @@ __all__ = [
     "MODES",
     "Comparison",
     "LoggerObserver",
+    "OldNameNote",
     "Reproduction",
     "RoundCallback",
     "RunWriter",
@@ -196,10 +200,10 @@ class Scenario:
             },
             "federation": {"num_clients": clients, "sample_rate": self.sample_rate},
             "training": {"rounds": self.rounds},
-            "strategy": {"name": "none"},
+            "policy": {"name": "none"},
             "privacy": {},
         }
-        for key, value in self.settings.items():
+        for key, value in canonical_mapping(self.settings, f"scenario {self.name!r}: settings").items():
             raw = set_value(raw, key, value)
         return raw
 
@@ -224,9 +228,9 @@ def simulate(
     of your own, and ``config_file`` a scenario TOML (one of the two); ``policy`` is the run's
     clipping policy -- a name (``"bounded"``, a plug-in's registered name, ``"package.module:Class"``),
     a :class:`fairclip.policies.Policy` subclass or an instance, which carries its parameters
-    (:func:`fairclip.policies.resolve_policy`; the same as ``strategy.name`` in ``overrides``,
+    (:func:`fairclip.policies.resolve_policy`; the same as ``policy.name`` in ``overrides``,
     which may also hold a class or an instance; give it one way); ``overrides`` sets
-    dotted configuration keys to typed values (``{"strategy.name": "bounded",
+    dotted configuration keys to typed values (``{"policy.name": "bounded",
     "privacy.target_epsilon": 2.0}``), validated like ``--set``; ``data_dir`` holds the real
     datasets (default: ``FAIRCLIP_DATA``); ``workers`` threads train the sampled clients (the
     same result for any number); ``on_round(row)`` and ``observers`` see every round
@@ -246,7 +250,7 @@ def simulate(
     config = validate(_raw_config(scenario, config_file, overrides, policy))
     shown = ApiProgress(
         progress,
-        f"[bold]{policy_name(config.strategy.name)}[/bold] on {config.scenario.name}",
+        f"[bold]{policy_name(config.policy.name)}[/bold] on {config.scenario.name}",
         unit="rounds",
         every=progress_module.API_ROUND_SECONDS,
     )
@@ -275,7 +279,7 @@ def simulate_config(
     config: Any,
     *,
     data_dir: str | Path | None = None,
-    backend: str = "local",
+    executor: str = "local",
     workers: int = 1,
     actors: int | None = None,
     address: str | None = None,
@@ -283,11 +287,13 @@ def simulate_config(
     observers: Sequence[Any] = (),
     checkpoint: str | Path | None = None,
     checkpoint_every: float = DEFAULT_EVERY_SECONDS,
+    backend: str | None = None,
 ) -> Any:
     """Run the validated configuration ``config`` (a :class:`fairclip.scenarios.config.RunConfig`) and
     return its :class:`fairclip.server.observers.RunResult`; what ``fairclip run`` does.
 
-    ``backend``: ``local`` (this process, ``workers`` threads) or ``ray`` (``actors`` Ray actors,
+    ``executor`` (where the clients train; ``backend`` is its old name): ``local`` (this process,
+    ``workers`` threads) or ``ray`` (``actors`` Ray actors,
     default one per core, on the cluster at ``address`` or a local one); the same seed gives the
     same run on both. ``observers`` (:class:`fairclip.server.observers.RunObserver`: a file writer, a
     progress bar, a tracker) see every round and the end, also after an interruption.
@@ -298,9 +304,10 @@ def simulate_config(
     from fairclip.sims.executors.local import LocalExecutor
     from fairclip.sims.executors.loop import simulate as run_rounds
 
+    executor = _renamed("executor", executor, "backend", backend, default="local")
     _check_workers(workers)
-    if backend not in ("local", "ray"):
-        raise ConfigError(f"backend must be local or ray (got {backend!r})")
+    if executor not in ("local", "ray"):
+        raise ConfigError(f"executor must be local or ray (got {executor!r})")
     folder = Path(data_dir) if data_dir is not None else None
     saving = Checkpointing(Path(checkpoint), checkpoint_every) if checkpoint is not None else None
     task = build_task(config, folder)
@@ -308,25 +315,36 @@ def simulate_config(
     def executor_factory(task: Any, policy: Any) -> Any:
         return LocalExecutor(task, policy, workers)
 
-    if backend == "ray":
+    if executor == "ray":
         from fairclip.sims.executors.ray import RayExecutor, ensure_ray  # ray: only where asked for
 
         ensure_ray(address)
-        executor = RayExecutor.start(config, folder, actors or os.cpu_count() or 1)
+        actors_ = RayExecutor.start(config, folder, actors or os.cpu_count() or 1)
         try:
             return run_rounds(
                 config,
                 task,
-                lambda _task, _policy: executor,
+                lambda _task, _policy: actors_,
                 on_round=on_round,
                 observers=observers,
                 checkpoint=saving,
             )
         finally:
-            executor.stop()  # the actors hold the task's data: free them for what runs next
+            actors_.stop()  # the actors hold the task's data: free them for what runs next
     return run_rounds(
         config, task, executor_factory, on_round=on_round, observers=observers, checkpoint=saving
     )
+
+
+def _renamed(new: str, new_value: Any, old: str, old_value: Any, default: Any = None) -> Any:
+    """The value of keyword ``new``, or of ``old`` (its old name, with a :class:`DeprecationWarning`);
+    a :class:`ConfigError` where both are given."""
+    if old_value is None:
+        return new_value
+    if new_value is not default:
+        raise ConfigError(f"give {new}= or {old}= (its old name), not both")
+    warnings.warn(f"{old}= is the old name of {new}=", DeprecationWarning, stacklevel=3)
+    return old_value
 
 
 def _check_workers(workers: int) -> None:
@@ -373,32 +391,34 @@ def _raw_config(
         raw = scenario.raw_config()
     else:
         raw = scenario_source(scenario, Path(config_file) if config_file is not None else None)
-    for key, value in (overrides or {}).items():
+    overrides = canonical_mapping(overrides)
+    for key, value in overrides.items():
         raw = set_value(raw, key, value)
-    check_overrides_used(raw, list(overrides or {}))
+    check_overrides_used(raw, list(overrides))
     keys = _given_keys(scenario, overrides)
-    named = raw.get("strategy", {}).get("name") if isinstance(raw.get("strategy"), dict) else None
+    named = raw.get("policy", {}).get("name") if isinstance(raw.get("policy"), dict) else None
     if policy is not None:
-        if "strategy.name" in keys:
-            raise ConfigError("the policy is given twice (policy= and strategy.name): give it once")
+        if "policy.name" in keys:
+            raise ConfigError("the policy is given twice (policy= and policy.name): give it once")
         raw = _with_policy(raw, policy, keys)
-    elif named is not None and not isinstance(named, str):  # a class or an instance as strategy.name
+    elif named is not None and not isinstance(named, str):  # a class or an instance as policy.name
         raw = _with_policy(raw, named, keys)
     return raw
 
 
 def _given_keys(scenario: str | Scenario | None, overrides: Mapping[str, Any] | None) -> list[str]:
-    """The dotted keys the caller sets: ``overrides`` and a :class:`Scenario`'s ``settings``."""
-    own = list(scenario.settings) if isinstance(scenario, Scenario) else []
+    """The dotted keys the caller sets: ``overrides`` and a :class:`Scenario`'s ``settings``
+    (old ``strategy.*`` names read as ``policy.*``)."""
+    own = list(canonical_mapping(scenario.settings)) if isinstance(scenario, Scenario) else []
     return [*own, *(overrides or {})]
 
 
 def _with_policy(raw: dict[str, Any], policy: Any, given: Sequence[str]) -> dict[str, Any]:
     """``raw`` with the run's policy set (:func:`fairclip.policies.resolve_policy`: a name, a class
-    or an instance): ``strategy.name`` names it, and an instance's parameters are its
+    or an instance): ``policy.name`` names it, and an instance's parameters are its
     (:func:`_with_instance_params`)."""
     resolved = resolve_policy(policy)
-    raw = set_value(raw, "strategy.name", resolved.reference)
+    raw = set_value(raw, "policy.name", resolved.reference)
     return _with_instance_params(raw, resolved, given)
 
 
@@ -406,15 +426,15 @@ def _with_instance_params(
     raw: dict[str, Any], resolved: ResolvedPolicy, given: Sequence[str]
 ) -> dict[str, Any]:
     """``raw`` with an instance's parameters as its policy's (unchanged for a name or a class):
-    they replace what the scenario itself sets for that policy (its table ``[strategy.<name>]``
-    and the keys directly under ``[strategy]`` that the policy takes), and the keys ``given`` by
+    they replace what the scenario itself sets for that policy (its table ``[policy.<name>]``
+    and the keys directly under ``[policy]`` that the policy takes), and the keys ``given`` by
     the caller (``overrides``, a :class:`Scenario`'s ``settings``) may not set any: one
     :class:`ConfigError` line, not a silent pick of one of the two."""
     if resolved.params is None:
         return raw
     for key in given:
         parts = key.split(".")
-        if parts[0] == "strategy" and (
+        if parts[0] == "policy" and (
             (len(parts) == 2 and parts[1] != "name") or (len(parts) > 2 and parts[1] == resolved.reference)
         ):
             raise ConfigError(
@@ -423,11 +443,11 @@ def _with_instance_params(
                 "name or class with the settings)"
             )
     raw = copy.deepcopy(raw)
-    strategy = raw.setdefault("strategy", {})
+    section = raw.setdefault("policy", {})
     for key in resolved.params:  # the scenario's own values for the policy: the instance's replace them
-        if not isinstance(strategy.get(key), dict):
-            strategy.pop(key, None)
-    strategy[resolved.reference] = dict(resolved.params)
+        if not isinstance(section.get(key), dict):
+            section.pop(key, None)
+    section[resolved.reference] = dict(resolved.params)
     return raw
 
 
@@ -454,7 +474,7 @@ MODES = ("new", "resume", "extend", "replace")
 def compare(
     scenario: str | Scenario | None = None,
     *,
-    strategies: Sequence[str | type] | None = None,
+    policies: Sequence[str | type] | None = None,
     epsilons: Sequence[float] | None = None,
     seeds: int | None = None,
     config_file: str | Path | None = None,
@@ -468,10 +488,12 @@ def compare(
     on_start: Callable[[int, int], None] | None = None,
     on_run: Callable[[str, dict[str, Any]], None] | None = None,
     progress: bool | None = None,
+    strategies: Sequence[str | type] | None = None,
 ) -> Comparison:
-    """Compare clipping strategies on a scenario; what ``fairclip compare`` does.
+    """Compare clipping policies on a scenario; what ``fairclip compare`` does.
 
-    ``strategies`` (default constant, adaptive, bounded): names of built-in policies, plug-in
+    ``policies`` (``strategies``, its old name; default constant, adaptive, bounded): names of
+    built-in policies, plug-in
     references, or :class:`Policy` subclasses (registered under their ``name``); the
     non-private ``none`` reference always runs once per seed. ``epsilons``: target ε values
     (default: the scenario's own privacy settings). ``seeds`` (default 1): the scenario's seed,
@@ -483,13 +505,13 @@ def compare(
     receives each run as it finishes (``runs/<key>/``), then ``summary.csv``, ``report.md`` and
     the plots, and stores the sweep's specification: ``mode`` says what to do with a folder that
     holds one -- ``new`` (refuse a different sweep), ``resume`` (continue it; ``scenario`` and the
-    options may be left out), ``extend`` (add strategies, ε or seeds; an option left out keeps
+    options may be left out), ``extend`` (add policies, ε or seeds; an option left out keeps
     the stored value) or ``replace``.
     ``on_start(runs, to_run)`` is called when the runs are known, ``on_run(key, {"rows": ...,
     "summary": ...})`` per finished run. ``progress``: the runs done, as :func:`simulate`'s rounds
     (``None``: a bar on a terminal, else log records of the ``"fairclip"`` logger; ``False``: off).
 
-    Every policy of ``strategies`` is one of :func:`fairclip.policies.resolve_policy`'s: a name, a
+    Every policy of ``policies`` is one of :func:`fairclip.policies.resolve_policy`'s: a name, a
     class (registered under its display name, so Ray workers find it) or an instance, whose
     parameters replace the scenario's own for its policy (setting them in ``overrides`` too is an
     error). Each shows under one name, :func:`fairclip.policies.display_name`, in the run keys,
@@ -499,16 +521,17 @@ def compare(
     _check_mode(mode)
     if out is None and mode != "new":
         raise ConfigError(f"mode {mode} continues a sweep stored in a folder: give out")
+    policies = _renamed("policies", policies, "strategies", strategies)
     names = None
     resolved: list[ResolvedPolicy] = []
-    if strategies is not None:
-        if isinstance(strategies, str) or not isinstance(strategies, Sequence):
-            raise ConfigError(f"strategies must be a list of policies (got {strategies!r})")
-        resolved = [resolve_policy(strategy) for strategy in strategies]
+    if policies is not None:
+        if isinstance(policies, str) or not isinstance(policies, Sequence):
+            raise ConfigError(f"policies must be a list of policies (got {policies!r})")
+        resolved = [resolve_policy(policy) for policy in policies]
         names = [policy.reference for policy in resolved]
         if not names:
-            raise ConfigError("strategies names no strategy (none runs anyway, as the reference): give one")
-        _refuse_repeats([policy.name for policy in resolved], "strategies")
+            raise ConfigError("policies names no policy (none runs anyway, as the reference): give one")
+        _refuse_repeats([policy.name for policy in resolved], "policies")
     targets: list[float | None] | None = None
     if epsilons is not None:
         targets = _checked_targets(epsilons)
@@ -516,8 +539,10 @@ def compare(
             raise ConfigError("epsilons names no target ε: give one, or leave it out for the scenario's")
     if out is not None:
         check_output_folder(Path(out))
-    if "strategy.name" in (overrides or {}):
-        raise ConfigError("--set strategy.name: compare sets it for each run (--strategies)")
+    if overrides is not None:
+        overrides = canonical_mapping(overrides)
+    if "policy.name" in (overrides or {}):
+        raise ConfigError("--set policy.name: compare sets it for each run (--policies)")
     for key in ("privacy.target_epsilon", "privacy.noise_multiplier"):  # a target calibrates σ
         if targets is not None and key in (overrides or {}):
             raise ConfigError(f"--set {key}: --epsilons sets it for each run")
@@ -603,7 +628,7 @@ def tune(
     non-private selection over the whole grid; what ``fairclip tune`` does.
 
     ``grid`` maps dotted configuration keys to the values to search (``{"training.client_lr":
-    [0.1, 0.5], "strategy.bounded.lower_bound": [0.1, 0.5]}``); the search draws its number of
+    [0.1, 0.5], "policy.bounded.lower_bound": [0.1, 0.5]}``); the search draws its number of
     trials from a truncated negative binomial (``eta``, ``gamma``) or a Poisson (``mu``)
     distribution (``distribution``) with the tuning ``seed`` (and ``search_index``, which of several
     searches on that seed this is), and selects by ``metric`` (one of
@@ -629,7 +654,8 @@ def tune(
             raise ConfigError("give the grid to search (or resume a stored search: resume=True and out)")
         spec = search.stored_search(Path(out))
     else:
-        both = sorted(set(overrides or {}) & set(grid))
+        overrides, grid = canonical_mapping(overrides), canonical_mapping(grid, "--grid")
+        both = sorted(set(overrides) & set(grid))
         if both:  # each grid point sets its key, so the override would be silently replaced
             raise ConfigError(f"{both[0]} is both set (--set) and searched (--grid): give it one way")
         try:
@@ -685,18 +711,19 @@ CURVE_OPTIONS = ("metric", "distribution", "eta", "gamma", "mu", "seed", "grid_b
 def tune_curve(
     scenario: str | Scenario | None = None,
     *,
-    strategies: Sequence[str],
+    policies: Sequence[str] | None = None,
     epsilons: Sequence[float],
     grid: Mapping[str, Sequence[Any]],
     out: str | Path,
     resume: bool = False,
     overrides: Mapping[str, Any] | None = None,
     on_search: Callable[[str], None] | None = None,
+    strategies: Sequence[str] | None = None,
     **options: Any,
 ) -> pd.DataFrame:
     """One :func:`tune` search per strategy and target ε of a run (seed 000's Figure 4: best
     result against the ε of the whole search); what ``fairclip tune --strategies ... --epsilons
-    ...`` does. A grid key of another strategy's table (``strategy.<other>.*``) is left out of a
+    ...`` does. A grid key of another policy's table (``policy.<other>.*``) is left out of a
     strategy's search. Each search goes to ``out/<strategy>__eps-<ε>/``; ``curve.csv`` (one row
     per finished search, written as each finishes), ``tuning_curve.png`` and ``report.md`` to
     ``out``, of each search's release only (:func:`fairclip.sims.tune.curve.curve_public_columns`);
@@ -711,13 +738,15 @@ def tune_curve(
     from fairclip.sims.tune import search
     from fairclip.strategies.tuning import TrialCount
 
+    strategies = _renamed("policies", policies, "strategies", strategies)  # ``policies``, by label
     if not strategies or not epsilons:
-        raise ConfigError("a tuning curve needs at least one strategy and one target ε")
-    _refuse_repeats(list(strategies), "strategies")
+        raise ConfigError("a tuning curve needs at least one policy and one target ε")
+    _refuse_repeats(list(strategies), "policies")
     targets = _checked_targets(epsilons)
-    for key in ("strategy.name", "privacy.target_epsilon", "privacy.noise_multiplier"):
-        if key in (overrides or {}):
-            raise ConfigError(f"--set {key}: the curve sets it for each search (--strategies, --epsilons)")
+    overrides, grid = canonical_mapping(overrides), canonical_mapping(grid, "--grid")
+    for key in ("policy.name", "privacy.target_epsilon", "privacy.noise_multiplier"):
+        if key in overrides:
+            raise ConfigError(f"--set {key}: the curve sets it for each search (--policies, --epsilons)")
     folder = Path(out)
     sweep_folder.refuse_another_commands_folder(folder, curve_.CURVE_FILE)
     metric = options.get("metric", "macro_accuracy")
@@ -728,7 +757,7 @@ def tune_curve(
         raise ConfigError(str(error)) from None
 
     def settings(strategy: str, target: float) -> dict[str, Any]:
-        return {**(overrides or {}), "strategy.name": strategy, "privacy.target_epsilon": target}
+        return {**overrides, "policy.name": strategy, "privacy.target_epsilon": target}
 
     for strategy in strategies:  # every search's grid and metric checked before any work
         for target in targets:
@@ -797,7 +826,7 @@ def reproduce(
     seeds: int | None = None,
     out: str | Path | None = None,
     mode: str = "new",
-    strategies: Sequence[str] | None = None,
+    policies: Sequence[str] | None = None,
     full_grid: bool | None = None,
     grid_limit: int | None = None,
     max_rounds: int | None = None,
@@ -812,11 +841,13 @@ def reproduce(
     on_reused: Callable[[str], None] | None = None,
     on_continued: Callable[[str, float], None] | None = None,
     progress: bool | None = None,
+    strategies: Sequence[str] | None = None,
 ) -> Reproduction:
     """Reproduce a seed paper's experiment (a built-in setup, see ``fairclip reproduce --list``);
     what ``fairclip reproduce`` does.
 
-    ``seeds`` (default 2): the setup's seed, +1, ...; ``strategies``: a subset of the setup's;
+    ``seeds`` (default 2): the setup's seed, +1, ...; ``policies`` (``strategies``, its old name):
+    a subset of the setup's policies, by their labels;
     ``full_grid``: the paper's hyperparameter grid instead of the reduced one; ``overrides``:
     ``KEY=VALUE`` settings applied to every run (``training.device=cuda``, say); ``grid_limit``,
     ``max_rounds`` and ``max_batch`` shrink the runs for smoke tests. Every run is written to
@@ -826,7 +857,7 @@ def reproduce(
     seeds or strategies; an option left out keeps the stored value) or ``replace``; to resume or
     extend, ``name`` may be left out.
 
-    Runs go one after the other in this process (a local engine of ``workers`` threads), or,
+    Runs go one after the other in this process (a local executor of ``workers`` threads), or,
     with ``ray`` (or the ``address`` of a Ray cluster), as parallel Ray tasks of ``workers`` CPUs:
     the same numbers either way. A setup with a grid runs a strategy's final runs at an ε as
     soon as its own grid runs there have finished, while the rest of the grid runs.
@@ -845,6 +876,7 @@ def reproduce(
     from fairclip.sims.reproduce import reproduction as repro
     from fairclip.sims.reproduce import tables as tables_
 
+    strategies = _renamed("policies", policies, "strategies", strategies)  # the setup's labels
     _check_workers(workers)
     _check_mode(mode)
     folder = Path(out) if out is not None else None

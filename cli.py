@@ -12,6 +12,8 @@ import signal
 import sys
 import threading
 import time
+import warnings
+from collections.abc import Callable
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
@@ -63,9 +65,45 @@ def _options(
     """
 
 
-class Backend(StrEnum):
+class Executor(StrEnum):
+    """Where a run's clients train (``run --executor``)."""
+
     local = "local"
     ray = "ray"
+
+
+class Scheduler(StrEnum):
+    """How a sweep's runs are scheduled (``compare``/``reproduce``/``tune --scheduler``): one after
+    the other in this process, or as parallel Ray tasks."""
+
+    here = "here"
+    ray = "ray"
+
+
+OLD_SCHEDULERS = {"local": Scheduler.here, "here": Scheduler.here, "ray": Scheduler.ray}
+"""``--backend``, the old name of ``--scheduler``, and its values (``local`` is ``here``)."""
+
+SchedulerOption = Annotated[
+    Scheduler | None,
+    typer.Option(
+        "--scheduler", help="Run the runs one after the other here, or as parallel Ray tasks \\[ray]."
+    ),
+]
+OldSchedulerOption = Annotated[
+    str | None, typer.Option("--backend", hidden=True, help="The old name of --scheduler (local = here).")
+]
+PoliciesHelp = "Comma-separated policies \\[constant,adaptive,bounded]; `none` always runs."
+
+
+def _scheduler(scheduler: Scheduler | None, backend: str | None) -> Scheduler:
+    """``--scheduler``, or ``--backend`` (its old name, whose ``local`` is ``here``); default ray."""
+    if scheduler is not None and backend is not None:
+        raise ConfigError("give --scheduler or --backend (its old name), not both")
+    if backend is not None:
+        if backend not in OLD_SCHEDULERS:
+            raise ConfigError(f"--backend (the old name of --scheduler) takes local or ray (got {backend!r})")
+        return OLD_SCHEDULERS[backend]
+    return scheduler or Scheduler.ray
 
 
 class Accountant(StrEnum):
@@ -109,7 +147,7 @@ RunWorkersOption = Annotated[
     typer.Option(
         "--workers",
         min=1,
-        help="CPUs (local-engine threads) per run; runs at once = cores / this. Same results.",
+        help="CPUs (local-executor threads) per run; runs at once = cores / this. Same results.",
     ),
 ]
 
@@ -120,35 +158,40 @@ def run(
     config: ConfigOption = None,
     overrides: SetOption = None,
     out: Annotated[
-        Path | None, typer.Option("--out", help="Output folder \\[runs/<scenario>-<strategy>].")
+        Path | None, typer.Option("--out", help="Output folder \\[runs/<scenario>-<policy>].")
     ] = None,
-    backend: Annotated[Backend, typer.Option("--backend", help="Where clients run.")] = Backend.local,
+    executor: Annotated[
+        Executor,
+        typer.Option(
+            "--executor", "--backend", help="Where clients train: in this process, or on Ray actors."
+        ),
+    ] = Executor.local,
     data_dir: DataDirOption = None,
     address: Annotated[
-        str | None, typer.Option("--address", help="Ray cluster address (ray backend).")
+        str | None, typer.Option("--address", help="Ray cluster address (ray executor).")
     ] = None,
     actors: Annotated[
-        int | None, typer.Option("--actors", min=1, help="Ray actors (ray backend) \\[cores].")
+        int | None, typer.Option("--actors", min=1, help="Ray actors (ray executor) \\[cores].")
     ] = None,
     workers: Annotated[
-        int, typer.Option("--workers", min=1, help="Threads of the local backend (same result).")
+        int, typer.Option("--workers", min=1, help="Threads of the local executor (same result).")
     ] = 1,
     tensorboard: TensorBoardOption = None,
     mlflow: MLflowOption = None,
 ) -> None:
     """Run one simulation; write rounds.csv and summary.json."""
-    if workers > 1 and backend is not Backend.local:
-        raise ConfigError("--workers applies to the local backend; the ray backend takes --actors")
-    if address and backend is Backend.ray:
+    if workers > 1 and executor is not Executor.local:
+        raise ConfigError("--workers applies to the local executor; the ray executor takes --actors")
+    if address and executor is Executor.ray:
         api.check_cluster(address, 1)
     run_config = api.load_config(scenario, config, overrides or [])
     api.require_packages(tensorboard is not None, mlflow is not None)
     if tensorboard is not None:
         api.check_output_folder(tensorboard)  # the event files' folder, before any work
-    policy = api.policy_name(run_config.strategy.name)  # its one name (a plug-in's, not its import path)
+    policy = api.policy_name(run_config.policy.name)  # its one name (a plug-in's, not its import path)
     out = out or Path("runs") / f"{run_config.scenario.name}-{policy}"
     api.check_output_folder(out)
-    local_actors = (actors or api.cpu_count()) if backend is Backend.ray and not address else 0
+    local_actors = (actors or api.cpu_count()) if executor is Executor.ray and not address else 0
     api.check_memory(run_config, copies=1 + local_actors)  # the driver's task and each local actor's
     progress = progress_bar(
         f"[bold]{policy}[/bold] on {run_config.scenario.name}",
@@ -168,7 +211,7 @@ def run(
         result = api.simulate_config(
             run_config,
             data_dir=data_dir,
-            backend=backend.value,
+            executor=executor.value,
             workers=workers,
             actors=actors or api.cpu_count(),
             address=address,
@@ -200,13 +243,7 @@ def compare(
     scenario: ScenarioOption = None,
     config: ConfigOption = None,
     overrides: SetOption = None,
-    strategies: Annotated[
-        str | None,
-        typer.Option(
-            "--strategies",
-            help="Comma-separated strategies \\[constant,adaptive,bounded]; `none` always runs.",
-        ),
-    ] = None,
+    policies: Annotated[str | None, typer.Option("--policies", "--strategies", help=PoliciesHelp)] = None,
     epsilons: Annotated[
         str | None,
         typer.Option("--epsilons", help="Comma-separated target ε \\[the scenario's privacy settings]."),
@@ -224,17 +261,23 @@ def compare(
         str | None, typer.Option("--address", help="An existing Ray cluster to run on.")
     ] = None,
     workers: RunWorkersOption = 1,
+    scheduler: SchedulerOption = None,
+    old_scheduler: OldSchedulerOption = None,
     data_dir: DataDirOption = None,
     tensorboard: TensorBoardOption = None,
     mlflow: MLflowOption = None,
 ) -> None:
-    """Compare strategies across target ε and seeds on Ray; write summary.csv, report.md and plots.
+    """Compare policies across target ε and seeds (on Ray by default); write summary.csv, report.md, plots.
 
     The sweep's specification is stored in --out: --resume alone continues it.
     """
     started = time.perf_counter()
     mode = api.sweep_mode(resume, extend, replace)
-    api.check_cluster(address, workers)
+    on_ray = _scheduler(scheduler, old_scheduler) is Scheduler.ray
+    if address and not on_ray:
+        raise ConfigError("--address is a Ray cluster's: it goes with --scheduler ray")
+    if on_ray:
+        api.check_cluster(address, workers)
     api.require_packages(tensorboard is not None, mlflow is not None)
     if tensorboard is not None:
         api.check_output_folder(tensorboard)  # the event files' folder, before any work
@@ -258,9 +301,7 @@ def compare(
     try:
         comparison = api.compare(
             scenario,
-            strategies=None
-            if strategies is None
-            else [s.strip() for s in strategies.split(",") if s.strip()],
+            policies=None if policies is None else [s.strip() for s in policies.split(",") if s.strip()],
             epsilons=None if epsilons is None else api.parse_epsilons(epsilons),
             seeds=seeds,
             config_file=config,
@@ -268,7 +309,7 @@ def compare(
             data_dir=data_dir,
             out=out,
             mode=mode,
-            ray=True,
+            ray=on_ray,
             address=address,
             workers=workers,
             on_start=started_runs,
@@ -296,9 +337,13 @@ def reproduce(
         Path | None, typer.Option("--out", help="Output folder \\[runs/reproduce-<name>].")
     ] = None,
     list_setups: Annotated[bool, typer.Option("--list", help="Name the setups and exit.")] = False,
-    strategies: Annotated[
+    policies: Annotated[
         str | None,
-        typer.Option("--strategies", help="Comma-separated subset of the setup's strategies \\[all]."),
+        typer.Option(
+            "--policies",
+            "--strategies",
+            help="Comma-separated subset of the setup's policies (labels) \\[all].",
+        ),
     ] = None,
     full_grid: Annotated[
         bool | None,
@@ -316,9 +361,8 @@ def reproduce(
         int | None,
         typer.Option("--max-batch", min=1, help="Cap every run's expected batch (smoke tests only)."),
     ] = None,
-    backend: Annotated[
-        Backend, typer.Option("--backend", help="Runs one after the other here, or on Ray.")
-    ] = Backend.ray,
+    scheduler: SchedulerOption = None,
+    old_scheduler: OldSchedulerOption = None,
     address: Annotated[
         str | None, typer.Option("--address", help="An existing Ray cluster to run on.")
     ] = None,
@@ -327,7 +371,7 @@ def reproduce(
         bool,
         typer.Option(
             "--extend",
-            help="Add seeds or strategies to the reproduction stored in --out (keeps its runs; "
+            help="Add seeds or policies to the reproduction stored in --out (keeps its runs; "
             "options left out keep its values).",
         ),
     ] = False,
@@ -343,12 +387,13 @@ def reproduce(
         for setup_name, title in api.reproduction_setups().items():
             typer.echo(f"{setup_name:<24} {title}")
         return
-    if backend is Backend.local and address:
-        raise ConfigError("--address is a Ray cluster's: it goes with --backend ray")
-    if backend is Backend.ray:
+    on_ray = _scheduler(scheduler, old_scheduler) is Scheduler.ray
+    if not on_ray and address:
+        raise ConfigError("--address is a Ray cluster's: it goes with --scheduler ray")
+    if on_ray:
         api.check_cluster(address, workers)
     mode = api.sweep_mode(resume, extend, replace)
-    subset = None if strategies is None else [s.strip() for s in strategies.split(",") if s.strip()]
+    subset = None if policies is None else [s.strip() for s in policies.split(",") if s.strip()]
     title = name or (out.name if out is not None else "")
     continued: dict[str, float] = {}  # run key: the share of its rounds an earlier invocation computed
     # transient: an error (a --resume conflict, say) stays the only line on stderr
@@ -359,14 +404,14 @@ def reproduce(
             seeds=seeds,
             out=out,
             mode=mode,
-            strategies=subset,
+            policies=subset,
             full_grid=full_grid,
             grid_limit=grid_limit,
             max_rounds=max_rounds,
             max_batch=max_batch,
             overrides=overrides,
             data_dir=data_dir,
-            ray=backend is Backend.ray,
+            ray=on_ray,
             address=address,
             workers=workers,
             on_plan=lambda total: progress.update(bar, total=total),
@@ -405,12 +450,14 @@ def tune(
     tuning_seed: Annotated[
         int, typer.Option("--tuning-seed", min=0, help="Seeds the draw of the trials.")
     ] = 0,
-    strategies: Annotated[
+    policies: Annotated[
         str | None,
-        typer.Option("--strategies", help="Comma-separated: one search per strategy and --epsilons value."),
+        typer.Option(
+            "--policies", "--strategies", help="Comma-separated: one search per policy and --epsilons value."
+        ),
     ] = None,
     epsilons: Annotated[
-        str | None, typer.Option("--epsilons", help="Comma-separated target ε of a run (with --strategies).")
+        str | None, typer.Option("--epsilons", help="Comma-separated target ε of a run (with --policies).")
     ] = None,
     grid_baseline: Annotated[
         bool,
@@ -423,9 +470,8 @@ def tune(
     resume: Annotated[
         bool, typer.Option("--resume", help="Continue the search stored in --out, keeping its finished runs.")
     ] = False,
-    backend: Annotated[
-        Backend, typer.Option("--backend", help="Runs one after the other here, or on Ray.")
-    ] = Backend.ray,
+    scheduler: SchedulerOption = None,
+    old_scheduler: OldSchedulerOption = None,
     address: Annotated[
         str | None, typer.Option("--address", help="An existing Ray cluster to run on.")
     ] = None,
@@ -436,20 +482,24 @@ def tune(
 
     Also runs every grid point once (non-private selection); it and every trial go to not-dp-protected/.
 
-    --strategies with --epsilons: one search each, and the best result against ε (curve.csv).
+    --policies with --epsilons: one search each, and the best result against ε (curve.csv).
     """
     typed = api.parse_overrides(overrides or [])
     searched: dict[str, list] | None = api.parse_grid(grid or [])
-    api.check_cluster(address, workers)
+    on_ray = _scheduler(scheduler, old_scheduler) is Scheduler.ray
+    if address and not on_ray:
+        raise ConfigError("--address is a Ray cluster's: it goes with --scheduler ray")
+    if on_ray:
+        api.check_cluster(address, workers)
     bare_resume = resume and scenario is None and config is None and not searched and not typed
     stored_options: dict = {}
-    if bare_resume and strategies is None and epsilons is None:  # continue what --out holds
+    if bare_resume and policies is None and epsilons is None:  # continue what --out holds
         if out is None:
             raise ConfigError("--resume without a scenario continues the search in --out: give --out")
         stored = api.stored_tune_curve(out)
         if stored is not None:
             scenario, config = stored["scenario"], stored["config_file"]
-            strategies, epsilons = ",".join(stored["strategies"]), ",".join(map(str, stored["epsilons"]))
+            policies, epsilons = ",".join(stored["strategies"]), ",".join(map(str, stored["epsilons"]))
             searched, typed, stored_options = stored["grid"], stored["overrides"], stored["options"]
         else:
             searched = None  # the stored search, as it was asked
@@ -466,8 +516,8 @@ def tune(
             progress.start()
         progress.add_task(searches[-1] if searches else str(out.name), total=to_run)
 
-    if (strategies is None) != (epsilons is None):
-        raise ConfigError("--strategies and --epsilons go together (one search per strategy and ε)")
+    if (policies is None) != (epsilons is None):
+        raise ConfigError("--policies and --epsilons go together (one search per policy and ε)")
     options = dict(
         metric=metric,
         distribution=distribution,
@@ -478,7 +528,7 @@ def tune(
         grid_baseline=grid_baseline,
         config_file=config,
         data_dir=data_dir,
-        ray=backend is Backend.ray,
+        ray=on_ray,
         address=address,
         workers=workers,
         on_start=started_runs,
@@ -487,12 +537,12 @@ def tune(
     )
     options.update(stored_options)  # a curve continued from its folder keeps its own options
     try:
-        if strategies is None:
+        if policies is None:
             api.tune(scenario, grid=searched, overrides=typed, out=out, resume=resume, **options)
         else:
             api.tune_curve(
                 scenario,
-                strategies=[name.strip() for name in strategies.split(",") if name.strip()],
+                policies=[name.strip() for name in policies.split(",") if name.strip()],
                 epsilons=api.parse_epsilons(epsilons or ""),
                 grid=searched,
                 out=out,
@@ -557,7 +607,8 @@ def _number(value: object) -> str:
 
 def _print_run_summary(summary: dict, out: Path) -> None:
     privacy = summary["privacy"]
-    table = Table(title=f"{summary['strategy']} on {summary['scenario']} (seed {summary['seed']})")
+    policy = summary.get("policy", summary.get("strategy"))  # "strategy": a summary written before
+    table = Table(title=f"{policy} on {summary['scenario']} (seed {summary['seed']})")
     table.add_column("cohort")
     metrics = sorted({metric for values in summary["cohorts"].values() for metric in values})
     for metric in metrics:
@@ -695,17 +746,22 @@ def main(argv: list[str] | None = None) -> None:
     in_main_thread = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _terminate) if in_main_thread else None
     _signals_received.clear()
+    show_warning = warnings.showwarning
+    notes: list[str] = []
+    warnings.showwarning = _note_old_names(show_warning, notes)
     try:
         # Without standalone mode click returns the exit status of --help, Ctrl-C and the like.
         status = app(args=argv, prog_name="fairclip", standalone_mode=False)
     except click.exceptions.Exit as done:
         sys.exit(done.exit_code)
     except click.ClickException as error:
+        notes.clear()  # bad input: its one line only
         _fail(error.format_message())
     except NotFiniteError as error:  # the run stopped: its summary says failed, and why
         print(f"fairclip: error: {error}", file=sys.stderr)
         sys.exit(1)
     except FairclipError as error:  # every other error fairclip reports in one line
+        notes.clear()  # bad input: its one line only
         _fail(str(error))
     except (click.exceptions.Abort, KeyboardInterrupt):
         status = 130
@@ -717,6 +773,9 @@ def main(argv: list[str] | None = None) -> None:
         print(f"fairclip: error: {one_line(error)}", file=sys.stderr)
         sys.exit(OUTPUT_ERROR)
     finally:
+        warnings.showwarning = show_warning
+        for note in notes:
+            print(f"fairclip: note: {note}", file=sys.stderr)
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
     if status == 130 and _signals_received:
@@ -725,6 +784,22 @@ def main(argv: list[str] | None = None) -> None:
         console.print(f"{'terminated' if status == 143 else 'interrupted'}; finished results were written")
     if isinstance(status, int) and status != 0:
         sys.exit(status)
+
+
+def _note_old_names(show: Callable[..., None], notes: list[str]) -> Callable[..., None]:
+    """``warnings.showwarning`` that keeps :class:`fairclip.api.OldNameNote` (an old name, such as
+    ``strategy.*`` for ``policy.*``, read as the new one) in ``notes``, once each, and shows every
+    other warning as ``show`` does. :func:`main` prints the notes as ``fairclip: note: ...`` when the
+    command ends, except after bad input, whose one line stays the only one."""
+
+    def note(message, category, filename, lineno, file=None, line=None) -> None:
+        if isinstance(category, type) and issubclass(category, api.OldNameNote):
+            if str(message) not in notes:
+                notes.append(str(message))
+        else:
+            show(message, category, filename, lineno, file, line)
+
+    return note
 
 
 def _fail(message: str) -> None:

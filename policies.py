@@ -6,7 +6,7 @@ A policy is a subclass of :class:`Policy` (the contract, documented in full in
 move the bound on the server. Make it available to scenarios in one of three ways:
 
 * ``fairclip.policies.register(MyPolicy)`` in the process that runs (or starts) the simulations;
-* ``strategy.name = "mypkg.policies:MyPolicy"`` in a scenario TOML or with ``--set``;
+* ``policy.name = "mypkg.policies:MyPolicy"`` in a scenario TOML or with ``--set``;
 * an entry point of the group ``fairclip.policies`` in the package that ships it.
 
 From Python, every entry point (:func:`fairclip.compare`, :func:`fairclip.simulate`,
@@ -55,7 +55,7 @@ from fairclip.strategies.registry import (
 
 def check_policy(policy: type[Policy] | str, params: Any = None, **options: Any) -> None:
     """The property checks of :mod:`fairclip.strategies.testing` on ``policy`` (a class or a
-    strategy name) with ``params`` (a mapping or a hypothesis strategy of mappings)."""
+    policy name) with ``params`` (a mapping or a hypothesis strategy of mappings)."""
     from fairclip.strategies.testing import check_policy as check  # hypothesis: a test extra
 
     check(policy, params, **options)

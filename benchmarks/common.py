@@ -166,7 +166,7 @@ def wait_for_peers() -> None:
 
 def alternate(names: tuple[str, ...], repeat: int) -> tuple[str, ...]:
     """The order of one paired repeat's runs: as given in even repeats, reversed in odd ones, so
-    that neither contender always runs first (W4's strategies, W5's 1 and 2 workers)."""
+    that neither contender always runs first (W4's policies, W5's 1 and 2 workers)."""
     return names if repeat % 2 == 0 else names[::-1]
 
 

@@ -2,11 +2,11 @@
 
 Imported by the throw-away Flower project that :func:`benchmarks.w1.run_flower` writes. The
 ClientApp is fairclip's own (the scenario names the benchmark's image loader and model by import
-path, so the nodes build the same task as fairclip's engines). The ServerApp is fairclip's
+path, so the nodes build the same task as fairclip's executors). The ServerApp is fairclip's
 :func:`~fairclip.server.app.run_federation` with one observer, :class:`RoundTimer`, which
 records when the first round starts and when each round ends, with its accepted and dropped
 replies (``bench_timing.json`` next to ``rounds.csv``): Flower's throughput is then measured over
-the same phase as fairclip's engine, from the first round's sampling to the last round's server
+the same phase as fairclip's executor, from the first round's sampling to the last round's server
 step and evaluation.
 """
 

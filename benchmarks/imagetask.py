@@ -80,12 +80,12 @@ def image_run(
     rounds: int,
     per_client: int,
     model: str,
-    strategy: str,
+    policy: str,
     batch_size: int = 32,
     client_lr: float = 0.05,
     test_per_cohort: int = 250,
     eval_every: int = 1,
-    strategy_params: dict[str, Any] | None = None,
+    policy_params: dict[str, Any] | None = None,
     training: dict[str, Any] | None = None,
     privacy: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
@@ -113,7 +113,7 @@ def image_run(
             "eval_every": eval_every,
             **(training or {}),
         },
-        "strategy": {"name": strategy, **({strategy: strategy_params} if strategy_params else {})},
+        "policy": {"name": policy, **({policy: policy_params} if policy_params else {})},
         "privacy": {"noise_multiplier": 1.0, "delta": 1e-5, **(privacy or {})},
     }
 

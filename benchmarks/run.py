@@ -30,7 +30,7 @@ DESCRIPTIONS = {
     "w1": "cross-device: 1,000 clients × 64 images 28×28, ~100/round, 5 rounds, W1 CNN, bounded",
     "w2": "DP-SGD: 3 CNNs, 60,000 examples, 100/50/20 Poisson batches of 256, clip 1, σ 0.8; 5 pairs",
     "w3": "scale: 100,000 clients, ~1,000/round; 10^9 and 10^6 clients, 10^4/round; bounded, in-process",
-    "w4": "DP overhead: W1 with bounded vs none, fairclip's Ray engine",
+    "w4": "DP overhead: W1 with bounded vs none, fairclip's Ray executor",
     "w5": "scale-out: W1 on 1 vs 2 Ray actors, local and on single-CPU nodes of a cluster; 7 pairs",
 }
 QUICK_DESCRIPTIONS = {
@@ -56,7 +56,7 @@ GPU_SKIPS = {
 }
 DEVICES = ("cpu", "cuda")
 GPU_WORKLOADS = ("w2",)
-"""The workloads that run on a GPU with ``--device cuda``; the others measure CPU engines."""
+"""The workloads that run on a GPU with ``--device cuda``; the others measure CPU executors."""
 TIMEOUT_S = {"w1": 1800, "w2": 1200, "w3": 1200, "w4": 1800, "w5": 1800}
 W5_SPEEDUP = 1.6  # on one 2-core machine (decided 2026-12)
 W3_MEMORY_LIMIT = 4 * 2**30
@@ -247,7 +247,7 @@ def check_device(device: str, workloads: list[str]) -> None:
     cpu_only = [w for w in workloads if w not in GPU_WORKLOADS]
     if cpu_only:
         raise ConfigError(
-            f"--device {device}: {', '.join(cpu_only)} measure(s) CPU engines; only "
+            f"--device {device}: {', '.join(cpu_only)} measure(s) CPU executors; only "
             f"{', '.join(GPU_WORKLOADS)} runs on a GPU"
         )
     import torch

@@ -6,7 +6,7 @@ Every fairclip contender evaluates the model (and computes ε) once, after the l
 
 Contenders (client updates per second):
 
-* ``fairclip``: fairclip's Ray engine, one actor per core.
+* ``fairclip``: fairclip's Ray executor, one actor per core.
 * ``flower``: fairclip's own ServerApp/ClientApp on Flower's simulation runtime (``flwr run``,
   default resources), one SuperNode per client.
 * ``floor``: the same local training in a plain single-process, single-thread PyTorch loop
@@ -37,11 +37,11 @@ def sizes(quick: bool) -> dict[str, Any]:
     return {"num_clients": 1000, "per_client": 64, "sample_rate": 0.1, "rounds": 5}
 
 
-DEMO_STRATEGY_TABLES = {"adaptive": {"bound_lr": 0.5}, "bounded": {"lower_bound": 0.5, "bound_lr": 0.5}}
+DEMO_POLICY_TABLES = {"adaptive": {"bound_lr": 0.5}, "bounded": {"lower_bound": 0.5, "bound_lr": 0.5}}
 """The ``demo`` scenario's policy settings, which W1 keeps."""
 
 
-def settings(quick: bool, strategy: str = "bounded") -> dict[str, Any]:
+def settings(quick: bool, policy: str = "bounded") -> dict[str, Any]:
     """W1's raw run configuration (:func:`benchmarks.imagetask.image_run`)."""
     from .imagetask import image_run
 
@@ -52,30 +52,30 @@ def settings(quick: bool, strategy: str = "bounded") -> dict[str, Any]:
         rounds=size["rounds"],
         per_client=size["per_client"],
         model="w1-cnn",
-        strategy=strategy,
+        policy=policy,
         test_per_cohort=50 if quick else 250,
         # Evaluate and account once, after the last round: pfl-research's W1 evaluates never,
         # and per-round evaluation would time the test set, not the federation.
         eval_every=size["rounds"],
     )
-    raw["strategy"].update(DEMO_STRATEGY_TABLES)
+    raw["policy"].update(DEMO_POLICY_TABLES)
     return raw
 
 
-# ----- (a) fairclip's Ray engine -------------------------------------------------------------
+# ----- (a) fairclip's Ray executor -------------------------------------------------------------
 
 
-def run_fairclip(quick: bool, strategy: str = "bounded") -> Measurement:
+def run_fairclip(quick: bool, policy: str = "bounded") -> Measurement:
     from .imagetask import build_task, image_config, ray_executor
     from .timing import start_ray, timed_rounds
 
     def body():
         cores = start_ray()
-        config = image_config(settings(quick, strategy))
+        config = image_config(settings(quick, policy))
         task = build_task(config)
         executor = ray_executor(config, cores)
         seconds, details = timed_rounds(config, task, executor)
-        details.update(engine="ray", actors=len(executor.actors), strategy=strategy)
+        details.update(executor="ray", actors=len(executor.actors), policy=policy)
         return seconds, details["client_updates"], details
 
     return measured(UNIT, body)
@@ -235,7 +235,7 @@ def run_flower(quick: bool) -> Measurement:
                     f"config-file={json.dumps(str(config_file))}",
                     f"out={json.dumps(str(out))}",
                     "seed=0",
-                    # like for like: fairclip's engine draws numpy's seeded noise, not OpenDP's,
+                    # like for like: fairclip's executor draws numpy's seeded noise, not OpenDP's,
                     # and samples from the seed (a not-private run: a benchmark, not a release)
                     "not-private=true",
                     "privacy.secure_noise=false",

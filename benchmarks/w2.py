@@ -10,9 +10,9 @@ model's first four run in one process, in paired repeats (:func:`run_model`):
 
 * ``fairclip``: fairclip's one-step-client path (one client per example, one local step:
   updates are per-sample gradients, clipped from their norms without being formed,
-  ``fairclip.scenarios.tasks.ghost``), policy ``constant``, driven by fairclip's in-process engine with
+  ``fairclip.scenarios.tasks.ghost``), policy ``constant``, driven by fairclip's in-process executor with
   one worker thread per core (``LocalExecutor(workers=cores)``; the same result as one thread).
-* ``fairclip-ray``, ``fairclip-local`` (tanh CNN only, for reference): the same on the Ray engine
+* ``fairclip-ray``, ``fairclip-local`` (tanh CNN only, for reference): the same on the Ray executor
   (one actor per core) and in-process with one thread.
 * ``opacus``: Opacus' own ``PrivacyEngine`` training loop in its default mode (hooks: Poisson
   sampling, per-sample gradients, clipping and noise; torch's default threads).
@@ -22,7 +22,7 @@ model's first four run in one process, in paired repeats (:func:`run_model`):
   default threads; batches indexed from the tensors, no ``DataLoader``): the physical anchor.
 
 ``fairclip bench w2 --device cuda`` runs every contender on the GPU instead: the models and the
-data tensors live there, fairclip's in-process engine runs one worker (one GPU), and each clock
+data tensors live there, fairclip's in-process executor runs one worker (one GPU), and each clock
 stops after ``torch.cuda.synchronize()``. The targets stay this CPU machine's; on a GPU they are
 figures for the record.
 
@@ -81,12 +81,12 @@ def config(quick: bool, model: str = "tanh-cnn", device: str = "cpu", steps: int
             rounds=steps,
             per_client=1,
             model=model,
-            strategy="constant",
+            policy="constant",
             client_lr=1.0,
             test_per_cohort=100,
             # Like Opacus' loop below: no evaluation or ε between steps, one at the end.
             eval_every=steps,
-            strategy_params={"initial_bound": CLIP},
+            policy_params={"initial_bound": CLIP},
             training={
                 "server_lr": LR,
                 # one_step_rows: the device's default; on a GPU (1,024 a call) the whole batch of 256
@@ -103,34 +103,34 @@ Runner = Callable[[int], Run]
 """Runs a contender once for the given number of steps."""
 
 
-def _fairclip_runner(quick: bool, model: str, device: str, engine: str = "threads") -> Runner:
-    """fairclip's one-step path with its task and executor built once (``engine``: ``threads``,
+def _fairclip_runner(quick: bool, model: str, device: str, kind: str = "threads") -> Runner:
+    """fairclip's one-step path with its task and executor built once (``kind``: ``threads``,
     one worker thread per core, or one on a GPU; ``local``, one thread; ``ray``, one actor per
     core)."""
     from .imagetask import build_task, ray_executor
     from .timing import start_ray, timed_rounds
 
-    if engine == "ray":
+    if kind == "ray":
         _ray_is_installed()
     run_config = config(quick, model, device)
     task = build_task(run_config)
     assert task.one_step, "the W2 task must take the one-step path"
     workers = 1
-    if engine == "ray":
+    if kind == "ray":
         executor = ray_executor(run_config, start_ray())
     else:
         # in the workload's own child process only (torch, ray, flwr: not in `fairclip bench`'s)
         from fairclip.sims.executors.local import LocalExecutor
         from fairclip.strategies import build_policy
 
-        policy = build_policy(run_config.strategy.name, run_config.strategy.params, num_cohorts=2)
-        workers = usable_cores() if engine == "threads" and device == "cpu" else 1
+        policy = build_policy(run_config.policy.name, run_config.policy.params, num_cohorts=2)
+        workers = usable_cores() if kind == "threads" and device == "cpu" else 1
         executor = LocalExecutor(task, policy, workers=workers)
 
     def run(steps: int) -> Run:
         seconds, details = timed_rounds(config(quick, model, device, steps), task, executor)
         details.update(
-            engine=engine,
+            executor=kind,
             workers=workers,
             examples=details["client_updates"],
             one_step=True,
@@ -356,12 +356,12 @@ def run_model(quick: bool, model: str, device: str = "cpu") -> dict[str, Measure
     return results
 
 
-def _reference(quick: bool, engine: str, device: str) -> Measurement:
+def _reference(quick: bool, kind: str, device: str) -> Measurement:
     """fairclip alone in its own process, fastest of 3 (the Ray and one-thread references)."""
     size = sizes(quick)
 
     def body() -> Run:
-        run = _fairclip_runner(quick, "tanh-cnn", device, engine)
+        run = _fairclip_runner(quick, "tanh-cnn", device, kind)
         return fastest([run(size["steps"]) for _ in range(size["repeats"])])
 
     return measured(UNIT, body)

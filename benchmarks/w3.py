@@ -1,5 +1,5 @@
 """W3, scale: 100,000 clients and about 1,000 per round (Poisson, q = 0.01), policy ``bounded``,
-fairclip's in-process engine (one process, so its resident memory is the whole run's).
+fairclip's in-process executor (one process, so its resident memory is the whole run's).
 
 * ``bimodal-mean``: the scenario of that name (one point per client, the model is their mean).
 * ``logistic``: the ``demo`` scenario (logistic regression, 10 features, 32 examples per
@@ -65,15 +65,13 @@ def _run(quick: bool, name: str) -> Measurement:
                 f"federation.num_clients={num_clients}",
                 f"federation.sample_rate={sample_rate!r}",
                 f"training.rounds={size['rounds'][name]}",
-                "strategy.name=bounded",
+                "policy.name=bounded",
             ],
         )
         task = build_task(config)
-        policy = build_policy(
-            config.strategy.name, config.strategy.params, num_cohorts=len(task.cohort_names)
-        )
+        policy = build_policy(config.policy.name, config.policy.params, num_cohorts=len(task.cohort_names))
         seconds, details = timed_rounds(config, task, LocalExecutor(task, policy))
-        details.update(engine="local", num_clients=num_clients, sample_rate=sample_rate, scenario=scenario)
+        details.update(executor="local", num_clients=num_clients, sample_rate=sample_rate, scenario=scenario)
         return seconds, details["rounds"], details
 
     return measured(UNIT, body)

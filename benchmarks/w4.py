@@ -1,14 +1,14 @@
-"""W4, DP overhead: W1 with ``bounded`` against W1 with ``none`` in the same engine (fairclip's
-Ray engine: one Ray cluster and one set of actors that switch policy between runs).
+"""W4, DP overhead: W1 with ``bounded`` against W1 with ``none`` in the same executor (fairclip's
+Ray executor: one Ray cluster and one set of actors that switch policy between runs).
 
-Each strategy first runs once unmeasured: the first rounds of the actors' process pay one-time
+Each policy first runs once unmeasured: the first rounds of the actors' process pay one-time
 costs (lazy imports, torch's first kernels, the allocator's growth) that landed on whichever
-strategy ran first -- ``bounded`` in the first repeat, whose overhead read +11 to +21 % in four
+policy ran first -- ``bounded`` in the first repeat, whose overhead read +11 to +21 % in four
 runs while the other repeats read -3 to +7 %. Each of ``repeats`` repeats then runs the two
-strategies back to back on the same sampled clients, in alternating order. The overhead is the
+policies back to back on the same sampled clients, in alternating order. The overhead is the
 median over the repeats of ``bounded``'s wall time over ``none``'s in the same repeat, minus 1:
 the machine's load drifts by 10-30 % between runs, and a pair run within seconds of each other
-sees the same load (the fastest repeat of each strategy, the figure in the table, once made one
+sees the same load (the fastest repeat of each policy, the figure in the table, once made one
 lucky ``none`` repeat read as +21 %). Every repeat pays its own privacy accounting (the
 accounting caches are cleared before each), as a single run does: ε after the last round (PRV,
 q = 0.1, T = 5, 0.025 s of CPU) is computed by the run's server in a background thread while
@@ -21,7 +21,7 @@ from __future__ import annotations
 from .common import Measurement
 from .w1 import UNIT, settings
 
-STRATEGIES = ("bounded", "none")
+POLICIES = ("bounded", "none")
 
 
 def run_pair(quick: bool) -> dict[str, Measurement]:
@@ -39,40 +39,40 @@ def run_pair(quick: bool) -> dict[str, Measurement]:
     sampler = TreeMemorySampler().__enter__()
     repeats = 1 if quick else 7
     cores = start_ray()
-    configs = {strategy: image_config(settings(quick, strategy)) for strategy in STRATEGIES}
+    configs = {policy: image_config(settings(quick, policy)) for policy in POLICIES}
     task = build_task(configs["none"])
     executor = ray_executor(configs["none"], cores)
-    runs: dict[str, list[tuple[float, dict]]] = {strategy: [] for strategy in STRATEGIES}
+    runs: dict[str, list[tuple[float, dict]]] = {policy: [] for policy in POLICIES}
     warm_up_s = {}
-    for strategy in STRATEGIES:  # unmeasured: a process's first rounds pay one-time costs
-        executor.set_policy(configs[strategy])
+    for policy in POLICIES:  # unmeasured: a process's first rounds pay one-time costs
+        executor.set_policy(configs[policy])
         clear_caches()
-        warm_up_s[strategy] = timed_rounds(configs[strategy], task, executor)[0]
+        warm_up_s[policy] = timed_rounds(configs[policy], task, executor)[0]
     for repeat in range(repeats):
-        for strategy in alternate(STRATEGIES, repeat):
-            executor.set_policy(configs[strategy])
+        for policy in alternate(POLICIES, repeat):
+            executor.set_policy(configs[policy])
             clear_caches()
-            runs[strategy].append(timed_rounds(configs[strategy], task, executor))
+            runs[policy].append(timed_rounds(configs[policy], task, executor))
     sampler.__exit__(None, None, None)
     total = time.perf_counter() - started
     peak = max(sampler.peak, self_peak_rss_bytes())
     paired = [b[0] / n[0] - 1 for b, n in zip(runs["bounded"], runs["none"], strict=True)]
     results = {}
-    for strategy in STRATEGIES:
-        seconds, details = min(runs[strategy], key=lambda run: run[0])
+    for policy in POLICIES:
+        seconds, details = min(runs[policy], key=lambda run: run[0])
         details.update(
-            engine="ray",
-            strategy=strategy,
+            executor="ray",
+            policy=policy,
             repeats=repeats,
-            all_wall_s=[run[0] for run in runs[strategy]],
-            warm_up_wall_s=warm_up_s[strategy],
+            all_wall_s=[run[0] for run in runs[policy]],
+            warm_up_wall_s=warm_up_s[policy],
         )
-        details["total_s_note"] = "total_s: the whole W4 process (both strategies, all repeats)"
-        if strategy == "bounded":
+        details["total_s_note"] = "total_s: the whole W4 process (both policies, all repeats)"
+        if policy == "bounded":
             details["paired_overheads"] = paired
             details["overhead"] = statistics.median(paired)
         work = details["client_updates"]
-        results[strategy] = Measurement(work / seconds, UNIT, seconds, total, work, peak, details)
+        results[policy] = Measurement(work / seconds, UNIT, seconds, total, work, peak, details)
     return results
 
 

@@ -1,4 +1,4 @@
-"""W5, scale-out: W1 (:mod:`benchmarks.w1`) on fairclip's Ray engine with 1 Ray actor and with 2
+"""W5, scale-out: W1 (:mod:`benchmarks.w1`) on fairclip's Ray executor with 1 Ray actor and with 2
 actors, on one local Ray and on a Ray cluster of single-CPU nodes started on this machine with
 ``ray start`` (:func:`fairclip.benchmarks.local_cluster.local_cluster`).
 
@@ -134,7 +134,7 @@ def _paired_executors(
         seconds, details = min(runs[name], key=lambda run: run[0] / run[1]["client_updates"])
         details = {
             **details,
-            "engine": "ray",
+            "executor": "ray",
             **placement[name],
             "executors": "side by side" if side_by_side else "started for each run",
             "pairs": len(runs[name]),

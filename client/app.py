@@ -12,7 +12,7 @@ A node is one client of the federation. Its node configuration says which:
 
 For each round it trains from the received θ_t with the received public policy parameters and
 replies with its clipped update and report bits (:mod:`fairclip.client.protocol`), nothing else.
-Training and clipping are the very functions the Ray engine calls (the scenario's
+Training and clipping are the very functions the Ray executor calls (the scenario's
 ``local_updates`` and :func:`fairclip.client.contributions.contribute`); no policy logic lives
 here. Only where the run configuration enables ``simulation-diagnostics`` does a client that
 trains on its partition of a simulated scenario also send the simulation-only diagnostics (true
@@ -250,8 +250,8 @@ def load_client_run(run_config: dict[str, Any]) -> ClientRun:
     run = flower_run(run_config)
     return ClientRun(
         num_clients=run.config.federation.num_clients,
-        strategy_name=run.config.strategy.name,
-        strategy_params=dict(run.config.strategy.params),
+        strategy_name=run.config.policy.name,
+        strategy_params=dict(run.config.policy.params),
         simulation_diagnostics=run.simulation_diagnostics,
         task=lambda _private: build_task(run.config, run.data_dir),
     )

@@ -2,7 +2,7 @@
 
 :func:`contribute` applies the policy's client transform to the raw updates of some clients
 (one client in a Flower ``ClientApp``, a shard in a Ray actor, all sampled clients in the
-in-process engine) and returns the sums that go to the server, plus per-cohort diagnostics
+in-process executor) and returns the sums that go to the server, plus per-cohort diagnostics
 that only a simulation may record (true counts and update norms; a real client never reports
 its raw norm).
 """

@@ -18,7 +18,7 @@ Three exchanges:
   clients twice a round: ``exchange = "counts"`` (the reply holds the report vector alone), then
   ``exchange = "updates"`` with the bounds those counts set (the contribution alone).
 
-Everything is flattened float64 vectors, exactly what the engines pass to the policy code.
+Everything is flattened float64 vectors, exactly what the executors pass to the policy code.
 """
 
 from __future__ import annotations

@@ -100,7 +100,7 @@ MEANINGS: dict[str, str] = {
     "training.server_beta1": 'β₁ of the server\'s Adam (`server_optimizer = "adam"`).',
     "training.server_beta2": "β₂ of the server's Adam.",
     "training.server_eps": "ε of the server's Adam (numerical, not privacy).",
-    "strategy.name": "The clipping policy: a built-in name (below), or a plug-in reference (a "
+    "policy.name": "The clipping policy: a built-in name (below), or a plug-in reference (a "
     "registered name, an entry point of `fairclip.policies`, or `package.module:Class`). A Python "
     "`Scenario` starts from `none`, the non-private reference.",
     "privacy.noise_multiplier": "σ_Δ: the noise on the sum of clipped updates is N(0, (σ_Δ·s_t)²), "
@@ -295,9 +295,9 @@ def configuration_keys() -> dict[str, tuple[str, str, str]]:
             continue
         for key, kind, default, meaning in model_keys(model, prefix):
             found.setdefault(key, (kind, default, meaning))
-    found["strategy.name"] = ("string", "required", _cell(MEANINGS["strategy.name"]))
+    found["policy.name"] = ("string", "required", _cell(MEANINGS["policy.name"]))
     for name, policy in POLICIES.items():
-        for key, kind, default, meaning in model_keys(policy.Params, f"strategy.{name}."):
+        for key, kind, default, meaning in model_keys(policy.Params, f"policy.{name}."):
             found[key] = (kind, default, meaning)
     return found
 
@@ -317,7 +317,7 @@ def configuration_page() -> str:
         "",
         "Generated from the configuration model (`RunConfig`) and the policies' parameter schemas "
         "at build time. A scenario is a TOML file with a top-level `seed` and the tables "
-        "`[scenario]`, `[federation]`, `[training]`, `[strategy]` and `[privacy]`; every key below "
+        "`[scenario]`, `[federation]`, `[training]`, `[policy]` and `[privacy]`; every key below "
         "can also be set with `--set KEY=VALUE` on the command line, with "
         "`overrides={KEY: value}` in Python and in a Flower run's `--run-config`. An unknown key or "
         "a value out of range ends the command with one line naming it, and exit status 2, before "
@@ -355,28 +355,29 @@ def configuration_page() -> str:
         parts.append(_table(_key_rows(model_keys(model, f"{section}.")), KEY_HEAD))
     parts += [
         "",
-        "## `[strategy]`",
+        "## `[policy]`",
         "",
-        "`strategy.name` chooses the policy. The policy's parameters go directly under `[strategy]` "
-        "(`strategy.lower_bound`) or in a sub-table `[strategy.<policy>]`, which holds defaults for "
+        "`policy.name` chooses the policy. The policy's parameters go directly under `[policy]` "
+        "(`policy.lower_bound`) or in a sub-table `[policy.<name>]`, which holds defaults for "
         "that one policy only, so a scenario can give `bounded` its lower bound and still run with "
-        "`--set strategy.name=constant`. A key directly under `[strategy]` wins over the sub-table; a "
-        "`--set strategy.<policy>.<key>` while `strategy.<key>` is set directly would go unused, and "
-        "is refused.",
+        "`--set policy.name=constant`. A key directly under `[policy]` wins over the sub-table; a "
+        "`--set policy.<name>.<key>` while `policy.<key>` is set directly would go unused, and "
+        "is refused. `[strategy]` and `strategy.*`, the table's old name, are still read as "
+        "`[policy]` and `policy.*` (with a note); giving both names is refused.",
         "",
-        _table([(key_code("strategy.name"), *configuration_keys()["strategy.name"])], KEY_HEAD),
+        _table([(key_code("policy.name"), *configuration_keys()["policy.name"])], KEY_HEAD),
     ]
     for name, policy in POLICIES.items():
         rows = [
-            (key_code(f"strategy.{key.split('.', 2)[2]}"), kind, default, meaning)
-            for key, kind, default, meaning in model_keys(policy.Params, f"strategy.{name}.")
+            (key_code(f"policy.{key.split('.', 2)[2]}"), kind, default, meaning)
+            for key, kind, default, meaning in model_keys(policy.Params, f"policy.{name}.")
         ]
         parts += [
             "",
             f"### `{name}` {{#{name}}}",
             "",
             f"Parameters of [`{name}`](../explanation/policies.md#{name}) "
-            f"(`strategy.<key>` or `strategy.{name}.<key>`):",
+            f"(`policy.<key>` or `policy.{name}.<key>`):",
             "",
             _table(rows, KEY_HEAD),
         ]
@@ -498,7 +499,7 @@ def scenarios_page() -> str:
                 f"{config.federation.num_clients:,}",
                 f"{config.federation.sample_rate:g}",
                 f"{config.training.rounds:,}",
-                f"`{config.strategy.name}`",
+                f"`{config.policy.name}`",
                 cohorts,
             )
         )
@@ -616,7 +617,7 @@ def policies_page() -> str:
             "",
             rst_to_markdown(rest),
             "",
-            f"Parameters (`[strategy]` or `[strategy.{name}]`; "
+            f"Parameters (`[policy]` or `[policy.{name}]`; "
             f"[all keys](../reference/configuration.md#{name})):",
             "",
         ]

@@ -94,10 +94,10 @@ def main() -> fairclip.Comparison:
         model=small_mlp,
         sample_rate=0.3,
         rounds=15,
-        settings={"training.client_lr": 0.5, "strategy.bounded.lower_bound": 0.1},
+        settings={"training.client_lr": 0.5, "policy.bounded.lower_bound": 0.1},
     )
     comparison = fairclip.compare(
-        scenario, strategies=["constant", "bounded", DecayingClipping], epsilons=[4.0]
+        scenario, policies=["constant", "bounded", DecayingClipping], epsilons=[4.0]
     )
     table = comparison.table.pivot_table(index="strategy", columns="cohort", values="accuracy")
     print(table.round(3))

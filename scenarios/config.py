@@ -1,12 +1,17 @@
 """Scenario configuration: TOML files, ``--set`` overrides and validation (docs/design.md, section 5).
 
 A configuration has the tables ``[scenario]``, ``[federation]``, ``[training]``,
-``[strategy]`` and ``[privacy]`` and a top-level ``seed``. Keys directly under ``[strategy]``
-(besides ``name``) apply to whichever policy is chosen; a sub-table ``[strategy.<policy>]``
+``[policy]`` and ``[privacy]`` and a top-level ``seed``. Keys directly under ``[policy]``
+(besides ``name``) apply to whichever policy is chosen; a sub-table ``[policy.<name>]``
 holds defaults for that one policy only, so a scenario can give ``bounded`` its lower bound
-without breaking ``--set strategy.name=constant``. Direct keys win over the sub-table, which
-is where ``--set strategy.lower_bound=...`` lands. Unknown keys and out-of-range values raise
+without breaking ``--set policy.name=constant``. Direct keys win over the sub-table, which
+is where ``--set policy.lower_bound=...`` lands. Unknown keys and out-of-range values raise
 :class:`ConfigError` with one line naming the key.
+
+``[strategy]`` is the table's old name and still read, as ``[policy]``, wherever a configuration
+comes in (TOML files, ``--set strategy.x=...``, grid and setup keys, Flower's run configuration,
+stored configurations): :func:`canonical_raw` and :func:`canonical_key`, with a one-time
+:class:`OldNameNote`. Giving both names at once is a :class:`ConfigError`.
 """
 
 from __future__ import annotations
@@ -14,7 +19,8 @@ from __future__ import annotations
 import copy
 import math
 import tomllib
-from collections.abc import Iterable
+import warnings
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_args
 
@@ -29,6 +35,77 @@ from fairclip.strategies.params import first_problem
 from fairclip.strategies.registry import policy_class
 
 SCENARIO_DIR = Path(__file__).parent / "builtin"
+
+POLICY = "policy"
+"""The table of the clipping policy: ``policy.name``, ``policy.<param>``, ``policy.<name>.<param>``."""
+OLD_POLICY = "strategy"
+"""The table's old name, read as :data:`POLICY` (an alias)."""
+OLD_NAME_NOTE = "'strategy.*' keys are read as 'policy.*' (the old name)"
+
+
+class OldNameNote(FutureWarning):
+    """A configuration used the old name ``strategy`` of the ``policy`` table (read as ``policy``;
+    the command line prints it once as ``fairclip: note: ...``)."""
+
+
+def _note_old_name() -> None:
+    # one location and one message: the default filter shows it once per process
+    warnings.warn(OLD_NAME_NOTE, OldNameNote, stacklevel=1)
+
+
+def canonical_key(key: str, *, quiet: bool = False) -> str:
+    """A dotted configuration key with the old table name ``strategy`` read as ``policy``
+    (``quiet``: without the note, for a file written before the rename)."""
+    head, dot, rest = key.partition(".")
+    if head.strip() != OLD_POLICY:
+        return key
+    if not quiet:
+        _note_old_name()
+    return f"{POLICY}{dot}{rest}"
+
+
+def canonical_keys(keys: Iterable[str], where: str = "--set", *, quiet: bool = False) -> list[str]:
+    """:func:`canonical_key` of each of ``keys`` (one source: ``--set``, a grid, a setup's settings),
+    refusing both names at once."""
+    keys = list(keys)
+    heads = {key.partition(".")[0].strip() for key in keys}
+    if {POLICY, OLD_POLICY} <= heads:
+        raise ConfigError(
+            f"{where}: give policy.* keys or strategy.* keys (the old name of policy.*), not both"
+        )
+    return [canonical_key(key, quiet=quiet) for key in keys]
+
+
+def canonical_mapping(
+    mapping: Mapping[str, Any] | None, where: str = "--set", *, quiet: bool = False
+) -> dict[str, Any]:
+    """A mapping of dotted keys (overrides, a grid, settings) with :func:`canonical_keys`."""
+    mapping = dict(mapping or {})
+    return dict(zip(canonical_keys(mapping, where, quiet=quiet), mapping.values(), strict=True))
+
+
+def canonical_assignments(
+    assignments: Iterable[str], where: str = "--set", *, quiet: bool = False
+) -> list[str]:
+    """``KEY=VALUE`` assignments with :func:`canonical_keys` (the values as given)."""
+    split = [assignment.partition("=") for assignment in assignments]
+    keys = canonical_keys([key for key, _, _ in split], where, quiet=quiet)
+    return [f"{key}{sep}{value}" for key, (_, sep, value) in zip(keys, split, strict=True)]
+
+
+def canonical_raw(
+    raw: dict[str, Any], where: str = "configuration", *, quiet: bool = False
+) -> dict[str, Any]:
+    """A raw configuration whose ``[strategy]`` table (the old name) is read as ``[policy]``; a
+    :class:`ConfigError` where it has both. ``raw`` itself is not changed. ``quiet``: no note (a
+    stored configuration, written before the rename, is no one's choice of key)."""
+    if not isinstance(raw, dict) or OLD_POLICY not in raw:
+        return raw
+    if POLICY in raw:
+        raise ConfigError(f"{where}: give [policy] or [strategy] (the old name of [policy]), not both")
+    if not quiet:
+        _note_old_name()
+    return {(POLICY if key == OLD_POLICY else key): value for key, value in raw.items()}
 
 
 class _Section(BaseModel):
@@ -313,9 +390,9 @@ class TrainingSpec(_Section):
     are ``Linear`` or ``Conv2d`` (:mod:`fairclip.scenarios.tasks.ghost`); ``materialize`` always forms each
     example's gradient with ``torch.func``. Both give the same run to float32 rounding."""
     one_step_rows: Annotated[int, Field(ge=1)] | None = None
-    """Examples per call of the one-step path (one-step clients only): the engines train a
+    """Examples per call of the one-step path (one-step clients only): the executors train a
     round's sampled clients in groups of whole summation blocks of about this many examples,
-    the same groups on every backend and number of workers, so a run is the same run on all of
+    the same groups on every executor and number of workers, so a run is the same run on all of
     them for a given value; another value changes the run by float rounding. Unset: 32 where
     the task trains on the CPU, 1,024 on a GPU
     (:func:`fairclip.scenarios.tasks.classification.rows_per_one_step_call`)."""
@@ -336,7 +413,7 @@ class TrainingSpec(_Section):
     Algorithm 4 runs it: :mod:`fairclip.scenarios.tasks.fairlens`) with the weights ``fairlens_weights``
     and the ``constant`` policy's bound as C_0. Simulation only: each example's step then
     depends on the whole batch, so the run claims no ε; one-example, one-step clients, two
-    cohorts, two classes, the in-process engine."""
+    cohorts, two classes, the in-process executor."""
     fairlens_weights: Annotated[list[NonNegativeFloat], Field(min_length=2, max_length=2)] = [1.0, 1.0]
     """γ_1 and γ_2 of ``objective = "fairlens"`` (seed 003, appendix B.2: both 1)."""
     train_loss: bool = False
@@ -393,7 +470,7 @@ class PrivacySpec(_Section):
         return self
 
 
-class StrategySpec(_Section):
+class PolicySpec(_Section):
     """The chosen policy and its complete parameters (defaults filled in)."""
 
     name: str
@@ -405,7 +482,7 @@ class RunConfig(_Section):
     scenario: Annotated[ScenarioSpec | ClassificationSpec | FederatedDatasetSpec, Field(discriminator="task")]
     federation: FederationSpec
     training: TrainingSpec
-    strategy: StrategySpec
+    policy: PolicySpec
     privacy: PrivacySpec
 
     @property
@@ -414,10 +491,10 @@ class RunConfig(_Section):
         return self.federation.sample_rate * self.federation.num_clients
 
     def as_dict(self) -> dict[str, Any]:
-        """The resolved configuration, as it would be written back to TOML (strategy flattened)."""
+        """The resolved configuration, as it would be written back to TOML (policy flattened)."""
         data = self.model_dump()
-        strategy = data.pop("strategy")
-        data["strategy"] = {"name": strategy["name"], **strategy["params"]}
+        policy = data.pop("policy")
+        data["policy"] = {"name": policy["name"], **policy["params"]}
         return data
 
 
@@ -453,12 +530,12 @@ def scenario_source(scenario: str | None, config_file: Path | None) -> dict[str,
     if (scenario is None) == (config_file is None):
         raise ConfigError("give exactly one of --scenario NAME or --config FILE")
     if config_file is not None:
-        return read_toml(config_file)
+        return canonical_raw(read_toml(config_file), str(config_file))
     scenarios = builtin_scenarios()
     if scenario not in scenarios:
         hint = did_you_mean(scenario, scenarios)
         raise ConfigError(f"unknown scenario {scenario!r}{hint} (built-in: {', '.join(scenarios)})")
-    return read_toml(scenarios[scenario])
+    return canonical_raw(read_toml(scenarios[scenario]), f"scenario {scenario}")
 
 
 def parse_override(assignment: str) -> tuple[list[str], Any]:
@@ -475,11 +552,12 @@ def parse_override(assignment: str) -> tuple[list[str], Any]:
 
 
 def set_value(raw: dict[str, Any], key: str, value: Any) -> dict[str, Any]:
-    """A copy of ``raw`` with the dotted ``key`` set to ``value``."""
-    path = [part.strip() for part in key.split(".")]
+    """A copy of ``raw`` with the dotted ``key`` set to ``value`` (``strategy.*``, the old name of
+    ``policy.*``, read as ``policy.*``: :func:`canonical_key`)."""
+    path = [part.strip() for part in canonical_key(key).split(".")]
     if not all(path):
         raise ConfigError(f"{key!r} is not a dotted configuration key")
-    result = copy.deepcopy(raw)
+    result = copy.deepcopy(canonical_raw(raw))
     table = result
     for part in path[:-1]:
         child = table.setdefault(part, {})
@@ -493,12 +571,11 @@ def set_value(raw: dict[str, Any], key: str, value: Any) -> dict[str, Any]:
 def apply_overrides(raw: dict[str, Any], assignments: list[str]) -> dict[str, Any]:
     """A copy of ``raw`` with every ``--set`` assignment applied in order (refused where the
     result would not use one: :func:`check_overrides_used`)."""
-    result = copy.deepcopy(raw)
-    keys = []
-    for assignment in assignments:
-        path, value = parse_override(assignment)
-        keys.append(".".join(path))
-        result = set_value(result, keys[-1], value)
+    result = copy.deepcopy(canonical_raw(raw))
+    parsed = [parse_override(assignment) for assignment in assignments]
+    keys = canonical_keys(".".join(path) for path, _ in parsed)
+    for key, (_, value) in zip(keys, parsed, strict=True):
+        result = set_value(result, key, value)
     check_overrides_used(result, keys)
     return result
 
@@ -509,56 +586,57 @@ def check_overrides_used(raw: dict[str, Any], keys: Iterable[str]) -> None:
     - ``privacy.noise_multiplier`` while ``privacy.target_epsilon`` is set, since the target
       calibrates the noise multiplier (a scenario's own noise multiplier is a default the target
       replaces, and stays allowed);
-    - ``strategy.<name>.<key>`` while ``strategy.<key>`` is set directly, since a direct key wins
-      over every strategy's table (:func:`resolve_strategy`).
+    - ``policy.<name>.<key>`` while ``policy.<key>`` is set directly, since a direct key wins
+      over every policy's table (:func:`policy_spec`).
     """
+    raw = canonical_raw(raw)
     privacy = raw.get("privacy") if isinstance(raw.get("privacy"), dict) else {}
-    strategy = raw.get("strategy") if isinstance(raw.get("strategy"), dict) else {}
-    for key in keys:
+    policy = raw.get(POLICY) if isinstance(raw.get(POLICY), dict) else {}
+    for key in canonical_keys(keys):
         parts = key.split(".")
         if key == "privacy.noise_multiplier" and privacy.get("target_epsilon") is not None:
             raise ConfigError(
                 f"privacy.noise_multiplier: privacy.target_epsilon = {privacy['target_epsilon']!r} is set "
                 "and calibrates the noise multiplier, so the value given would not be used"
             )
-        direct = strategy.get(parts[-1])
-        if len(parts) == 3 and parts[0] == "strategy" and direct is not None and not isinstance(direct, dict):
+        direct = policy.get(parts[-1])
+        if len(parts) == 3 and parts[0] == POLICY and direct is not None and not isinstance(direct, dict):
             raise ConfigError(
-                f"{key}: strategy.{parts[2]} = {direct!r} is set directly and wins over the table "
-                f"strategy.{parts[1]}, so the value given would not be used; set strategy.{parts[2]}"
+                f"{key}: policy.{parts[2]} = {direct!r} is set directly and wins over the table "
+                f"policy.{parts[1]}, so the value given would not be used; set policy.{parts[2]}"
             )
 
 
-def resolve_strategy(raw_strategy: dict[str, Any], num_cohorts: int) -> StrategySpec:
-    """Merge ``[strategy.<name>]`` with the direct keys, check every key and fill in defaults."""
-    if not isinstance(raw_strategy, dict) or "name" not in raw_strategy:
-        raise ConfigError("strategy.name is required")
-    name = raw_strategy["name"]
+def policy_spec(raw_policy: dict[str, Any], num_cohorts: int) -> PolicySpec:
+    """Merge ``[policy.<name>]`` with the direct keys, check every key and fill in defaults."""
+    if not isinstance(raw_policy, dict) or "name" not in raw_policy:
+        raise ConfigError("policy.name is required")
+    name = raw_policy["name"]
     if not isinstance(name, str):
-        raise ConfigError(f"strategy.name must be a string (got {name!r})")
+        raise ConfigError(f"policy.name must be a string (got {name!r})")
     try:
         policy_class(name)  # a built-in, a registered plug-in or an import path
     except PolicyConfigError as error:
-        raise ConfigError(f"strategy.name: {error}") from None
-    direct = {k: v for k, v in raw_strategy.items() if k != "name" and not isinstance(v, dict)}
-    for policy_name, table in raw_strategy.items():
+        raise ConfigError(f"policy.name: {error}") from None
+    direct = {k: v for k, v in raw_policy.items() if k != "name" and not isinstance(v, dict)}
+    for policy_name, table in raw_policy.items():
         if isinstance(table, dict):
             try:
                 policy_class(policy_name)
             except PolicyConfigError as error:
-                raise ConfigError(f"strategy.{policy_name}: {error}") from None
-            _check_keys(policy_name, table, f"strategy.{policy_name}")
+                raise ConfigError(f"policy.{policy_name}: {error}") from None
+            _check_keys(policy_name, table, f"policy.{policy_name}")
             try:  # the values too, also of a policy that does not run in this configuration
                 policy_class(policy_name).Params.check_values(table, policy_name)
             except PolicyConfigError as error:
-                raise ConfigError(f"strategy.{policy_name}: {error}") from None
-    params = {**raw_strategy.get(name, {}), **direct}
-    _check_keys(name, params, "strategy")
+                raise ConfigError(f"policy.{policy_name}: {error}") from None
+    params = {**raw_policy.get(name, {}), **direct}
+    _check_keys(name, params, POLICY)
     try:
         build_policy(name, params, num_cohorts=num_cohorts)
     except PolicyConfigError as error:
-        raise ConfigError(f"strategy ({name}): {error}") from None
-    return StrategySpec(name=name, params={**policy_parameters(name), **params})
+        raise ConfigError(f"policy ({name}): {error}") from None
+    return PolicySpec(name=name, params={**policy_parameters(name), **params})
 
 
 def _check_keys(policy_name: str, params: dict[str, Any], where: str) -> None:
@@ -567,22 +645,22 @@ def _check_keys(policy_name: str, params: dict[str, Any], where: str) -> None:
         if key not in known:
             takes = ", ".join(known)
             raise ConfigError(
-                f"{where}.{key}: strategy {policy_name!r} has no such parameter"
+                f"{where}.{key}: policy {policy_name!r} has no such parameter"
                 f"{did_you_mean(key, known)} (it takes: {takes})"
             )
 
 
 def validate(raw: dict[str, Any]) -> RunConfig:
     """Turn a raw configuration into a :class:`RunConfig`, or raise one-line :class:`ConfigError`."""
-    raw = copy.deepcopy(raw)
-    raw_strategy = raw.pop("strategy", None)
+    raw = copy.deepcopy(canonical_raw(raw))
+    raw_policy = raw.pop(POLICY, None)
     num_cohorts = len(raw.get("scenario", {}).get("cohorts", {}) or {}) or 1
     try:
-        partial = RunConfig.model_validate({**raw, "strategy": {"name": "none", "params": {}}}, strict=True)
+        partial = RunConfig.model_validate({**raw, POLICY: {"name": "none", "params": {}}}, strict=True)
     except ValidationError as error:
         raise ConfigError(_first_error(error)) from None
-    strategy = resolve_strategy(raw_strategy, num_cohorts)
-    config = partial.model_copy(update={"strategy": strategy})
+    policy = policy_spec(raw_policy, num_cohorts)
+    config = partial.model_copy(update={POLICY: policy})
     _check_clipping_error(config)
     _check_objective(config)
     if config.training.class_weights is not None and config.scenario.task == "mean-estimation":
@@ -594,7 +672,7 @@ def _check_clipping_error(config: RunConfig) -> None:
     """``training.clipping_error`` other than ``both`` only in a run without DP noise: the update
     it steps with uses the clients' unclipped sum, which no DP release covers."""
     privacy = config.privacy
-    if config.training.clipping_error == "both" or config.strategy.name == "none":
+    if config.training.clipping_error == "both" or config.policy.name == "none":
         return
     if privacy.noise_multiplier > 0 or privacy.target_epsilon is not None:
         raise ConfigError(
@@ -628,9 +706,9 @@ def _check_objective(config: RunConfig) -> None:
             f"{where} needs one-example, one-step clients (scenario.partition = per-example, "
             "training.local_epochs = 1): its regularisers are functions of a DP-SGD batch"
         )
-    if config.strategy.name != "constant":
+    if config.policy.name != "constant":
         raise ConfigError(
-            f"{where} clips at a fixed C_0: strategy.name must be constant (got {config.strategy.name!r})"
+            f"{where} clips at a fixed C_0: policy.name must be constant (got {config.policy.name!r})"
         )
     if training.class_weights is not None:
         raise ConfigError(
@@ -688,4 +766,16 @@ def _tags(model: type[BaseModel]) -> tuple[Any, ...]:
     return get_args(task.annotation) if task is not None else ()
 
 
-__all__ = ["ConfigError", "RunConfig", "load_config", "validate"]
+__all__ = [
+    "ConfigError",
+    "OldNameNote",
+    "PolicySpec",
+    "RunConfig",
+    "canonical_assignments",
+    "canonical_key",
+    "canonical_keys",
+    "canonical_mapping",
+    "canonical_raw",
+    "load_config",
+    "validate",
+]

@@ -11,11 +11,12 @@ Flower only lets ``--run-config`` override keys declared under ``[tool.flwr.app.
   contribution and report bits only, and the server drops any reply that carries more. Turn it
   on for Flower's simulation runtime only, never in a deployment,
 - ``set``: further ``KEY=VALUE`` assignments separated by ``;`` (exactly what ``--set`` takes),
-- every configuration key of docs/design.md, section 5 (``strategy.name``, ``training.rounds``, ``seed``,
-  ...) with the default ``""``, which means "keep the scenario's value".
+- every configuration key of docs/design.md, section 5 (``policy.name``, ``training.rounds``, ``seed``,
+  ...) with the default ``""``, which means "keep the scenario's value"; ``strategy.*``, the old
+  name of ``policy.*``, is declared too and read as ``policy.*`` (giving both is refused).
 
-So ``flwr run . --run-config "strategy.name='bounded' training.rounds=5"`` and
-``fairclip run --scenario S --set strategy.name=bounded --set training.rounds=5`` resolve to the
+So ``flwr run . --run-config "policy.name='bounded' training.rounds=5"`` and
+``fairclip run --scenario S --set policy.name=bounded --set training.rounds=5`` resolve to the
 same configuration.
 
 The configuration's ``seed`` fixes what every node must agree on -- the data partition of a
@@ -23,7 +24,7 @@ simulated scenario -- and nothing else: client sampling comes from operating-sys
 the DP noise from OpenDP's exact sampler (or, with ``privacy.secure_noise = false``, numpy's
 generator on operating-system entropy). The control key ``not-private`` (``false`` unless given)
 makes sampling and noise follow ``seed`` as in a simulation, so that a test can compare a Flower
-run with the engines number for number. Whoever knows the seed can regenerate the noise and
+run with the executors number for number. Whoever knows the seed can regenerate the noise and
 subtract it, so such a run is not private, and every public output says so (ε is reported as
 infinite, docs/design.md, section 6): for tests and debugging only, never a deployment.
 """
@@ -37,6 +38,7 @@ from typing import Any
 from fairclip.scenarios.config import (
     RunConfig,
     apply_overrides,
+    canonical_mapping,
     check_overrides_used,
     scenario_source,
     set_value,
@@ -89,15 +91,15 @@ def flower_run(run_config: dict[str, Any]) -> FlowerRun:
         raw = scenario_source(scenario, None)
     else:
         raise ConfigError("the run configuration names neither `scenario` nor `config-file`")
-    for key, value in run_config.items():
-        if key in CONTROL_KEYS or value == UNSET:
-            continue
+    given = canonical_mapping(
+        {key: value for key, value in run_config.items() if key not in CONTROL_KEYS and value != UNSET},
+        "run configuration",
+    )
+    for key, value in given.items():
         raw = set_value(raw, key, value)
     assignments = [part.strip() for part in str(run_config.get("set", UNSET)).split(";") if part.strip()]
     raw = apply_overrides(raw, assignments)
-    check_overrides_used(
-        raw, [key for key, value in run_config.items() if key not in CONTROL_KEYS and value != UNSET]
-    )
+    check_overrides_used(raw, list(given))
     diagnostics = run_config.get("simulation-diagnostics", False)
     if not isinstance(diagnostics, bool):
         raise ConfigError(f"simulation-diagnostics must be true or false (got {diagnostics!r})")

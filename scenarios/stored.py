@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from fairclip.atomic import json_normalised
-from fairclip.scenarios.config import RunConfig, validate
+from fairclip.scenarios.config import RunConfig, canonical_raw, validate
 from fairclip.scenarios.errors import ConfigError
 
 
@@ -20,7 +20,12 @@ def same_configuration(stored: dict[str, Any], config: RunConfig) -> bool:
     machine, where it resolves here to the stored value (:func:`as_run_here`). A key fairclip no
     longer knows makes it another. ``training.eval_every`` is not compared: it decides which
     rows of ``rounds.csv`` are evaluated, never the training or the summary
-    (``tests/test_eval_every.py``), so a run differs only in how densely its curve was sampled."""
+    (``tests/test_eval_every.py``), so a run differs only in how densely its curve was sampled.
+    A configuration stored before ``[strategy]`` was renamed ``[policy]`` is read as ``[policy]``."""
+    try:
+        stored = canonical_raw(stored, quiet=True)
+    except ConfigError:
+        return False
     wanted = _without_evaluation_schedule(as_run_here(json_normalised(config.as_dict())))
     if _without_evaluation_schedule(stored) == wanted:
         return True

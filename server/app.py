@@ -142,7 +142,7 @@ def run_federation(grid: Grid, context: Context, observers: Sequence[RunObserver
     log(
         INFO,
         "fairclip: %s on %s, %d rounds; results in %s (exact counts only in its server-internal/)",
-        policy_name(config.strategy.name),
+        policy_name(config.policy.name),
         config.scenario.name,
         server.rounds_to_run,
         out,

@@ -1,7 +1,7 @@
 """How a run stops on Ctrl-C or SIGTERM: whole, with its finished work written.
 
 Ctrl-C raises KeyboardInterrupt, and ``fairclip``'s CLI makes SIGTERM do the same
-(:func:`fairclip.cli.main`); the engine takes it as an interruption and writes what is
+(:func:`fairclip.cli.main`); the run takes it as an interruption and writes what is
 finished. Three things here keep that true:
 
 * :func:`interrupts_deferred` holds both signals while a round is committed. A round changes

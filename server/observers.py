@@ -25,7 +25,7 @@ class RunResult:
     """θ after the last finished round."""
     public_columns: set[str] = field(default_factory=set)
     """Columns of ``rows`` that DP covers (or that are public anyway) and may be published; every
-    other column -- exact counts, simulation diagnostics, what an engine adds -- is internal
+    other column -- exact counts, simulation diagnostics, what an executor adds -- is internal
     to the server (:func:`fairclip.server.outputs.split_rows`)."""
 
 

@@ -23,7 +23,7 @@ round and never breaks the sensitivity bound. Dropping a reply is the same as th
 being sampled, which the add/remove-one-client accounting already covers.
 
 Accepted replies are summed in the fixed id blocks of :data:`fairclip.strategies.aggregation.SUM_SHARDS`,
-in the order the engines use, so the Flower path adds the same numbers in the same order.
+in the order the executors use, so the Flower path adds the same numbers in the same order.
 """
 
 from __future__ import annotations

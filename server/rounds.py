@@ -1,7 +1,7 @@
 """The server of user-level DP federated averaging, one round at a time (docs/design.md, section 2).
 
-Built from explicit parts, so any engine -- the in-process and Ray simulations, fairclip's Flower
-ServerApp -- drives the same object, and nothing here knows about scenarios or files:
+Built from explicit parts, so whatever drives the rounds -- the in-process and Ray simulations,
+fairclip's Flower ServerApp -- drives the same object, and nothing here knows about scenarios or files:
 
 * ``policy`` -- its server side noises the sums with the sensitivity of the round that clipped,
   forms Δ̂ and moves its state; it returns the round's :class:`DPEvent`;

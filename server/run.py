@@ -60,7 +60,7 @@ class Run:
 
     The rounds themselves -- noise with the sensitivity of the round that clipped, the bound
     update, the server optimizer, the accountant fed with each round's DP event -- are
-    :class:`fairclip.server.rounds.Rounds`'s, which the local and Ray engines and the
+    :class:`fairclip.server.rounds.Rounds`'s, which the local and Ray executors and the
     Flower ``ServerApp`` drive through this object the same way: ``sample``, send ``broadcast()``
     and ``model`` to the sampled clients, collect their :class:`RoundSums`, ``finish_round``.
 
@@ -98,9 +98,7 @@ class Run:
         self.secure_noise = secure_noise_default if secure is None else secure
         """Whether the DP noise comes from OpenDP's exact sampler (``privacy.secure_noise``, or
         the caller's default where unset: on for the Flower ServerApp, off for simulations)."""
-        policy = build_policy(
-            config.strategy.name, config.strategy.params, num_cohorts=len(task.cohort_names)
-        )
+        policy = build_policy(config.policy.name, config.policy.params, num_cohorts=len(task.cohort_names))
         model = task.initial_model()
         self.plan = plan_privacy(config, policy, model.shape[0])
         self._secure_sampler = secure_sampler(self.secure_noise and policy.private)
@@ -126,11 +124,11 @@ class Run:
         self.rows: list[dict[str, Any]] = []
         self.public_columns: set[str] = set()
         """Columns of ``rows`` that DP covers (or that are public anyway) and may be published;
-        every other column -- exact counts, simulation diagnostics, what an engine adds -- is
+        every other column -- exact counts, simulation diagnostics, what an executor adds -- is
         internal to the server (:func:`fairclip.server.outputs.split_rows`)."""
         self.stop_reason: str | None = None
         self.execution: dict[str, Any] | None = None
-        """How the engine runs the clients (backend, workers or actors and nodes), where it
+        """How the executor runs the clients (executor, workers or actors and nodes), where it
         says: the summary's ``provenance.execution``."""
         self._started = (dt.datetime.now(dt.UTC), time.perf_counter())
         self._earlier_pieces: list[dict[str, Any]] = []
@@ -443,7 +441,9 @@ class Run:
         return {
             "status": "running",
             "scenario": config.scenario.name,
-            "strategy": policy_name(config.strategy.name),
+            "policy": policy_name(config.policy.name),
+            # the old name of "policy", kept for readers of summaries
+            "strategy": policy_name(config.policy.name),
             "seed": config.seed,
             "rounds_completed": self.rounds_completed,
             "epsilon": claim["epsilon"],

@@ -3,7 +3,7 @@
 The adapter adds transport only. Sampling, the policy's public parameters, noise with the
 sensitivity of the round that clipped, noisy counts, bound updates, the server optimizer, the
 accountant and per-cohort evaluation all come from the run's :class:`Rounds` -- the same
-object the local and Ray engines drive (:class:`fairclip.server.run.Run`). Per round:
+object the local and Ray executors drive (:class:`fairclip.server.run.Run`). Per round:
 
 1. ``configure_train``: Poisson-sample client ids, send each sampled node θ_t and the public
    policy parameters (for example C_t).
@@ -12,7 +12,7 @@ object the local and Ray engines drive (:class:`fairclip.server.run.Run`). Per r
    recorded the same way), releases them, and only then sends the round's own bounds.
 2. ``aggregate_train``: check every reply (:func:`fairclip.server.replies.check_reply`), drop and
    count bad ones -- any failure to read or check a reply, a node that replies twice (dropped
-   once, counted once), a node that was not sampled -- sum the rest in the engines' order, and
+   once, counted once), a node that was not sampled -- sum the rest in the executors' order, and
    hand the sums to the server, which noises them, steps the model, moves the bound and evaluates.
 
 What leaves the strategy is public: the MetricRecord returned to Flower (which Flower logs and

@@ -44,7 +44,7 @@ MARGIN = 1e-6
 far above the error of Opacus' series (terms below e^−30 are dropped)."""
 
 # RDP's hint that a larger order might be tighter: the ε it reports stays valid. A filter for the
-# whole process rather than ``warnings.catch_warnings``, which is not thread-safe (the engines
+# whole process rather than ``warnings.catch_warnings``, which is not thread-safe (the executors
 # compute a run's final ε in a background thread).
 warnings.filterwarnings("ignore", message="Optimal order is the largest alpha")
 # PRV at sample rate q = 1 (every client in every round) evaluates log(1 − q) = −∞ inside an

@@ -1,4 +1,4 @@
-"""How the clients' contributions are summed, the same way on every engine and the Flower server.
+"""How the clients' contributions are summed, the same way on every executor and the Flower server.
 
 Everything a round adds up -- contributions, report vectors, and the simulation-only
 diagnostics -- travels as :class:`RoundSums`. Clients are summed in :data:`SUM_SHARDS` fixed
@@ -8,7 +8,7 @@ Flower replies. :func:`group_blocks` fixes which blocks are trained in one call 
 :func:`balance` shares those groups out to workers; neither changes the result.
 
 This module is pure numpy and sits with the policies because the client side (which produces
-``RoundSums``), the server side (which sums replies) and every engine share it.
+``RoundSums``), the server side (which sums replies) and every executor share it.
 """
 
 from __future__ import annotations
@@ -156,7 +156,7 @@ def sent_in(sums: RoundSums, exchange: Exchange) -> RoundSums:
     """What ``sums`` (one block's) releases in ``exchange``, so that nothing a client computed
     for the other exchange reaches the server: the updates exchange's report sum is zero, and
     the counts exchange carries no contribution sum at all (an empty vector, :data:`NOT_SENT`):
-    the engines then neither form nor add 64 model-sized vectors of zeros per round (on an H200,
+    the executors then neither form nor add 64 model-sized vectors of zeros per round (on an H200,
     ``xu-cnn``, they took 18.6 s of a same-round ``per-cohort`` run's 35.5 s under cProfile).
     :func:`round_total` gives the round's total the model's length again."""
     if exchange is Exchange.COUNTS:
@@ -181,7 +181,7 @@ def round_total(total: RoundSums, exchange: Exchange, dimension: int) -> RoundSu
 
 
 SUM_SHARDS = 64
-"""Clients are summed in this many fixed blocks of ids, in block order, on every backend, so that
+"""Clients are summed in this many fixed blocks of ids, in block order, on every executor, so that
 the floating-point sum -- and with it the whole run -- is the same whether the blocks are
 computed here, in threads or in any number of Ray actors (at most this many: a block is never
 split). 64 blocks let a run use up to 64 actors; the sums of all blocks are held at once, so a
@@ -235,8 +235,8 @@ def group_blocks(blocks: list[np.ndarray], rows_per_call: int, dimension: int) -
     The one-step path so computes per-sample gradients in vectorised batches of about
     ``rows_per_call`` examples even when the sampled batch falls into many small blocks.
     Kernels may round differently for other batch sizes, so the groups depend only on the
-    sampled clients, the task and the policy -- never on the backend or its number of workers --
-    and every backend trains the same groups: the run stays identical on all of them.
+    sampled clients, the task and the policy -- never on the executor or its number of workers --
+    and every executor trains the same groups: the run stays identical on all of them.
     """
     limit = max(1, min(rows_per_call, GROUP_BYTES // (8 * dimension)) if dimension else rows_per_call)
     groups: list[dict[int, np.ndarray]] = []
@@ -274,7 +274,7 @@ def balance(
 def sum_replies(
     accepted: dict[int, RoundSums], num_clients: int, dim: int, report_size: int, num_cohorts: int
 ) -> RoundSums:
-    """Σ of the accepted clients' sums, block by block in id order (as every engine adds)."""
+    """Σ of the accepted clients' sums, block by block in id order (as every executor adds)."""
     empty = RoundSums(np.zeros(dim), np.zeros(report_size), 0, CohortDiagnostics.zeros(num_cohorts))
     ids = np.array(sorted(accepted), dtype=np.int64)
     blocks = []

@@ -31,8 +31,8 @@ policy (:meth:`Policy.round_event`): the update sum ran the Gaussian mechanism o
 with noise standard deviation σ_Δ n_t, i.e. with multiplier σ_Δ · n_t / s_t (σ_Δ exactly where
 n_t = s_t), so a policy that noises below its sensitivity is charged for it.
 
-The engines (in-process, Ray, Flower) call exactly these two methods with flattened update
-vectors; no engine re-implements any part of a policy.
+The executors (in-process, Ray, Flower) call exactly these two methods with flattened update
+vectors; no executor re-implements any part of a policy.
 
 The invariants that DP rests on are enforced here, at run time, on every path -- not left to
 each policy, and not to a plug-in author remembering :func:`fairclip.policies.check_policy`:
@@ -189,7 +189,7 @@ class RowScales:
 
     Every built-in policy has this shape: a hard clip, a tanh or global scale, a cohort weight;
     a count bit or one-hot cohort as report, or ``online``'s unit direction. Knowing the
-    factors, an engine can form Σ Δ̄_i and Σ a_i without materialising any Δ_i (per-example
+    factors, an executor can form Σ Δ̄_i and Σ a_i without materialising any Δ_i (per-example
     gradient norms and weighted sums, :mod:`fairclip.scenarios.tasks.ghost`).
     """
 
@@ -308,12 +308,12 @@ class Policy(ABC):
 
     Params: ClassVar[type[PolicyParams]] = PolicyParams
     """The policy's parameter schema (:mod:`fairclip.strategies.params`): names, types, ranges and
-    defaults of what a scenario's ``[strategy]`` table may set for it."""
+    defaults of what a scenario's ``[policy]`` table may set for it."""
 
     def __init__(self, *, num_cohorts: int = 1, **params: Any) -> None:
         """Check ``params`` against :attr:`Params` (one :class:`PolicyConfigError` line naming the
         first bad parameter) and keep them: as ``self.params`` and as attributes of the same
-        names. ``num_cohorts`` is the scenario's number of cohorts, set by the engine."""
+        names. ``num_cohorts`` is the scenario's number of cohorts, set by the executor."""
         if isinstance(num_cohorts, bool) or not isinstance(num_cohorts, int) or num_cohorts < 1:
             raise PolicyConfigError(f"num_cohorts must be an integer >= 1 (got {num_cohorts!r})")
         self.num_cohorts = int(num_cohorts)
@@ -335,7 +335,7 @@ class Policy(ABC):
         that they keep the sensitivity the round's noise uses: for a private policy,
         ``sensitivity(state)`` must be a finite number > 0 and every cohort's client bound
         (:meth:`contribution_bounds` of these parameters) must lie in [0, sensitivity(state)];
-        otherwise :class:`PolicyError` names the policy and both numbers. Every engine, the
+        otherwise :class:`PolicyError` names the policy and both numbers. Every executor, the
         ServerApp and the Flower wrapper send only what this returns
         (:meth:`fairclip.server.rounds.Rounds.broadcast`)."""
         params = self.broadcast(state)
@@ -503,7 +503,7 @@ class Policy(ABC):
         """The state that clips a :attr:`counts_first` round, from that round's noisy report sum."""
         raise NotImplementedError(f"policy {self.name!r} does not release its counts first")
 
-    # ----- the client side, shared by every engine -------------------------------------
+    # ----- the client side, shared by every executor -------------------------------------
     def client_side(self, updates: np.ndarray, cohorts: np.ndarray, params: Broadcast) -> ClientReports:
         """Transform the raw updates of ``n`` clients (rows of ``updates``) into what they send.
 
@@ -592,7 +592,7 @@ class Policy(ABC):
         bounds = np.asarray(self.contribution_bounds(params, cohorts), dtype=np.float64)
         return np.where(np.isnan(bounds), 0.0, bounds)
 
-    # ----- the server side, shared by every engine -------------------------------------
+    # ----- the server side, shared by every executor -------------------------------------
     def count_side(
         self,
         state: State,

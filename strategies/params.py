@@ -1,4 +1,4 @@
-"""A policy's parameters as a typed schema: what a scenario's ``[strategy]`` table may hold.
+"""A policy's parameters as a typed schema: what a scenario's ``[policy]`` table may hold.
 
 Every policy class names its schema in ``Params``, a subclass of :class:`PolicyParams` (a frozen,
 strict pydantic model that forbids unknown keys). The registry validates a configuration against
@@ -80,7 +80,7 @@ def first_problem(problems: list[Any]) -> tuple[dict[str, Any], str, str]:
 def _first_problem(problems: list[Any], schema: type[PolicyParams], policy: str) -> str:
     first, key, message = first_problem(problems)
     if first["type"] == "extra_forbidden":
-        return f"strategy {policy!r} has no parameter {key!r} (it takes: {', '.join(schema.defaults())})"
+        return f"policy {policy!r} has no parameter {key!r} (it takes: {', '.join(schema.defaults())})"
     if first["type"] == "missing":
         return f"policy {policy!r} needs {key}"
     if not key:  # a check across parameters (a model validator) names them in its message

@@ -1,8 +1,8 @@
 """One seed fixes everything (docs/design.md, section 6): named, independent random streams.
 
 Each stream is keyed by (seed, purpose, round, ...) rather than drawn from one sequential
-generator, so the draws of a round do not depend on how many draws an engine made before it,
-nor on which process makes them: the in-process and Ray engines see the same numbers.
+generator, so the draws of a round do not depend on how many draws an executor made before it,
+nor on which process makes them: the in-process and Ray executors see the same numbers.
 """
 
 from __future__ import annotations

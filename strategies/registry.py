@@ -47,7 +47,7 @@ BUILTIN = POLICIES
 
 
 def policy_class(name: str) -> type[Policy]:
-    """The policy class a strategy name refers to: a built-in, a policy registered with
+    """The policy class a policy name refers to: a built-in, a policy registered with
     :func:`register` or by an entry point, or an import path ``package.module:Class``
     (:mod:`fairclip.plugins`). Anything else raises one :class:`PolicyConfigError` line."""
     if name in POLICIES:
@@ -58,7 +58,7 @@ def policy_class(name: str) -> type[Policy]:
         if str(error).startswith("unknown policy"):
             known = ", ".join([*POLICIES, *plugin_names()])
             hint = did_you_mean(name, [*POLICIES, *plugin_names()])
-            raise PolicyConfigError(f"unknown strategy {name!r}{hint} (known: {known})") from None
+            raise PolicyConfigError(f"unknown policy {name!r}{hint} (known: {known})") from None
         raise PolicyConfigError(str(error)) from None
     return check_policy_class(cls, name)
 
@@ -68,20 +68,20 @@ def check_policy_class(cls: object, name: str) -> type[Policy]:
     steps of the base class alone (a private policy may not override :data:`GUARDED_METHODS`),
     else one error line."""
     if not (isinstance(cls, type) and issubclass(cls, Policy)):
-        raise PolicyConfigError(f"strategy {name!r} is {cls!r}, not a subclass of fairclip's Policy")
+        raise PolicyConfigError(f"policy {name!r} is {cls!r}, not a subclass of fairclip's Policy")
     if not (isinstance(cls.Params, type) and issubclass(cls.Params, PolicyParams)):
-        raise PolicyConfigError(f"strategy {name!r}: its Params must subclass PolicyParams")
+        raise PolicyConfigError(f"policy {name!r}: its Params must subclass PolicyParams")
     if not isinstance(getattr(cls, "name", None), str):
-        raise PolicyConfigError(f"strategy {name!r}: the class needs a `name` (a string)")
+        raise PolicyConfigError(f"policy {name!r}: the class needs a `name` (a string)")
     missing = sorted(getattr(cls, "__abstractmethods__", ()))
     if cls.scales is Policy.scales and cls.transform is Policy.transform:
         missing.append("scales (or transform)")
     if missing:
-        raise PolicyConfigError(f"strategy {name!r} does not implement {', '.join(missing)}")
+        raise PolicyConfigError(f"policy {name!r} does not implement {', '.join(missing)}")
     overridden = [method for method in GUARDED_METHODS if getattr(cls, method) is not getattr(Policy, method)]
     if cls.private and overridden:
         raise PolicyConfigError(
-            f"strategy {name!r} overrides {', '.join(overridden)}: the base class keeps these so that "
+            f"policy {name!r} overrides {', '.join(overridden)}: the base class keeps these so that "
             "no contribution or report exceeds the sensitivity its noise uses; define scales() or "
             "transform(), contribution_bounds() and sensitivity() instead"
         )
@@ -95,7 +95,7 @@ def register(cls: type[Policy], name: str | None = None, *, replace: bool = Fals
     key = cls.name if name is None and isinstance(getattr(cls, "name", None), str) else name
     check_policy_class(cls, str(key))
     if key in POLICIES:
-        raise PolicyConfigError(f"{key!r} is a built-in strategy; register the policy under another name")
+        raise PolicyConfigError(f"{key!r} is a built-in policy; register the policy under another name")
     try:
         register_plugin("policy", key, cls, replace=replace)
     except PluginError as error:
@@ -147,7 +147,7 @@ class ResolvedPolicy:
     name: str
     """The one name shown for it in every output (:func:`display_name`)."""
     reference: str
-    """The string a configuration holds (``strategy.name``) to find the class, in this process
+    """The string a configuration holds (``policy.name``) to find the class, in this process
     and in the ones it starts: the name given, or the name the class is registered under."""
     params: dict[str, Any] | None = None
     """An instance's parameters (it carries its own), else ``None``."""
@@ -242,7 +242,7 @@ def _redefinition(old: object, cls: type) -> bool:
 
 
 def policy_name(reference: str) -> str:
-    """The display name (:func:`display_name`) of the policy a configuration's ``strategy.name``
+    """The display name (:func:`display_name`) of the policy a configuration's ``policy.name``
     refers to: a built-in, registered or declared name as it is, an import path by its class."""
     if not is_import_path(reference):
         return reference

@@ -44,7 +44,7 @@ def check_policy(
     max_examples: int = 100,
     max_rounds: int = 4,
 ) -> None:
-    """Check the properties of the module docstring for the policy class (or strategy name)
+    """Check the properties of the module docstring for the policy class (or policy name)
     ``policy`` with ``params`` (a mapping, or a hypothesis strategy that draws mappings).
 
     ``num_cohorts`` fixes the number of cohorts; by default 1 to 4 are drawn for a policy that

@@ -14,7 +14,7 @@ import fairclip
 from fairclip.scenarios.errors import ConfigError
 
 SETTINGS = {
-    "strategy.name": "adaptive",
+    "policy.name": "adaptive",
     "training.rounds": 5,
     "federation.num_clients": 100,
     "privacy.target_epsilon": 4.0,
@@ -46,10 +46,10 @@ def test_overrides_are_typed_and_validated_like_set():
     with pytest.raises(ConfigError, match=r"training\.rounds"):
         fairclip.simulate("demo", overrides={"training.rounds": "many"})
     with pytest.raises(ConfigError, match="no-such-policy"):
-        fairclip.simulate("demo", overrides={"strategy.name": "no-such-policy"})
+        fairclip.simulate("demo", overrides={"policy.name": "no-such-policy"})
     with pytest.raises(ConfigError, match="calibrates the noise multiplier"):  # it would go unused
         fairclip.simulate("demo", overrides={"privacy.target_epsilon": 2.0, "privacy.noise_multiplier": 1.0})
-    none = fairclip.simulate("bimodal-mean", overrides={"strategy.name": "none", "training.rounds": 2})
+    none = fairclip.simulate("bimodal-mean", overrides={"policy.name": "none", "training.rounds": 2})
     assert none.epsilon == float("inf")
 
 

@@ -95,8 +95,8 @@ def test_quick_suite_writes_the_report(tmp_path):
 
 
 @pytest.mark.slow
-def test_quick_w1_engine_and_floor(tmp_path):
-    """W1's fairclip engine and compute floor (Flower is skipped in --quick; pfl is optional)."""
+def test_quick_w1_executor_and_floor(tmp_path):
+    """W1's fairclip executor and compute floor (Flower is skipped in --quick; pfl is optional)."""
     report = run_bench(["w1"], True, tmp_path / "w1.json")
     assert json.loads((tmp_path / "w1.json").read_text())["throughput"] == report["throughput"]
     contenders = report["workloads"]["w1"]["contenders"]
@@ -230,7 +230,7 @@ HAS_CUDA = __import__("torch").cuda.is_available()
 @pytest.mark.parametrize(
     ("arguments", "problem"),
     [
-        (["w1", "--device", "cuda"], "--device cuda: w1 measure(s) CPU engines; only w2 runs on a GPU"),
+        (["w1", "--device", "cuda"], "--device cuda: w1 measure(s) CPU executors; only w2 runs on a GPU"),
         (["w2", "--device", "tpu"], "--device: 'tpu' is not one of cpu, cuda"),
         *([] if HAS_CUDA else [(["w2", "--device", "cuda"], "--device cuda, but torch sees no CUDA device")]),
     ],

@@ -25,7 +25,7 @@ def runs(tmp_path_factory):
                 "--scenario",
                 "bimodal-mean",
                 "--set",
-                f"strategy.name={strategy}",
+                f"policy.name={strategy}",
                 "--out",
                 str(out / strategy),
             ]
@@ -37,12 +37,12 @@ def runs(tmp_path_factory):
 def test_configuration_is_the_papers(runs):
     _, summaries = runs
     for summary in summaries.values():
-        strategy = summary["config"]["strategy"]
+        strategy = summary["config"]["policy"]
         assert strategy["threshold_multiplier"] == 1.0
         assert strategy["target_quantile"] == 0.5
         assert summary["config"]["privacy"]["noise_multiplier"] == 0.0
         assert summary["epsilon"] == "inf"
-    assert summaries["bounded"]["config"]["strategy"]["lower_bound"] == 1.0
+    assert summaries["bounded"]["config"]["policy"]["lower_bound"] == 1.0
 
 
 def test_adaptive_ends_far_below_the_true_mean(runs):

@@ -39,17 +39,17 @@ from fairclip.strategies.aggregation import Exchange
 
 ROUNDS = 7
 POLICY_SETTINGS = {
-    "none": ["strategy.name=none"],
-    "constant": ["strategy.name=constant", "strategy.initial_bound=0.3"],
-    "adaptive": ["strategy.name=adaptive"],
-    "bounded": ["strategy.name=bounded"],
-    "soft": ["strategy.name=soft"],
-    "global-adapt": ["strategy.name=global-adapt"],
-    "per-cohort": ["strategy.name=per-cohort", "strategy.initial_bound=0.3"],
-    "per-cohort-same-round": ["strategy.name=per-cohort", "strategy.same_round=true"],
-    "online": ["strategy.name=online"],
-    "adam": ["strategy.name=bounded", "training.server_optimizer=adam", "training.server_lr=0.05"],
-    "sgd-momentum": ["strategy.name=bounded", "training.server_momentum=0.9", "training.server_lr=0.5"],
+    "none": ["policy.name=none"],
+    "constant": ["policy.name=constant", "policy.initial_bound=0.3"],
+    "adaptive": ["policy.name=adaptive"],
+    "bounded": ["policy.name=bounded"],
+    "soft": ["policy.name=soft"],
+    "global-adapt": ["policy.name=global-adapt"],
+    "per-cohort": ["policy.name=per-cohort", "policy.initial_bound=0.3"],
+    "per-cohort-same-round": ["policy.name=per-cohort", "policy.same_round=true"],
+    "online": ["policy.name=online"],
+    "adam": ["policy.name=bounded", "training.server_optimizer=adam", "training.server_lr=0.05"],
+    "sgd-momentum": ["policy.name=bounded", "training.server_momentum=0.9", "training.server_lr=0.5"],
 }
 """Every kind of state a round carries: bounds, counts, the OSO learning-rate factor, and the
 server optimizer's moments (Adam's and SGD's momentum, with the bounded policy)."""
@@ -231,7 +231,7 @@ def _counts_of(server: Run):
     ("change", "message"),
     [
         (["seed=4"], "another configuration"),
-        (["strategy.initial_bound=0.5"], "another configuration"),
+        (["policy.initial_bound=0.5"], "another configuration"),
     ],
 )
 def test_a_checkpoint_of_another_run_is_refused(tmp_path, change, message):
@@ -276,7 +276,7 @@ def test_the_public_simulate_continues_from_its_checkpoint(tmp_path):
     import fairclip
 
     path = tmp_path / "run.ckpt"
-    overrides = {"strategy.name": "adaptive", "training.rounds": 8, "seed": 2}
+    overrides = {"policy.name": "adaptive", "training.rounds": 8, "seed": 2}
     with pytest.raises(KeyboardInterrupt):
         fairclip.simulate("demo", overrides=overrides, observers=[_StopAfter(5)], checkpoint=path)
     resumed = fairclip.simulate("demo", overrides=overrides, checkpoint=path)

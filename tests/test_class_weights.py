@@ -87,7 +87,7 @@ def test_local_training_minimises_the_mean_weighted_loss():
 
 
 def test_a_weighted_run_differs_and_wrong_weights_are_refused():
-    settings = ["strategy.name=constant", "training.rounds=3", "seed=1", "privacy.noise_multiplier=0.5"]
+    settings = ["policy.name=constant", "training.rounds=3", "seed=1", "privacy.noise_multiplier=0.5"]
     one_step = ["scenario.examples_per_client=1", "federation.num_clients=300", "scenario.model=binary-mlp"]
     models = {}
     for weights in ("[1.0, 1.0]", "[1.0, 2.0]"):

@@ -415,7 +415,7 @@ def test_synthetic_data_is_fixed_by_the_seed(demo_config, demo_data):
 
 
 def test_demo_without_clipping_improves_majority_accuracy_over_round_zero():
-    config = load_config("demo", None, ["training.rounds=3", "strategy.name=none"])
+    config = load_config("demo", None, ["training.rounds=3", "policy.name=none"])
     task = build_task(config)
     _, initial = task.evaluate(task.initial_model())
     result = simulate(config, task)

@@ -140,7 +140,7 @@ def test_run_with_noise_records_epsilon_and_the_noise_of_the_clipping_bound(cli,
         cli,
         tmp_path,
         "--set",
-        "strategy.name=bounded",
+        "policy.name=bounded",
         "--set",
         "privacy.noise_multiplier=0.8",
         "--set",
@@ -163,7 +163,7 @@ def test_budget_stops_the_run_before_it_is_exceeded(cli, tmp_path):
         cli,
         tmp_path,
         "--set",
-        "strategy.name=bounded",
+        "policy.name=bounded",
         "--set",
         "privacy.noise_multiplier=1.0",
         "--set",
@@ -183,7 +183,7 @@ def test_budget_stops_the_run_before_it_is_exceeded(cli, tmp_path):
 
 def test_target_epsilon_calibrates_both_multipliers(cli, tmp_path):
     status, _, err = _run(
-        cli, tmp_path, "--set", "strategy.name=bounded", "--set", "privacy.target_epsilon=4.0"
+        cli, tmp_path, "--set", "policy.name=bounded", "--set", "privacy.target_epsilon=4.0"
     )
     assert status == 0, err
     summary = json.loads((tmp_path / "summary.json").read_text())
@@ -203,7 +203,7 @@ def test_count_noise_ratio_sets_sigma_b_with_and_without_calibration(cli, tmp_pa
     }
     privacy = {}
     for name, keys in runs.items():
-        sets = [arg for key in ("strategy.name=online", *keys) for arg in ("--set", key)]
+        sets = [arg for key in ("policy.name=online", *keys) for arg in ("--set", key)]
         status, _, err = _run(cli, tmp_path / name, *sets)
         assert status == 0, err
         privacy[name] = json.loads((tmp_path / name / "summary.json").read_text())["privacy"]
@@ -233,7 +233,7 @@ def test_conflicting_count_noise_keys_are_refused_in_one_line(cli, tmp_path, key
 
 
 def test_same_seed_same_result_and_other_seed_differs(cli, tmp_path):
-    noisy = ["--set", "strategy.name=adaptive", "--set", "privacy.noise_multiplier=0.5"]
+    noisy = ["--set", "policy.name=adaptive", "--set", "privacy.noise_multiplier=0.5"]
     for name, seed in (("a", 3), ("b", 3), ("c", 4)):
         assert _run(cli, tmp_path / name, *noisy, "--set", f"seed={seed}")[0] == 0
     a, b, c = (pd.read_csv(tmp_path / name / "rounds.csv") for name in "abc")
@@ -267,28 +267,28 @@ def test_interrupted_run_keeps_finished_rounds(cli, tmp_path, monkeypatch):
 
 BAD_INPUTS = [
     ("run", "--scenario", "no-such-scenario"),
-    ("run", "--scenario", "bimodal-mean", "--set", "strategy.target_quantile=1.5"),
-    ("run", "--scenario", "bimodal-mean", "--set", "strategy.initial_bound=-1"),
+    ("run", "--scenario", "bimodal-mean", "--set", "policy.target_quantile=1.5"),
+    ("run", "--scenario", "bimodal-mean", "--set", "policy.initial_bound=-1"),
     (
         "run",
         "--scenario",
         "bimodal-mean",
         "--set",
-        "strategy.name=bounded",
+        "policy.name=bounded",
         "--set",
-        "strategy.lower_bound=5",
+        "policy.lower_bound=5",
     ),
     (
         "run",
         "--scenario",
         "bimodal-mean",
         "--set",
-        "strategy.name=bounded",
+        "policy.name=bounded",
         "--set",
-        "strategy.bounded.lower_bound=0",
+        "policy.bounded.lower_bound=0",
     ),
-    ("run", "--scenario", "bimodal-mean", "--set", "strategy.name=nonsense"),
-    ("run", "--scenario", "bimodal-mean", "--set", "strategy.unknown_key=1"),
+    ("run", "--scenario", "bimodal-mean", "--set", "policy.name=nonsense"),
+    ("run", "--scenario", "bimodal-mean", "--set", "policy.unknown_key=1"),
     ("run", "--scenario", "bimodal-mean", "--set", "federation.sample_rate=0"),
     ("run", "--scenario", "bimodal-mean", "--set", "training.rounds=many"),
     ("run", "--scenario", "bimodal-mean", "--set", "privacy.delta=2"),
@@ -301,13 +301,13 @@ BAD_INPUTS = [
         "--scenario",
         "demo",
         "--set",
-        "strategy.lower_bound=0.2",
+        "policy.lower_bound=0.2",
         "--set",
-        "strategy.bounded.lower_bound=0.3",
+        "policy.bounded.lower_bound=0.3",
     ),
     ("run", "--scenario", "bimodal-mean", "--set", "novalue"),
     ("run", "--config", "/nonexistent/scenario.toml"),
-    ("compare", "--scenario", "bimodal-mean", "--set", "strategy.name=bounded"),
+    ("compare", "--scenario", "bimodal-mean", "--set", "policy.name=bounded"),
     ("compare", "--scenario", "bimodal-mean", "--epsilons", "1,2", "--set", "privacy.target_epsilon=3"),
     ("compare", "--scenario", "bimodal-mean", "--epsilons", "1", "--set", "privacy.noise_multiplier=2"),
     ("run", "--scenario", "bimodal-mean", "--backend", "mpi"),
@@ -396,8 +396,8 @@ def test_a_misspelled_section_is_named(cli, tmp_path):
         ),
         (["run", "--scenario", "dem"], "unknown scenario 'dem' (did you mean 'demo'?)"),
         (
-            ["run", "--scenario", "demo", "--set", "strategy.name=bounde"],
-            "unknown strategy 'bounde' (did you mean 'bounded'?)",
+            ["run", "--scenario", "demo", "--set", "policy.name=bounde"],
+            "unknown policy 'bounde' (did you mean 'bounded'?)",
         ),
         (
             [
@@ -405,9 +405,9 @@ def test_a_misspelled_section_is_named(cli, tmp_path):
                 "--scenario",
                 "demo",
                 "--set",
-                "strategy.name=bounded",
+                "policy.name=bounded",
                 "--set",
-                "strategy.lower_bond=0.1",
+                "policy.lower_bond=0.1",
             ],
             "no such parameter (did you mean 'lower_bound'?)",
         ),
@@ -441,7 +441,7 @@ def test_python_dash_m_entry_point_exits_2_without_traceback(tmp_path):
             "--scenario",
             "bimodal-mean",
             "--set",
-            "strategy.bound_lr=-1",
+            "policy.bound_lr=-1",
         ],
         capture_output=True,
         text=True,
@@ -450,7 +450,7 @@ def test_python_dash_m_entry_point_exits_2_without_traceback(tmp_path):
     )
     assert completed.returncode == 2
     assert completed.stderr.strip().splitlines() == [
-        "fairclip: error: strategy (adaptive): bound_lr must be >= 0 (got -1)"
+        "fairclip: error: policy (adaptive): bound_lr must be >= 0 (got -1)"
     ]
 
 
@@ -461,9 +461,10 @@ def test_scenarios_lists_bimodal_mean(cli):
 
 @pytest.mark.parametrize("value", ["False", "maybe", "'true'", "1", "0"])
 def test_boolean_keys_take_true_or_false_only(cli, tmp_path, value):
-    """Issue 18, point 1: `strategy.normalize=False` ran *with* normalisation (bool("False"))."""
-    for key in ("strategy.normalize", "strategy.adaptive", "privacy.secure_noise", "scenario.balance"):
-        strategy = ["--set", "strategy.name=soft"] if key == "strategy.adaptive" else []
+    """Issue 18, point 1: `policy.normalize=False` (then named `strategy.normalize`) ran *with*
+    normalisation (bool("False"))."""
+    for key in ("policy.normalize", "policy.adaptive", "privacy.secure_noise", "scenario.balance"):
+        strategy = ["--set", "policy.name=soft"] if key == "policy.adaptive" else []
         scenario = "adult" if key == "scenario.balance" else "bimodal-mean"
         args = ["run", "--scenario", scenario, *strategy, "--set", f"{key}={value}"]
         status, _, err = cli(*args, "--out", str(tmp_path / "x"))
@@ -477,11 +478,11 @@ def test_normalize_true_and_false_run(cli, tmp_path):
         out = tmp_path / value
         status, _, err = cli(
             "run", "--scenario", "bimodal-mean", "--set", "training.rounds=1",
-            "--set", f"strategy.normalize={value}", "--out", str(out),
+            "--set", f"policy.normalize={value}", "--out", str(out),
         )  # fmt: skip
         assert status == 0, err
         summary = json.loads((out / "summary.json").read_text())
-        assert summary["config"]["strategy"]["normalize"] is (value == "true")
+        assert summary["config"]["policy"]["normalize"] is (value == "true")
 
 
 def test_result_files_honour_the_umask(cli, tmp_path):

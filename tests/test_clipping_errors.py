@@ -96,8 +96,8 @@ def _first_step(extra: list[str], error: str, bound: float = 0.05) -> np.ndarray
         None,
         [
             *extra,
-            "strategy.name=constant",
-            f"strategy.initial_bound={bound}",
+            "policy.name=constant",
+            f"policy.initial_bound={bound}",
             "privacy.noise_multiplier=0",
             "training.rounds=1",
             f"training.clipping_error={error}",
@@ -134,7 +134,7 @@ def test_the_ray_backend_gives_the_same_ablation(ray_session):
         "demo",
         None,
         [
-            "strategy.name=adaptive",
+            "policy.name=adaptive",
             "privacy.noise_multiplier=0",
             "training.rounds=3",
             "training.clipping_error=direction",
@@ -155,7 +155,7 @@ def test_an_ablation_is_non_private_and_says_so():
     run = fairclip.simulate(
         "demo",
         overrides={
-            "strategy.name": "bounded",
+            "policy.name": "bounded",
             "privacy.noise_multiplier": 0.0,
             "training.rounds": 2,
             "training.clipping_error": "magnitude",
@@ -172,9 +172,9 @@ def test_an_ablation_with_dp_noise_is_refused(privacy):
     with pytest.raises(
         ConfigError, match=r"training\.clipping_error: 'direction' steps with the unclipped sum"
     ):
-        load_config("demo", None, ["strategy.name=constant", "training.clipping_error=direction", *privacy])
+        load_config("demo", None, ["policy.name=constant", "training.clipping_error=direction", *privacy])
     # the non-private reference of a comparison does not clip, so the key changes nothing there
-    load_config("demo", None, ["strategy.name=none", "training.clipping_error=direction", *privacy])
+    load_config("demo", None, ["policy.name=none", "training.clipping_error=direction", *privacy])
 
 
 def test_the_cli_refuses_it_in_one_line(cli, tmp_path):

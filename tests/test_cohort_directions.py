@@ -104,7 +104,7 @@ def test_the_one_step_path_gives_the_materialised_cohort_sums():
 
 
 def test_a_run_records_them_without_changing_anything_else():
-    settings_ = {"training.rounds": 6, "strategy.name": "adaptive"}
+    settings_ = {"training.rounds": 6, "policy.name": "adaptive"}
     tracked = fairclip.simulate("demo", overrides={**settings_, "training.cohort_directions": True})
     plain = fairclip.simulate("demo", overrides={**settings_, "training.cohort_directions": False})
     np.testing.assert_array_equal(tracked.model, plain.model)

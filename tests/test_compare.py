@@ -102,7 +102,7 @@ def test_resume_recomputes_nothing_finished(ray_session, tmp_path):
 
 
 def test_worker_threads_per_run_give_the_same_runs(ray_session, cli, tmp_path):
-    """``--workers 2``: one Ray task of 2 CPUs per run, a local engine of 2 threads in each; the
+    """``--workers 2``: one Ray task of 2 CPUs per run, a local executor of 2 threads in each; the
     runs are bit for bit those of one-CPU tasks. More workers than the cluster's CPUs is exit 2."""
     args = ("compare", "--scenario", "demo", *SHORT, "--strategies", "bounded", "--epsilons", "4")
     for workers in (1, 2):

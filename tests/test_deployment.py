@@ -36,7 +36,7 @@ REPO = Path(__file__).resolve().parents[1]
 NUM_NODES = 3
 RUN_CONFIG = {
     "scenario": "bimodal-mean",
-    "strategy.name": "bounded",
+    "policy.name": "bounded",
     "federation.num_clients": NUM_NODES,
     "federation.sample_rate": 1.0,
     "training.rounds": 3,
@@ -91,7 +91,7 @@ DEMO_CONFIG = {
     "scenario": "demo",
     # three clients: two on partitions of the scenario, one on its own data file
     "set": "scenario.cohorts.majority.share=0.5; scenario.cohorts.minority.share=0.5",
-    "strategy.name": "bounded",
+    "policy.name": "bounded",
     "federation.num_clients": NUM_NODES,
     "federation.sample_rate": 1.0,
     "training.rounds": 3,

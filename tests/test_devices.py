@@ -12,7 +12,7 @@ import fairclip
 from fairclip.scenarios.models import resolve_device
 
 HAS_CUDA = torch.cuda.is_available()
-SMALL = {"federation.num_clients": 60, "training.rounds": 3, "strategy.name": "bounded", "seed": 2}
+SMALL = {"federation.num_clients": 60, "training.rounds": 3, "policy.name": "bounded", "seed": 2}
 
 
 def test_auto_picks_a_gpu_only_when_torch_sees_one():
@@ -158,9 +158,9 @@ def test_norms_from_activations_on_the_gpu_equal_the_materialised_ones(model_nam
 @pytest.mark.parametrize("batched", [False, True])
 @pytest.mark.parametrize("name", ["constant", "online"])
 def test_block_sums_added_on_the_gpu_equal_the_host_total_bit_for_bit(name, batched):
-    """The in-process engine leaves each block's contribution sum (and ``online``'s direction
+    """The in-process executor leaves each block's contribution sum (and ``online``'s direction
     report, as large as the model) on the GPU and adds them there
-    (:func:`fairclip.sims.executors.local.add_in_order_on_device`); the Ray engine copies every
+    (:func:`fairclip.sims.executors.local.add_in_order_on_device`); the Ray executor copies every
     block to the host and adds them there. Both must give the same bits."""
     from fairclip.client.contributions import contribute_scaled_blocks
     from fairclip.scenarios.models import build_model, model_to_vector
@@ -209,10 +209,10 @@ def test_block_sums_added_on_the_gpu_equal_the_host_total_bit_for_bit(name, batc
     ],
 )
 def test_a_run_with_its_block_sums_on_the_device_is_the_run_with_them_on_the_host(device):
-    """Whole noisy one-step runs (the demo's CNN, one example per client): the in-process engine's
+    """Whole noisy one-step runs (the demo's CNN, one example per client): the in-process executor's
     block sums kept and added where the gradients are (on a GPU by default; forced here on the
     CPU too) give the run that copying every block to the host and adding there gives (what Ray
-    actors do, and the engine where the sums would not fit the GPU's share), bit for bit."""
+    actors do, and the executor where the sums would not fit the GPU's share), bit for bit."""
     import pandas as pd
 
     from fairclip.scenarios.config import load_config
@@ -225,7 +225,7 @@ def test_a_run_with_its_block_sums_on_the_device_is_the_run_with_them_on_the_hos
         "federation.num_clients=400",
         "federation.sample_rate=0.3",
         "training.rounds=3",
-        "strategy.name=bounded",
+        "policy.name=bounded",
         "privacy.noise_multiplier=0.6",
         f"training.device={device}",
         "seed=4",
@@ -237,10 +237,10 @@ def test_a_run_with_its_block_sums_on_the_device_is_the_run_with_them_on_the_hos
         assert task.one_step
 
         def executor(task, policy, where=where):
-            engine = LocalExecutor(task, policy)
-            assert (engine._device_bytes > 0) == (device == "cuda")  # the default: a GPU only
-            engine._device_bytes = 2**62 if where == "device" else 0
-            return engine
+            executor = LocalExecutor(task, policy)
+            assert (executor._device_bytes > 0) == (device == "cuda")  # the default: a GPU only
+            executor._device_bytes = 2**62 if where == "device" else 0
+            return executor
 
         runs[where] = simulate(config, task, executor)
     pd.testing.assert_frame_equal(

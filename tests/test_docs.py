@@ -168,7 +168,7 @@ def _environment(folder: Path) -> dict[str, str]:
 
 
 _COMMAND = re.compile(r"^(?P<how>python -m fairclip|fairclip) (?P<args>[^$|;&<>`*?~(){}]+)$")
-_IN_A_SHELL = (" compare", "--backend ray", " flower", " bench")
+_IN_A_SHELL = (" compare", "--executor ray", "--backend ray", " flower", " bench")
 """Commands that start Ray or Flower run in a shell of their own, which leaves nothing behind."""
 
 
@@ -424,15 +424,15 @@ def test_every_configuration_key_has_type_default_and_meaning() -> None:
         "seed",
         "federation.num_clients",
         "privacy.target_epsilon",
-        "strategy.bounded.lower_bound",
+        "policy.bounded.lower_bound",
     } <= set(keys)
     missing = [key for key, (_, _, meaning) in keys.items() if meaning == hooks.MISSING_MEANING]
     assert not missing, f"keys without a docstring or an entry in docs/hooks.py MEANINGS: {missing}"
-    assert keys["strategy.bounded.lower_bound"][1] == "required"
+    assert keys["policy.bounded.lower_bound"][1] == "required"
     assert keys["federation.sample_rate"][0] == "number > 0, ≤ 1"
     page = hooks.configuration_page()
     for key in keys:
-        if not key.startswith("strategy."):
+        if not key.startswith("policy."):
             assert f"<code>{key}</code>" in page.replace("<wbr>", ""), key
 
 
@@ -603,7 +603,7 @@ def _columns_in(heading: str, file: str) -> list[str]:
 @pytest.mark.slow
 def test_the_outputs_page_names_every_column_of_a_run_and_what_dp_covers() -> None:
     """Every column of ``rounds.csv`` that runs of every kind of policy and task write is on the
-    page; the ones the engine keeps out of a public release are marked not covered by DP."""
+    page; the ones the executor keeps out of a public release are marked not covered by DP."""
     from fairclip.api import simulate_config
 
     hooks = _hooks()
@@ -614,7 +614,7 @@ def test_the_outputs_page_names_every_column_of_a_run_and_what_dp_covers() -> No
     for scenario, strategy in runs:
         raw = hooks.read_toml(hooks.builtin_scenarios()[scenario])
         raw["training"]["rounds"] = 2
-        raw["strategy"]["name"] = strategy
+        raw["policy"]["name"] = strategy
         result = simulate_config(hooks.validate(raw))
         for column in result.rows[0]:
             found = _dp_of(column, documented)
@@ -624,7 +624,7 @@ def test_the_outputs_page_names_every_column_of_a_run_and_what_dp_covers() -> No
             elif scenario == "demo":
                 assert found - {"no"}, f"{column!r} is public but the page says DP does not cover it"
         assert set(result.summary) <= keys, f"summary.json keys not on the page: {set(result.summary) - keys}"
-    # mean estimation evaluates against the clients' own points: the page says so (the engine publishes it)
+    # mean estimation evaluates against the clients' own points: the page says so (the executor publishes it)
     assert _dp_of("distance_to_mean", documented) == {"no"}
 
 

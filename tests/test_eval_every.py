@@ -25,7 +25,7 @@ def _demo(*overrides: str):
     return load_config(
         "demo",
         None,
-        ["strategy.name=bounded", "training.rounds=7", "privacy.noise_multiplier=0.8", "seed=3", *overrides],
+        ["policy.name=bounded", "training.rounds=7", "privacy.noise_multiplier=0.8", "seed=3", *overrides],
     )
 
 

@@ -26,7 +26,7 @@ from fairclip.sims.executors.loop import simulate
 from fairclip.sims.executors.ray import RayExecutor
 
 BOUND = 0.3
-FAIRLENS = ["training.objective=fairlens", "strategy.name=constant", "strategy.initial_bound=0.3"]
+FAIRLENS = ["training.objective=fairlens", "policy.name=constant", "policy.initial_bound=0.3"]
 ONE_STEP = ["scenario.partition=per-example", "training.local_epochs=1"]
 
 
@@ -188,7 +188,7 @@ def test_a_fairlens_run_claims_no_epsilon():
     assert privacy["not_private"] == COUPLED_CLIENTS_NOTE
     assert 0 < float(privacy["mechanism_epsilon"]) < math.inf
     assert set(result.summary["cohorts"]["male"]) >= {"accuracy", "loss", "train_loss"}
-    plain = load_config("dutch", None, [*ONE_STEP, "strategy.name=constant", "training.rounds=1"])
+    plain = load_config("dutch", None, [*ONE_STEP, "policy.name=constant", "training.rounds=1"])
     assert plain.training.objective == "cross-entropy" and not plain.training.train_loss
 
 
@@ -207,7 +207,7 @@ def test_train_loss_is_each_cohorts_training_cross_entropy():
 @pytest.mark.parametrize(
     ("sets", "message"),
     [
-        (["strategy.name=bounded", "strategy.lower_bound=0.1"], "strategy.name must be constant"),
+        (["policy.name=bounded", "policy.lower_bound=0.1"], "policy.name must be constant"),
         (["scenario.partition=cohort"], "one-example, one-step clients"),
         (["training.local_epochs=2"], "one-example, one-step clients"),
         (["training.class_weights=[1.0, 2.0]"], "class_weights must be unset"),
@@ -244,5 +244,5 @@ def test_flower_and_ray_refuse_it():
         flower_run({"scenario": "flower-local", "set": "training.objective=fairlens"})
     with pytest.raises(ConfigError, match="simulation-only diagnostic"):
         flower_run({"scenario": "flower-local", "set": "training.train_loss=true"})
-    with pytest.raises(ConfigError, match="in-process engine"):
+    with pytest.raises(ConfigError, match="in-process executor"):
         RayExecutor.start(_config(), None, 2)

@@ -65,7 +65,7 @@ SETTINGS = {
     "federation.num_clients": 8,
     "federation.sample_rate": 0.5,
     "training.rounds": 3,
-    "strategy.name": "bounded",
+    "policy.name": "bounded",
     "privacy.noise_multiplier": 0.8,
 }
 FLOWER_ONLY = {"simulation-diagnostics": True, "privacy.secure_noise": False, "not-private": True}
@@ -75,9 +75,9 @@ ServerApp's operating-system entropy and OpenDP: a not-private run."""
 
 
 SAME_ROUND = {
-    "strategy.name": "per-cohort",
-    "strategy.initial_bound": 0.5,
-    "set": "strategy.same_round=true",
+    "policy.name": "per-cohort",
+    "policy.initial_bound": 0.5,
+    "set": "policy.same_round=true",
 }
 """DPSGD-F as run: two exchanges per round, the counts first (:attr:`Policy.counts_first`)."""
 
@@ -131,7 +131,7 @@ def test_flwr_run_matches_local_backend(flower_home, tmp_path, cli, strategy):
         np.testing.assert_allclose(flower_internal[column], local_rounds[column], rtol=1e-9, err_msg=column)
     for column in ("clip_bound", "noise_std", "sensitivity", "accuracy", "loss", "noisy_report_0"):
         np.testing.assert_allclose(flower_rounds[column], local_rounds[column], rtol=1e-9, err_msg=column)
-    # a not-private run claims no ε in its public outputs; the mechanism's is the engine's
+    # a not-private run claims no ε in its public outputs; the mechanism's is the executor's
     assert np.isinf(flower_rounds["epsilon"]).all()
     assert (flower_rounds["noise_std"] > 0).all()
     assert flower_rounds["clip_bound"].nunique() > 1, "the bound should move"
@@ -212,14 +212,14 @@ def test_run_config_resolves_like_set():
         {
             "scenario": "demo",
             "set": "training.client_lr=0.2; seed=9",
-            "strategy.name": "adaptive",
+            "policy.name": "adaptive",
             "training.rounds": 4,
             "privacy.delta": "",
             "out": "x",
         }
     )
     expected = load_config(
-        "demo", None, ["training.client_lr=0.2", "seed=9", "strategy.name=adaptive", "training.rounds=4"]
+        "demo", None, ["training.client_lr=0.2", "seed=9", "policy.name=adaptive", "training.rounds=4"]
     )
     assert run.config == expected and run.out == Path("x")
     assert not run.simulation_diagnostics and run.config.privacy.secure_noise is None  # on in a ServerApp
@@ -280,8 +280,8 @@ def test_secure_noise_and_diagnostics_are_read_strictly():
 
 
 def test_run_config_errors_are_config_errors():
-    with pytest.raises(ConfigError, match="unknown strategy"):
-        flower_run({"scenario": "demo", "strategy.name": "nonsense"})
+    with pytest.raises(ConfigError, match="unknown policy"):
+        flower_run({"scenario": "demo", "policy.name": "nonsense"})
     with pytest.raises(ConfigError, match="neither"):
         flower_run({"scenario": ""})
     # the target calibrates sigma, so a noise multiplier given beside it would be dropped silently
@@ -315,7 +315,7 @@ def test_client_with_its_own_data_file_trains_on_it_and_sends_no_diagnostics(ser
     labels = np.array([0, 1, 1, 0, 1])
     path = tmp_path / "local.npz"
     np.savez(path, x=features, y=labels)
-    run_config = {"scenario": "demo", "federation.num_clients": 6, "strategy.name": "constant"}
+    run_config = {"scenario": "demo", "federation.num_clients": 6, "policy.name": "constant"}
     node_config = {"partition-id": 0, "num-partitions": 6, "data-path": str(path), "cohort": "minority"}
     context = Context(run_id=1, node_id=7, node_config=node_config, state=RecordDict(), run_config=run_config)
     client = client_app.local_client(context)
@@ -352,7 +352,7 @@ def test_a_partition_node_sends_diagnostics_only_where_the_run_enables_them(
     used to send its raw norms and true clipping bit in every run."""
     from fairclip.client.app import clients as client_app
 
-    run_config = {"scenario": "demo", "federation.num_clients": 6, "strategy.name": "bounded"}
+    run_config = {"scenario": "demo", "federation.num_clients": 6, "policy.name": "bounded"}
     if enabled is not None:
         run_config["simulation-diagnostics"] = enabled
     context = _context(run_config, {"partition-id": 2, "num-partitions": 6}, run_id=10 + int(bool(enabled)))
@@ -380,9 +380,9 @@ def test_a_node_tells_its_cohort_only_to_policies_that_need_it(server_task_ident
     from fairclip.client.app import clients as client_app
     from fairclip.client.protocol import COHORT, IDENTIFY
 
-    run_config = {"scenario": "demo", "federation.num_clients": 6, "strategy.name": policy}
+    run_config = {"scenario": "demo", "federation.num_clients": 6, "policy.name": policy}
     if policy == "bounded":
-        run_config["strategy.lower_bound"] = 0.1
+        run_config["policy.lower_bound"] = 0.1
     context = _context(
         run_config, {"partition-id": 1, "num-partitions": 6}, run_id=20 + IDENTIFY_POLICIES.index(policy)
     )

@@ -50,8 +50,8 @@ def example_task(monkeypatch):
     return task
 
 
-def engine_run(task, settings: dict, seed: int) -> fairclip.Simulation:
-    """fairclip's own engine on the example's data, model and training."""
+def executor_run(task, settings: dict, seed: int) -> fairclip.Simulation:
+    """fairclip's own executor on the example's data, model and training."""
     xs, ys = zip(*(task.load_data(i) for i in range(NODES)), strict=True)
     test_x, test_y, test_cohorts = task.test_data()
     data = fairclip.FederatedDataset.from_arrays(
@@ -71,10 +71,10 @@ def engine_run(task, settings: dict, seed: int) -> fairclip.Simulation:
         rounds=int(settings["num-server-rounds"]),
         settings={
             "seed": seed,
-            "strategy.name": "bounded",
-            "strategy.initial_bound": float(settings["initial-bound"]),
-            "strategy.lower_bound": float(settings["lower-bound"]),
-            "strategy.bound_lr": float(settings["bound-lr"]),
+            "policy.name": "bounded",
+            "policy.initial_bound": float(settings["initial-bound"]),
+            "policy.lower_bound": float(settings["lower-bound"]),
+            "policy.bound_lr": float(settings["bound-lr"]),
             "privacy.noise_multiplier": float(settings["noise-multiplier"]),
             "training.client_lr": float(settings["lr"]),
             "training.batch_size": task.EXAMPLES,  # one step on the whole local set, as the app trains
@@ -133,10 +133,12 @@ def test_the_example_app_runs_under_flwr_run_with_fairclips_mechanism(example_ta
     assert "Sampled" not in log, "the inner FedAvg's node count is not logged"
 
 
-def test_the_example_app_matches_fairclips_engine_with_a_not_private_seed(example_task, server_task_identity):
+def test_the_example_app_matches_fairclips_executor_with_a_not_private_seed(
+    example_task, server_task_identity
+):
     """The example's ServerApp strategy and ClientApp (with the mod), driven message by message in
     this process with a not-private seed: the same bound, noise and ε, round by round, and the
-    same model, as fairclip's engine on the same data, model and seed."""
+    same model, as fairclip's executor on the same data, model and seed."""
     from fairclip_example.client_app import local_training
 
     settings = example_settings()
@@ -169,13 +171,13 @@ def test_the_example_app_matches_fairclips_engine_with_a_not_private_seed(exampl
         arrays, metrics = strategy.aggregate_train(t, replies)
         rows.append(dict(metrics))
     wrapped = pd.DataFrame(rows)
-    engine = engine_run(example_task, settings, seed)
+    simulated = executor_run(example_task, settings, seed)
     for column in ("clip_bound", "noise_std", "sensitivity"):
-        np.testing.assert_allclose(wrapped[column], engine.rounds[column], rtol=1e-6, err_msg=column)
-    np.testing.assert_allclose(wrapped["mechanism_epsilon"], engine.rounds["epsilon"], rtol=1e-9)
+        np.testing.assert_allclose(wrapped[column], simulated.rounds[column], rtol=1e-6, err_msg=column)
+    np.testing.assert_allclose(wrapped["mechanism_epsilon"], simulated.rounds["epsilon"], rtol=1e-9)
     assert wrapped["clip_bound"].nunique() > 1, "the bound should move under `bounded`"
     final = np.concatenate([arrays[key].numpy().ravel() for key in arrays])  # float32 in the app
-    np.testing.assert_allclose(final, engine.model, atol=1e-4)
+    np.testing.assert_allclose(final, simulated.model, atol=1e-4)
 
 
 # ----- the mod, message by message -------------------------------------------------------------

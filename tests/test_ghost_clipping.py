@@ -107,7 +107,7 @@ def test_a_noisy_run_clipped_from_norms_equals_the_materialised_run(name):
             rounds=3,
             per_client=1,
             model="tanh-cnn",
-            strategy=name,
+            policy=name,
             client_lr=0.5,
             test_per_cohort=40,
             training={"per_example": mode},
@@ -116,7 +116,7 @@ def test_a_noisy_run_clipped_from_norms_equals_the_materialised_run(name):
         params = {k: 0.3 for k in ("initial_bound", "scale_threshold") if k in policy_parameters(name)}
         if "lower_bound" in policy_parameters(name):
             params["lower_bound"] = 0.1
-        raw["strategy"][name] = params
+        raw["policy"][name] = params
         config = image_config(raw)
         task = build_task(config)
         assert task.one_step
@@ -495,8 +495,8 @@ def test_block_sums_kept_on_the_device_are_the_host_sums_bit_for_bit(
 @pytest.mark.parametrize("exchange", ["round", "counts", "updates"])
 @pytest.mark.parametrize("name", ["constant", "per-cohort", "online"])
 def test_contributions_added_on_the_device_equal_the_host_total_bit_for_bit(name, exchange):
-    """What the in-process engine does (block sums left where the gradients are, added there
-    in block order by ``add_in_order_on_device``) gives the total the Ray engine's host sums
+    """What the in-process executor does (block sums left where the gradients are, added there
+    in block order by ``add_in_order_on_device``) gives the total the Ray executor's host sums
     give, bit for bit, in every exchange of a round and with every diagnostic sum on; blocks
     left on the host (a zero contribution) mix in. ``online``'s direction reports, as large as the
     model, stay on the device too."""

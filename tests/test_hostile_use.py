@@ -34,7 +34,7 @@ def test_a_run_folder_in_use_is_refused(cli, tmp_path):
 
 def test_a_search_folder_in_use_is_refused(tmp_path):
     out = tmp_path / "search"
-    small = {"strategy.name": "bounded", "training.rounds": 2, "privacy.target_epsilon": 2.0}
+    small = {"policy.name": "bounded", "training.rounds": 2, "privacy.target_epsilon": 2.0}
     with locked(out), pytest.raises(ConfigError, match="is in use by another fairclip process"):
         fairclip.tune("demo", grid={"training.client_lr": [0.1, 0.5]}, overrides=small, seed=3, out=out)
     assert not (out / "tuning.json").exists()
@@ -69,7 +69,7 @@ def test_a_model_that_is_not_finite_stops_the_run_saying_why(cli, tmp_path):
     accuracy and an ε."""
     out = tmp_path / "run"
     status, _, err = cli(
-        "run", "--scenario", "bimodal-mean", "--out", str(out), "--set", "strategy.name=none",
+        "run", "--scenario", "bimodal-mean", "--out", str(out), "--set", "policy.name=none",
         "--set", "training.server_lr=1e308", "--set", "training.rounds=5",
     )  # fmt: skip
     assert status == 1 and len(err.strip().splitlines()) == 1, err
@@ -94,7 +94,7 @@ def test_a_plug_in_state_that_is_not_finite_stops_the_run():
     register(Diverges, replace=True)
     with pytest.raises(PolicyError, match="sensitivity nan"):
         fairclip.simulate(
-            "bimodal-mean", overrides={"strategy.name": Diverges.name, "training.rounds": 3,
+            "bimodal-mean", overrides={"policy.name": Diverges.name, "training.rounds": 3,
                                        "federation.num_clients": 200},
         )  # fmt: skip
 
@@ -121,7 +121,7 @@ def test_a_run_whose_every_update_is_dropped_says_so(tmp_path):
     )  # fmt: skip
     scenario = fairclip.Scenario("nan-model", dataset=data, model=model, sample_rate=1.0, rounds=3,
                                  settings={"privacy.noise_multiplier": 0.0})  # fmt: skip
-    result = fairclip.simulate(scenario, overrides={"strategy.name": "constant"})
+    result = fairclip.simulate(scenario, overrides={"policy.name": "constant"})
     assert result.summary["status"] == "finished"
     (flag,) = result.summary["flags"]
     assert "not finite (all dropped) in 3 of 3 rounds, first round 1" in flag
@@ -169,13 +169,13 @@ def test_a_bare_tune_resume_continues_the_search_or_curve_in_its_folder(cli, tmp
 def test_what_was_silently_accepted_is_refused_in_one_line(cli, tmp_path):
     out = str(tmp_path / "out")
     cases = [
-        (["run", "--scenario", "demo", "--set", "strategy.name=bounded", "--set",
-          "strategy.adaptive.normalize=False", "--out", out],
-         "strategy.adaptive: normalize must be true or false (got 'False')"),
-        (["compare", "--scenario", "demo", "--strategies", "", "--out", out], "names no strategy"),
+        (["run", "--scenario", "demo", "--set", "policy.name=bounded", "--set",
+          "policy.adaptive.normalize=False", "--out", out],
+         "policy.adaptive: normalize must be true or false (got 'False')"),
+        (["compare", "--scenario", "demo", "--strategies", "", "--out", out], "names no policy"),
         (["compare", "--scenario", "demo", "--epsilons", "2,2", "--out", out], "epsilons names 2 twice"),
         (["compare", "--scenario", "demo", "--strategies", "bounded,bounded", "--out", out],
-         "strategies names bounded twice"),
+         "policies names bounded twice"),
         (["privacy", "--noise-multiplier", "1", "--sample-rate", "0.1", "--rounds", "0", "--delta", "1e-5"],
          "'--rounds': 0 is not in the range x>=1"),
     ]  # fmt: skip
@@ -190,7 +190,7 @@ def test_the_api_refuses_a_file_for_out_and_no_strategies(tmp_path):
     a_file.write_text("")
     with pytest.raises(ConfigError, match="is a file"):
         fairclip.compare("demo", out=a_file)
-    with pytest.raises(ConfigError, match="names no strategy"):
+    with pytest.raises(ConfigError, match="names no policy"):
         fairclip.compare("demo", strategies=[])
 
 

@@ -87,7 +87,7 @@ ONE_STEP_DEMO = [
     "federation.sample_rate=0.2",
     "training.rounds=4",
     "training.local_epochs=1",
-    "strategy.name=bounded",
+    "policy.name=bounded",
     "privacy.noise_multiplier=0.7",
 ]
 """The demo with one example per client and one local step, with noise: the one-step path."""
@@ -111,7 +111,7 @@ def test_one_step_path_gives_the_generic_result_with_noise():
 
 
 def test_one_step_rows_sets_the_call_size_and_changes_a_run_by_rounding_only():
-    """``training.one_step_rows`` is the engines' group size; 3 and the default 32 give the same
+    """``training.one_step_rows`` is the executors' group size; 3 and the default 32 give the same
     run to float rounding (the same samples, bounds and noise), and 0 is refused in one line."""
     runs = {}
     for rows in (3, 32):
@@ -148,7 +148,7 @@ def test_unset_one_step_rows_is_32_on_the_cpu_and_1024_on_a_gpu():
 
 def test_groups_are_bounded_by_update_memory_only_where_the_updates_are_formed():
     """One-step clients of a row-scaling policy are clipped from their norms: their calls form
-    no update rows, so the engines' groups are not bounded by GROUP_BYTES (update length 0);
+    no update rows, so the executors' groups are not bounded by GROUP_BYTES (update length 0);
     a policy that needs the rows, or ``per_example = materialize``, forms them."""
     from fairclip.sims.executors.local import update_length
     from fairclip.strategies import build_policy

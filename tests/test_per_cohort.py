@@ -189,10 +189,10 @@ def _demo(*settings: str):
         "demo",
         None,
         [
-            "strategy.name=per-cohort",
-            "strategy.same_round=true",
-            "strategy.initial_bound=0.3",
-            "strategy.noise_bound=initial",
+            "policy.name=per-cohort",
+            "policy.same_round=true",
+            "policy.initial_bound=0.3",
+            "policy.noise_bound=initial",
             "privacy.accountant=rdp",
             "training.rounds=3",
             "seed=4",
@@ -222,7 +222,7 @@ def test_a_run_with_the_initial_noise_bound_reports_the_accountants_epsilon():
     privacy = result.summary["privacy"]
     assert privacy["noise_multiplier_varies"] is True
     assert privacy["smallest_effective_noise_multiplier"] < 1.0
-    plain = _demo("training.rounds=4", "strategy.noise_bound=max")
+    plain = _demo("training.rounds=4", "policy.noise_bound=max")
     assert result.summary["epsilon"] > simulate(plain, build_task(plain)).summary["epsilon"]
     for row in result.rows:
         assert row["noise_std"] == pytest.approx(config.privacy.noise_multiplier * 0.3, rel=1e-12)
@@ -239,14 +239,14 @@ def test_a_run_with_the_initial_noise_bound_reports_the_accountants_epsilon():
 def test_a_plan_that_cannot_follow_the_multipliers_is_refused(setting, mentions):
     config = _demo(setting)
     task = build_task(config)
-    policy = build_policy("per-cohort", config.strategy.params, num_cohorts=len(task.cohort_names))
+    policy = build_policy("per-cohort", config.policy.params, num_cohorts=len(task.cohort_names))
     with pytest.raises(ConfigError) as caught:
         plan_privacy(config, policy, task.initial_model().shape[0])
     message = str(caught.value)
     assert message.startswith(mentions) and "\n" not in message
     # the same plan for the default noise bound is accepted
     plain = build_policy(
-        "per-cohort", {**config.strategy.params, "noise_bound": "max"}, num_cohorts=len(task.cohort_names)
+        "per-cohort", {**config.policy.params, "noise_bound": "max"}, num_cohorts=len(task.cohort_names)
     )
     plan_privacy(config, plain, task.initial_model().shape[0])
 

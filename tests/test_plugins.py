@@ -134,10 +134,10 @@ TOML = textwrap.dedent(
     rounds = 3
     client_lr = 0.5
 
-    [strategy]
+    [policy]
     name = "constant"
 
-    [strategy."my_research:HardSchedule"]
+    [policy."my_research:HardSchedule"]
     initial_bound = 2.0
     decay = 0.5
 
@@ -174,8 +174,8 @@ def test_compare_own_model_data_and_policy_from_python(research, tmp_path):
     finished = []
     comparison = fairclip.compare(
         scenario(research),
-        strategies=["constant", research.HardSchedule],
-        overrides={"strategy.constant.initial_bound": 2.0, "strategy.hard-schedule.initial_bound": 2.0},
+        policies=["constant", research.HardSchedule],
+        overrides={"policy.constant.initial_bound": 2.0, "policy.hard-schedule.initial_bound": 2.0},
         out=tmp_path / "sweep",
         on_run=lambda key, _result: finished.append(key),
     )
@@ -211,13 +211,13 @@ def test_ray_workers_receive_objects_registered_in_this_process(research, ray_se
         rounds=2,
         settings={"seed": 4, "privacy.noise_multiplier": 0.5},
     )
-    local = fairclip.compare(mine, strategies=[research.HardSchedule])
-    remote = fairclip.compare(mine, strategies=[research.HardSchedule], ray=True)
+    local = fairclip.compare(mine, policies=[research.HardSchedule])
+    remote = fairclip.compare(mine, policies=[research.HardSchedule], ray=True)
     pd.testing.assert_frame_equal(local.table, remote.table)
 
 
 def test_simulate_trains_the_users_own_model(research):
-    result = fairclip.simulate(scenario(research), overrides={"strategy.name": "none"})
+    result = fairclip.simulate(scenario(research), overrides={"policy.name": "none"})
     # the MLP of my_research: 4·8 + 8 + 8·2 + 2 parameters, trained
     assert result.model.shape == (58,)
     assert list(result.cohorts.index) == ["north", "south", "east"]
@@ -244,12 +244,12 @@ def test_the_cli_runs_the_same_comparison_from_import_paths(research, tmp_path):
     np.testing.assert_allclose(rounds["clip_bound"], [2.0, 1.0, 0.5])
     summary = json.loads((out / "runs" / "hard-schedule__eps-none__seed-4" / "summary.json").read_text())
     assert summary["strategy"] == "hard-schedule"
-    assert summary["config"]["strategy"]["name"] == "my_research:HardSchedule"  # how to find it again
+    assert summary["config"]["policy"]["name"] == "my_research:HardSchedule"  # how to find it again
     assert "hard-schedule" in done.stdout and "my_research:HardSchedule" not in done.stdout
 
     # the Python API on the same settings (the policy named by the same import path) gives the
     # same numbers, run by run and cohort by cohort
-    comparison = fairclip.compare(config_file=config, strategies=["constant", "my_research:HardSchedule"])
+    comparison = fairclip.compare(config_file=config, policies=["constant", "my_research:HardSchedule"])
     key = ["strategy", "cohort"]
     merged = from_cli.merge(comparison.table, on=key, suffixes=("_cli", "_api"))
     assert len(merged) == 9
@@ -260,14 +260,14 @@ def test_the_cli_runs_the_same_comparison_from_import_paths(research, tmp_path):
 
 
 PLUGIN_ERRORS = [
-    (["strategy.name=my_research:HardSchedule", "strategy.decay=2.0"], "decay must be <= 1 (got 2.0)"),
+    (["policy.name=my_research:HardSchedule", "policy.decay=2.0"], "decay must be <= 1 (got 2.0)"),
     (
-        ["strategy.name=my_research:HardSchedule", "strategy.lower_bound=0.1"],
-        "strategy.lower_bound: strategy 'my_research:HardSchedule' has no such parameter",
+        ["policy.name=my_research:HardSchedule", "policy.lower_bound=0.1"],
+        "policy.lower_bound: policy 'my_research:HardSchedule' has no such parameter",
     ),
-    (["strategy.name=no_such_module:Policy"], "cannot import 'no_such_module'"),
-    (["strategy.name=my_research:Missing"], "has no attribute 'Missing'"),
-    (["strategy.name=my_research:make_mlp"], "not a subclass of fairclip's Policy"),
+    (["policy.name=no_such_module:Policy"], "cannot import 'no_such_module'"),
+    (["policy.name=my_research:Missing"], "has no attribute 'Missing'"),
+    (["policy.name=my_research:make_mlp"], "not a subclass of fairclip's Policy"),
     (["scenario.model=my_research:nope"], "has no attribute 'nope'"),
     (["scenario.model=my_research:make_batchnorm_mlp"], "layer '2' is a BatchNorm1d"),
     (["scenario.dataset=my_research:make_mlp"], "dataset loader 'my_research:make_mlp' failed"),
@@ -410,7 +410,7 @@ def test_register_and_entry_points(research, tmp_path):
     (info / "entry_points.txt").write_text("[fairclip.policies]\nscheduled = my_research:HardSchedule\n")
     importlib.invalidate_caches()
     result = fairclip.simulate(
-        scenario(research), overrides={"strategy.name": "scheduled", "strategy.initial_bound": 4.0}
+        scenario(research), overrides={"policy.name": "scheduled", "policy.initial_bound": 4.0}
     )
     np.testing.assert_allclose(result.rounds["clip_bound"], [4.0, 2.0, 1.0])
     assert "scheduled" in fairclip.policies.plugin_names()

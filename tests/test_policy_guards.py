@@ -129,7 +129,7 @@ def _bimodal(policy: type[Policy], **overrides) -> fairclip.Simulation:
     """One round of ``bimodal-mean`` (1,000 clients, no noise) under ``policy``."""
     register(policy, replace=True)
     settings = {
-        "strategy.name": policy.name,
+        "policy.name": policy.name,
         "training.rounds": 1,
         "federation.num_clients": 1000,
         "privacy.noise_multiplier": 0.0,
@@ -256,7 +256,7 @@ def test_a_private_policy_may_not_override_the_guarded_steps():
 def test_the_command_line_refuses_such_a_policy_in_one_line(cli, tmp_path):
     status, _, err = cli(
         "run", "--scenario", "bimodal-mean", "--out", str(tmp_path / "run"),
-        "--set", "strategy.name=tests.test_policy_guards:ClipsAtTwiceWhatItNoises",
+        "--set", "policy.name=tests.test_policy_guards:ClipsAtTwiceWhatItNoises",
         "--set", "training.rounds=1", "--set", "federation.num_clients=100",
     )  # fmt: skip
     assert status == 2 and len(err.strip().splitlines()) == 1, err

@@ -1,6 +1,6 @@
 """Issue 67: one way to hand fairclip a policy -- a name, a class or an instance, the same in
 ``compare``, ``simulate``, :class:`fairclip.flower.DifferentialPrivacy` and a configuration's
-``strategy.name`` (:func:`fairclip.policies.resolve_policy`) -- shown under one name in every
+``policy.name`` (:func:`fairclip.policies.resolve_policy`) -- shown under one name in every
 output (:func:`fairclip.policies.display_name`); and progress from the Python API, off with
 ``progress=False``."""
 
@@ -123,7 +123,7 @@ def test_anything_else_is_one_error_naming_what_was_given_and_what_is_accepted(g
 
 
 def test_an_unknown_name_is_one_line_with_a_suggestion():
-    with pytest.raises(PolicyConfigError, match=r"unknown strategy 'bouned' \(did you mean 'bounded'\?\)"):
+    with pytest.raises(PolicyConfigError, match=r"unknown policy 'bouned' \(did you mean 'bounded'\?\)"):
         resolve_policy("bouned")
 
 
@@ -143,46 +143,46 @@ def _simulate(**options):
 
 
 def test_simulate_takes_a_name_a_class_or_an_instance_with_the_same_result():
-    by_settings = _simulate(overrides={"strategy.name": "constant", "strategy.constant.initial_bound": 0.3})
-    by_name = _simulate(policy="constant", overrides={"strategy.constant.initial_bound": 0.3})
-    by_class = _simulate(policy=ConstantClipping, overrides={"strategy.initial_bound": 0.3})
+    by_settings = _simulate(overrides={"policy.name": "constant", "policy.constant.initial_bound": 0.3})
+    by_name = _simulate(policy="constant", overrides={"policy.constant.initial_bound": 0.3})
+    by_class = _simulate(policy=ConstantClipping, overrides={"policy.initial_bound": 0.3})
     by_instance = _simulate(policy=ConstantClipping(initial_bound=0.3))
-    in_overrides = _simulate(overrides={"strategy.name": ConstantClipping(initial_bound=0.3)})
+    in_overrides = _simulate(overrides={"policy.name": ConstantClipping(initial_bound=0.3)})
     for result in (by_name, by_class, by_instance, in_overrides):
         np.testing.assert_array_equal(result.model, by_settings.model)
         np.testing.assert_array_equal(result.rounds["clip_bound"], [0.3, 0.3])
         assert result.summary["strategy"] == "constant"
-        assert result.summary["config"]["strategy"]["initial_bound"] == 0.3
+        assert result.summary["config"]["policy"]["initial_bound"] == 0.3
 
 
 def test_simulate_runs_a_plugin_instance_under_its_name():
     result = _simulate(policy=SlowConstant(initial_bound=0.25))
     assert result.summary["strategy"] == "slow-constant"
-    assert result.summary["config"]["strategy"]["name"] == "slow-constant"
+    assert result.summary["config"]["policy"]["name"] == "slow-constant"
     np.testing.assert_array_equal(result.rounds["clip_bound"], [0.25, 0.25])
 
 
 def test_an_instance_replaces_the_scenarios_own_parameters_for_its_policy():
     """bimodal-mean sets [strategy.bounded] (lower_bound 1.0): the instance's values run."""
     result = _simulate(policy=BoundedAdaptiveClipping(lower_bound=0.3, threshold_multiplier=2.0))
-    assert result.summary["config"]["strategy"]["lower_bound"] == 0.3
-    assert result.summary["config"]["strategy"]["threshold_multiplier"] == 2.0
+    assert result.summary["config"]["policy"]["lower_bound"] == 0.3
+    assert result.summary["config"]["policy"]["threshold_multiplier"] == 2.0
 
 
 @pytest.mark.parametrize(
     ("options", "problem"),
     [
         (
-            {"policy": ConstantClipping(initial_bound=0.3), "overrides": {"strategy.initial_bound": 0.5}},
-            r"strategy.initial_bound: policy 'constant' is given as an instance, which carries its own",
+            {"policy": ConstantClipping(initial_bound=0.3), "overrides": {"policy.initial_bound": 0.5}},
+            r"policy.initial_bound: policy 'constant' is given as an instance, which carries its own",
         ),
         (
-            {"policy": ConstantClipping(), "overrides": {"strategy.constant.initial_bound": 0.5}},
-            r"strategy.constant.initial_bound: .* give them one way",
+            {"policy": ConstantClipping(), "overrides": {"policy.constant.initial_bound": 0.5}},
+            r"policy.constant.initial_bound: .* give them one way",
         ),
         (
-            {"policy": "constant", "overrides": {"strategy.name": "bounded"}},
-            r"the policy is given twice \(policy= and strategy.name\)",
+            {"policy": "constant", "overrides": {"policy.name": "bounded"}},
+            r"the policy is given twice \(policy= and policy.name\)",
         ),
     ],
 )
@@ -202,8 +202,8 @@ def test_simulate_refuses_what_is_not_a_policy_before_any_work():
 def test_compare_takes_names_classes_and_instances_and_shows_one_name(tmp_path):
     comparison = fairclip.compare(
         "bimodal-mean",
-        strategies=[ConstantClipping, SlowConstant(initial_bound=0.25)],
-        overrides={**SMALL, "strategy.constant.initial_bound": 0.3},
+        policies=[ConstantClipping, SlowConstant(initial_bound=0.25)],
+        overrides={**SMALL, "policy.constant.initial_bound": 0.3},
         out=tmp_path / "sweep",
         progress=False,
     )
@@ -224,32 +224,32 @@ def test_compare_takes_names_classes_and_instances_and_shows_one_name(tmp_path):
 
 def test_compare_shows_an_import_path_under_its_policys_name():
     path = f"{__name__}:SlowConstant"
-    comparison = fairclip.compare("bimodal-mean", strategies=[path], overrides=SMALL, progress=False)
+    comparison = fairclip.compare("bimodal-mean", policies=[path], overrides=SMALL, progress=False)
     assert set(comparison.table["strategy"]) == {"none", "slow-constant"}
     summary = comparison.summaries["slow-constant__eps-none__seed-0"]
-    assert summary["strategy"] == "slow-constant" and summary["config"]["strategy"]["name"] == path
+    assert summary["strategy"] == "slow-constant" and summary["config"]["policy"]["name"] == path
 
 
 @pytest.mark.parametrize(
-    ("strategies", "problem"),
+    ("policies", "problem"),
     [
-        (["constant", ConstantClipping], "strategies names constant twice"),
-        (["constant", "fairclip.strategies.constant:ConstantClipping"], "strategies names constant twice"),
+        (["constant", ConstantClipping], "policies names constant twice"),
+        (["constant", "fairclip.strategies.constant:ConstantClipping"], "policies names constant twice"),
         (["constant", object()], "a policy must be"),
-        ("constant", "strategies must be a list of policies"),
+        ("constant", "policies must be a list of policies"),
     ],
 )
-def test_compare_refuses_one_policy_twice_and_what_is_not_one(strategies, problem):
+def test_compare_refuses_one_policy_twice_and_what_is_not_one(policies, problem):
     with pytest.raises(fairclip.FairclipError, match=problem):
-        fairclip.compare("bimodal-mean", strategies=strategies, overrides=SMALL, progress=False)
+        fairclip.compare("bimodal-mean", policies=policies, overrides=SMALL, progress=False)
 
 
 def test_compare_refuses_an_instance_with_parameters_set_for_it_too():
-    with pytest.raises(ConfigError, match=r"strategy.slow-constant.initial_bound: .* give them one way"):
+    with pytest.raises(ConfigError, match=r"policy.slow-constant.initial_bound: .* give them one way"):
         fairclip.compare(
             "bimodal-mean",
-            strategies=[SlowConstant(initial_bound=0.25)],
-            overrides={**SMALL, "strategy.slow-constant.initial_bound": 0.5},
+            policies=[SlowConstant(initial_bound=0.25)],
+            overrides={**SMALL, "policy.slow-constant.initial_bound": 0.5},
             progress=False,
         )
 
@@ -346,7 +346,7 @@ def test_simulate_logs_its_progress_off_a_terminal(every_round, caplog, capsys):
 
 def test_compare_logs_each_run_off_a_terminal(caplog):
     with caplog.at_level(logging.INFO, logger="fairclip"):
-        fairclip.compare("bimodal-mean", strategies=[SlowConstant], overrides=SMALL)
+        fairclip.compare("bimodal-mean", policies=[SlowConstant], overrides=SMALL)
     lines = [record.getMessage() for record in caplog.records if record.name == "fairclip"]
     assert len(lines) == 2 and lines[-1].startswith("compare runs: 2/2 runs done (slow-constant__eps-none")
 
@@ -356,7 +356,7 @@ def test_progress_true_writes_lines_to_stderr_and_false_nothing(every_round, cap
         _simulate(policy="constant", progress=True)
         assert "constant on bimodal-mean: 2/2 rounds done" in capsys.readouterr().err
         _simulate(policy="constant", progress=False)
-        fairclip.compare("bimodal-mean", strategies=["constant"], overrides=SMALL, progress=False)
+        fairclip.compare("bimodal-mean", policies=["constant"], overrides=SMALL, progress=False)
     assert capsys.readouterr().err == ""
     assert not [record for record in caplog.records if record.name == "fairclip"]
 
@@ -368,7 +368,7 @@ def test_progress_must_be_a_flag():
 
 def test_tune_logs_each_run_off_a_terminal_and_is_silent_when_asked(caplog, capsys):
     grid = {"training.client_lr": [0.1, 0.5]}
-    settings = {"strategy.name": "constant", "training.rounds": 2, "privacy.target_epsilon": 2.0}
+    settings = {"policy.name": "constant", "training.rounds": 2, "privacy.target_epsilon": 2.0}
     with caplog.at_level(logging.INFO, logger="fairclip"):
         fairclip.tune("demo", grid=grid, overrides=settings, seed=3, grid_baseline=False)
         lines = [record.getMessage() for record in caplog.records if record.name == "fairclip"]

@@ -141,7 +141,7 @@ def test_a_billion_point_mean_estimation_runs_from_the_command_line(cli, tmp_pat
         "--set",
         "training.rounds=3",
         "--set",
-        "strategy.name=bounded",
+        "policy.name=bounded",
         "--out",
         str(out),
     )
@@ -158,7 +158,7 @@ def test_a_billion_point_mean_estimation_runs_from_the_command_line(cli, tmp_pat
 
 def test_a_billion_client_classification_run_is_not_refused_by_the_memory_check(cli, tmp_path):
     """The memory check counts a generated population's sampled clients, not all of them (it
-    used to refuse 10⁹ demo clients as 4,700 GB while the engine needed 0.4 GB)."""
+    used to refuse 10⁹ demo clients as 4,700 GB while the executor needed 0.4 GB)."""
     out = tmp_path / "demo"
     status, _, err = cli(
         "run",

@@ -66,8 +66,19 @@ def test_run_on_a_two_node_cluster_gives_the_local_numbers(cluster, tmp_path):
     np.testing.assert_array_equal(model, local_model)
     assert summary["epsilon"] == local_summary["epsilon"] and summary["overall"] == local_summary["overall"]
     device = "cuda" if torch.cuda.is_available() else "cpu"  # training.device auto
-    assert local_summary["provenance"]["execution"] == {"backend": "local", "workers": 1, "device": device}
-    assert summary["provenance"]["execution"] == {"backend": "ray", "actors": 2, "nodes": 2, "device": device}
+    assert local_summary["provenance"]["execution"] == {
+        "executor": "local",
+        "backend": "local",
+        "workers": 1,
+        "device": device,
+    }
+    assert summary["provenance"]["execution"] == {
+        "executor": "ray",
+        "backend": "ray",
+        "actors": 2,
+        "nodes": 2,
+        "device": device,
+    }
 
 
 def test_compare_on_a_two_node_cluster_gives_the_local_numbers(cluster, tmp_path):

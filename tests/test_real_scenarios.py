@@ -335,7 +335,7 @@ def test_dutch_grouped_by_marital_status_trains_the_same_model_as_by_sex():
         "federation.sample_rate=0.005",
         "training.rounds=3",
         "training.client_lr=1.0",
-        "strategy.name=bounded",
+        "policy.name=bounded",
         "privacy.noise_multiplier=1.0",
     ]
     marital = [

@@ -301,7 +301,7 @@ def test_the_api_runs_here_or_on_ray_with_the_same_numbers(ray_session, cli, tmp
     assert ran == [] and sorted(reused) == stored  # on_reused takes the reused runs from on_run
 
     status, _stdout, err = cli(*args, "--backend", "local", "--address", "127.0.0.1:1")
-    assert status == 2 and err.strip().count("\n") == 0 and "--backend ray" in err
+    assert status == 2 and err.strip().count("\n") == 0 and "--scheduler ray" in err
 
 
 def test_kept_progress_continues_from_a_fresh_folder(ray_session, cli, tmp_path):
@@ -470,7 +470,7 @@ def test_strategies_run_a_subset_and_extend_adds_the_rest(ray_session, cli, tmp_
 
     status, _stdout, err = cli(*args, "--strategies", "constant,bounded")
     assert status == 2 and err.strip().count("\n") == 0
-    assert "has no strategy 'bounded'" in err and "global-adapt" in err
+    assert "has no policy 'bounded'" in err and "global-adapt" in err
     assert not out.exists()  # refused before any work
 
     status, stdout, err = cli(*args, "--strategies", "none, global")
@@ -513,7 +513,7 @@ def test_a_strategy_subset_is_part_of_the_stored_reproduction(tmp_path):
     assert more["strategies"] == ["bounded", "constant"]
     everything = settle(tmp_path, spec(), Mode.EXTEND, merge=repro.merge_specs)
     assert "strategies" not in everything
-    with pytest.raises(ConfigError, match="has no strategy 'none'"):
+    with pytest.raises(ConfigError, match="has no policy 'none'"):
         spec(strategies=["none"])
 
 
@@ -679,7 +679,7 @@ def test_seed_004_setups_are_its_table_5():
         assert setup.settings["privacy.delta"] == 1e-6  # section 6.1
         assert setup.relative_to == "none" and setup.batch_size == 256 and setup.epochs == 20
         by_name = {s.name: s for s in setup.strategies}
-        assert by_name["constant"].settings["strategy.initial_bound"] == 0.5
+        assert by_name["constant"].settings["policy.initial_bound"] == 0.5
         # lr = 1/sqrt(T), T = ceil(20 N / 256) over the 80 % training rows
         train = rows - round(0.2 * rows)
         steps = math.ceil(20 * train / 256)
@@ -724,10 +724,10 @@ def _check_seed_004_strategies(setup, sigma: float, sample_rate: float, steps: i
         settings = strategy.settings
         assert strategy.paper[""], f"{setup.name}: {strategy.name} has no paper values"
         if strategy.policy_name == "per-cohort":
-            assert settings["strategy.same_round"] is True and settings["strategy.rule"] == "xu"
-            assert settings["strategy.noise_bound"] == "max"
+            assert settings["policy.same_round"] is True and settings["policy.rule"] == "xu"
+            assert settings["policy.noise_bound"] == "max"
         if strategy.policy_name == "reweight":
-            assert settings["strategy.same_round"] is True
+            assert settings["policy.same_round"] is True
         if strategy.policy_name in ("per-cohort", "reweight"):
             assert dpsgd - 1e-4 <= settings["privacy.epsilon_budget"] <= dpsgd, (setup.name, dpsgd)
         else:
@@ -755,7 +755,7 @@ def test_a_setup_runs_a_policy_variant_under_its_own_label(tmp_path):
         "magnitude-error-only": "magnitude",
         "direction-error-only": "direction",
     }
-    assert {validate(run.raw).strategy.name for run in runs.values()} == {"none", "constant"}
+    assert {validate(run.raw).policy.name for run in runs.values()} == {"none", "constant"}
     assert all(validate(run.raw).privacy.noise_multiplier == 0 for run in runs.values())
     # a label that would break the run keys, and a policy that is no string, are refused
     with pytest.raises(ConfigError, match="may not contain '__'"):
@@ -772,7 +772,7 @@ def test_a_lower_bound_above_the_initial_bound_raises_the_initial_bound():
     planner = planning.Planner(setup, None, [], max_rounds=3, examples=lambda *_: 48_000)
     bounds = set()
     for run in planner.grid_runs(full=False, limit=None):
-        params = validate(run.raw).strategy.params
+        params = validate(run.raw).policy.params
         bounds.add((run.strategy, params.get("lower_bound"), params["initial_bound"]))
     assert bounds == {
         ("constant", None, 0.216),
@@ -844,7 +844,7 @@ def test_a_per_grid_rows_report_the_epsilon_of_the_whole_search():
 
     planner = _galli_planner("online", "fixed")
     planner.grid_runs(full=False, limit=None)
-    runs = planner.final_runs(2, {("fixed", 3.0): {"strategy.initial_bound": 0.01}})
+    runs = planner.final_runs(2, {("fixed", 3.0): {"policy.initial_bound": 0.01}})
     summaries = {}
     for run in runs:
         config = validate(run.raw)
@@ -866,7 +866,7 @@ def test_a_per_grid_rows_report_the_epsilon_of_the_whole_search():
             assert row["epsilon_prv"] == float(f"{epsilon(sigma, q, k * rounds, 1e-5, 'prv'):.4g}")
             assert 0.99 * target <= row["epsilon_rdp"] <= target
             assert row["epsilon_rdp"] > 1.5 * summaries[run.key]["epsilon"]  # not the one run's share
-    assert rows["fixed", 3.0]["grid_point"] == {"strategy.initial_bound": 0.01}
+    assert rows["fixed", 3.0]["grid_point"] == {"policy.initial_bound": 0.01}
 
 
 def test_setup_budget_is_checked(tmp_path, monkeypatch):
@@ -912,32 +912,30 @@ def test_set_wins_over_the_strategy_settings_and_refuses_what_each_run_sets():
         setup = setup_files.select_strategies(setup_files.load_setup(name), strategies)
         return planning.Planner(setup, None, list(overrides), None, examples=lambda *_: 28_000)
 
-    sets = ("training.server_lr=0.5", "strategy.scale_threshold=100", "seed=7")
+    sets = ("training.server_lr=0.5", "policy.scale_threshold=100", "seed=7")
     runs = planner("esipova-adult", *sets, strategies=["global", "global-adapt"]).final_runs(2, {})
     by_strategy = {run.strategy: validate(run.raw) for run in runs if run.seed == 7}
     assert sorted(run.seed for run in runs if run.strategy == "global") == [7, 8]
     assert {config.training.server_lr for config in by_strategy.values()} == {0.5}
-    assert {config.strategy.params["scale_threshold"] for config in by_strategy.values()} == {100}
+    assert {config.policy.params["scale_threshold"] for config in by_strategy.values()} == {100}
     default = {run.strategy: validate(run.raw) for run in planner("esipova-adult").final_runs(1, {})}
     assert default["global"].training.server_lr == 0.2 and default["none"].training.server_lr == 0.01
-    assert default["global"].strategy.params["scale_threshold"] == 50
+    assert default["global"].policy.params["scale_threshold"] == 50
 
     refused = {
         ("esipova-adult", "training.rounds=3"): "sets it for each run",
-        ("esipova-adult", "strategy.name=constant"): "--strategies",
+        ("esipova-adult", "policy.name=constant"): "--policies",
         ("zhao-skewed-mnist", "training.server_lr=1"): "the setup's grid varies it",
-        ("zhao-skewed-mnist", "strategy.lower_bound=1"): "strategy bounded's grid varies it",
+        ("zhao-skewed-mnist", "policy.lower_bound=1"): "strategy bounded's grid varies it",
         ("zhao-skewed-mnist", "privacy.target_epsilon=3"): "target epsilons",
         ("galli-mnist", "privacy.noise_multiplier=2"): "target epsilons",
     }
     for (name, assignment), reason in refused.items():
         with pytest.raises(ConfigError, match=re.escape(reason)):
             planner(name, assignment)
-    # global's settings set strategy.scale_threshold directly, which wins over global's own table
-    with pytest.raises(ConfigError, match=re.escape("set strategy.scale_threshold")):
-        planner("esipova-adult", "strategy.global.scale_threshold=100", strategies=["global"]).final_runs(
-            1, {}
-        )
+    # global's settings set policy.scale_threshold directly, which wins over global's own table
+    with pytest.raises(ConfigError, match=re.escape("set policy.scale_threshold")):
+        planner("esipova-adult", "policy.global.scale_threshold=100", strategies=["global"]).final_runs(1, {})
 
 
 def test_a_setup_with_a_grid_splits_every_seeds_rows_as_its_first_seed_does(tmp_path, monkeypatch):
@@ -1106,7 +1104,7 @@ def test_seed_001_selects_its_bound_learning_rate_by_validation_f1_and_runs_no_i
     assert {run.strategy for run in grid} == {
         f"{p}-c{c}" for p in ("adaptive", "soft") for c in (0.01, 0.05, 0.1)
     }
-    assert len(grid) == 18 and {run.grid_point["strategy.bound_lr"] for run in grid} == {0.02, 0.2, 2.0}
+    assert len(grid) == 18 and {run.grid_point["policy.bound_lr"] for run in grid} == {0.02, 0.2, 2.0}
     assert all(validate(run.raw).scenario.evaluate_on == "validation" for run in grid)
     ungridded = planner.ungridded_runs(2, False)
     assert {run.strategy for run in ungridded} == {"none"} | {
@@ -1114,16 +1112,16 @@ def test_seed_001_selects_its_bound_learning_rate_by_validation_f1_and_runs_no_i
     }
     assert len(ungridded) == 14 and all(validate(run.raw).scenario.split_seed == 0 for run in ungridded)
     runs = [
-        setup_files.Run(f"p{i}", "soft-c0.1", 8.0, 0, {}, {"strategy.bound_lr": lr})
+        setup_files.Run(f"p{i}", "soft-c0.1", 8.0, 0, {}, {"policy.bound_lr": lr})
         for i, lr in enumerate((0.2, 2.0))
     ]
     summaries = {
         "p0": {"overall": {"accuracy": 0.85, "f1": 0.55}},
         "p1": {"overall": {"accuracy": 0.83, "f1": 0.61}},
     }
-    assert planning.choose(runs, summaries, "f1")[("soft-c0.1", 8.0)] == {"strategy.bound_lr": 2.0}
+    assert planning.choose(runs, summaries, "f1")[("soft-c0.1", 8.0)] == {"policy.bound_lr": 2.0}
     for strategy in setup.strategies:  # the paper's count (Algorithm 2, line 10): norms above C itself
-        params = validate(planner.final_runs_of(strategy, 8.0, 1, {})[0].raw).strategy.params
+        params = validate(planner.final_runs_of(strategy, 8.0, 1, {})[0].raw).policy.params
         if strategy.policy_name in ("adaptive", "soft"):
             assert params["threshold_multiplier"] == 1.0 and params["target_quantile"] == 0.5
         if strategy.name.startswith("fixedsoft"):

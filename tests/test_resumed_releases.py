@@ -25,7 +25,7 @@ ROUNDS = 5
 SECURE = {
     "training.rounds": ROUNDS,
     "seed": 1,
-    "strategy.name": "bounded",
+    "policy.name": "bounded",
     "privacy.noise_multiplier": 1.0,
     "privacy.secure_noise": True,
 }

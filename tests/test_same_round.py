@@ -4,7 +4,7 @@ A counts-first policy (``per-cohort`` with ``same_round``) asks the same sampled
 round: their count bits first, then their updates clipped at the bounds those counts set. These
 tests check the rule (the authors' code), the privacy mechanics (one noise stream, the counts
 accounted when they are released, nothing of the other exchange released), and that the second
-exchange clips the very updates of the first on every engine path.
+exchange clips the very updates of the first on every executor path.
 """
 
 from __future__ import annotations
@@ -83,9 +83,9 @@ def _demo_server(*settings: str) -> tuple[Run, object]:
         "demo",
         None,
         [
-            "strategy.name=per-cohort",
-            "strategy.same_round=true",
-            "strategy.initial_bound=0.3",
+            "policy.name=per-cohort",
+            "policy.same_round=true",
+            "policy.initial_bound=0.3",
             "training.rounds=3",
             "seed=4",
             *settings,

@@ -1,5 +1,5 @@
 """More Ray actors than the 8 blocks there once were: a run on 10 actors (a local Ray with 12
-logical CPUs, started in its own process) gives the numbers of the in-process engine, and the
+logical CPUs, started in its own process) gives the numbers of the in-process executor, and the
 fixed summation blocks partition the sampled ids exactly as their definition says."""
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ SCRIPT = textwrap.dedent(
     from fairclip.sims.executors.ray import ensure_ray
 
     config = load_config("demo", None, ["federation.num_clients=400", "federation.sample_rate=0.3",
-                                        "training.rounds=3", "strategy.name=bounded", "seed=3"])
+                                        "training.rounds=3", "policy.name=bounded", "seed=3"])
     local = simulate_config(config, backend="local")
     ensure_ray(num_cpus=12)
     remote = simulate_config(config, backend="ray", actors=10)
@@ -128,7 +128,7 @@ def test_a_task_keeps_only_its_clients_and_trains_them_as_before():
 @settings(max_examples=25, deadline=None, derandomize=True)
 @given(sizes=st.lists(st.integers(0, 5), min_size=1, max_size=6), seed=st.integers(0, 2**32 - 1))
 def test_blocks_contributed_together_equal_blocks_contributed_one_by_one(name, sizes, seed):
-    """The engines clip a group's rows in one call and sum each block on its own rows: bit for
+    """The executors clip a group's rows in one call and sum each block on its own rows: bit for
     bit what one call per block gives (a policy's client side acts on each row alone)."""
     from fairclip.client.contributions import contribute, contribute_blocks
     from fairclip.strategies import build_policy

@@ -54,7 +54,7 @@ def test_sgd_without_momentum_steps_along_the_estimate_and_keeps_no_velocity(val
 
 
 def test_a_run_with_weight_decay_shrinks_the_model():
-    settings = ["strategy.name=constant", "training.rounds=6", "seed=3", "training.server_lr=2.0"]
+    settings = ["policy.name=constant", "training.rounds=6", "seed=3", "training.server_lr=2.0"]
     norms = {}
     for decay in (0.0, 0.5):
         config = load_config("demo", None, [*settings, f"training.weight_decay={decay}"])
@@ -128,7 +128,7 @@ def test_a_sample_level_run_with_server_adam_is_dp_adam():
         "federation.num_clients=400",
         "training.client_lr=1.0",
         "training.rounds=1",
-        "strategy.name=constant",
+        "policy.name=constant",
         "privacy.noise_multiplier=0.5",
         "seed=2",
     ]

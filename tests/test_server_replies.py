@@ -209,7 +209,7 @@ def _strategy(name: str = "constant", clients: int = 6, **kwargs):
         [
             f"federation.num_clients={clients}",
             "federation.sample_rate=1.0",
-            f"strategy.name={name}",
+            f"policy.name={name}",
             "privacy.noise_multiplier=0",
         ],
     )
@@ -222,7 +222,7 @@ def _strategy(name: str = "constant", clients: int = 6, **kwargs):
 
 def _honest_replies(config, task, server, instructions, diagnostics=False):
     model, params = server.model.copy(), server.broadcast()
-    policy = build_policy(config.strategy.name, config.strategy.params, num_cohorts=2)
+    policy = build_policy(config.policy.name, config.policy.params, num_cohorts=2)
     replies = {}
     for message in instructions:
         client = message.metadata.dst_node_id - 100

@@ -23,7 +23,7 @@ def _tensorboard_scalars(folder) -> dict[str, list[tuple[int, float]]]:
 def test_run_logs_every_round_to_tensorboard(cli, tmp_path):
     out, board = tmp_path / "run", tmp_path / "tb"
     status, _, err = cli(
-        "run", *SHORT, "--set", "strategy.name=bounded", "--out", str(out), "--tensorboard", str(board)
+        "run", *SHORT, "--set", "policy.name=bounded", "--out", str(out), "--tensorboard", str(board)
     )
     assert status == 0, err
     rounds = pd.read_csv(out / "rounds.csv")
@@ -42,14 +42,14 @@ def test_run_logs_every_round_to_mlflow(cli, tmp_path, monkeypatch):
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/mlflow.db")
     out = tmp_path / "adaptive-run"
     status, _, err = cli(
-        "run", *SHORT, "--set", "strategy.name=adaptive", "--out", str(out), "--mlflow", "fairclip-test"
+        "run", *SHORT, "--set", "policy.name=adaptive", "--out", str(out), "--mlflow", "fairclip-test"
     )
     assert status == 0, err
     client = mlflow.MlflowClient()
     experiment = client.get_experiment_by_name("fairclip-test")
     (run,) = client.search_runs([experiment.experiment_id])
     assert run.info.run_name == "adaptive-run" and run.info.status == "FINISHED"
-    assert run.data.params["strategy.name"] == "adaptive" and run.data.params["training.rounds"] == "4"
+    assert run.data.params["policy.name"] == "adaptive" and run.data.params["training.rounds"] == "4"
     history = sorted(client.get_metric_history(run.info.run_id, "clip_bound"), key=lambda m: m.step)
     rounds = pd.read_csv(out / "rounds.csv")
     assert [m.step for m in history] == rounds["round"].tolist()

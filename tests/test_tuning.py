@@ -138,8 +138,8 @@ def test_bad_trial_laws_are_one_clear_error(make, mentions):
         make()
 
 
-GRID = {"training.client_lr": [0.1, 0.5], "strategy.bounded.lower_bound": [0.1, 0.5]}
-SMALL = {"strategy.name": "bounded", "training.rounds": 4, "privacy.target_epsilon": 2.0}
+GRID = {"training.client_lr": [0.1, 0.5], "policy.bounded.lower_bound": [0.1, 0.5]}
+SMALL = {"policy.name": "bounded", "training.rounds": 4, "privacy.target_epsilon": 2.0}
 INTERNAL = "not-dp-protected"
 """The folder of what a DP search's ε does not cover (a literal: the test pins the layout)."""
 
@@ -222,9 +222,9 @@ def test_a_search_publishes_its_release_only(tmp_path, cli):
     ran; every run is in not-dp-protected/, under a note that says so."""
     out = tmp_path / "t"
     status, printed, err = cli(
-        "tune", "--scenario", "demo", "--set", "strategy.name=bounded", "--set", "training.rounds=3",
+        "tune", "--scenario", "demo", "--set", "policy.name=bounded", "--set", "training.rounds=3",
         "--set", "privacy.target_epsilon=2", "--grid", "training.client_lr=0.1,0.5", "--grid",
-        "strategy.bounded.lower_bound=0.1,0.5", "--tuning-seed", "3", "--backend", "local", "--out", str(out),
+        "policy.bounded.lower_bound=0.1,0.5", "--tuning-seed", "3", "--backend", "local", "--out", str(out),
     )  # fmt: skip
     assert status == 0, err
     internal = out / INTERNAL
@@ -297,15 +297,15 @@ def test_resume_moves_a_folder_of_the_old_layout_into_not_dp_protected(tmp_path)
     [
         (["--grid", "training.client_lr"], "--grid expects KEY=V1,V2"),
         (["--grid", "training.client_lr=0.1", "--metric", "speed"], "metric must be one of"),
-        (["--grid", "scenario.features=3,4"], "tune searches training, strategy and privacy"),
+        (["--grid", "scenario.features=3,4"], "tune searches training, policy and privacy"),
         (["--grid", "privacy.delta=1e-5,1e-6"], "one privacy.delta"),
-        (["--grid", "training.client_lr=0.1", "--set", "strategy.name=none"], "needs a private strategy"),
+        (["--grid", "training.client_lr=0.1", "--set", "policy.name=none"], "needs a private policy"),
         (["--grid", "training.client_lr=-1"], "client_lr"),
         (["--grid", "training.client_lr=0.1,0.2", "--set", "training.client_lr=0.5"], "both set"),
         (
             [
-                *("--grid", "strategy.bounded.lower_bound=0.1,0.2", "--set", "strategy.name=bounded"),
-                *("--set", "strategy.lower_bound=0.05"),
+                *("--grid", "policy.bounded.lower_bound=0.1,0.2", "--set", "policy.name=bounded"),
+                *("--set", "policy.lower_bound=0.05"),
             ],
             "is set directly and wins over the table",
         ),
@@ -337,7 +337,7 @@ def test_tune_refuses_bad_input_in_one_line_before_any_work(tmp_path, capsys, ar
 def test_tune_command_prints_the_report(tmp_path, capsys):
     out = tmp_path / "t"
     main([
-        "tune", "--scenario", "demo", "--set", "strategy.name=bounded", "--set", "training.rounds=3",
+        "tune", "--scenario", "demo", "--set", "policy.name=bounded", "--set", "training.rounds=3",
         "--set", "privacy.target_epsilon=4", "--grid", "training.client_lr=0.2,0.4", "--distribution",
         "poisson", "--mu", "2", "--tuning-seed", "1", "--no-grid-baseline", "--backend", "local",
         "--out", str(out),
@@ -357,25 +357,25 @@ def test_a_strategy_searches_only_its_own_and_the_shared_keys():
 
     grid = {
         "training.client_lr": [0.1],
-        "strategy.bounded.lower_bound": [0.1, 0.5],
-        "strategy.constant.initial_bound": [1.0],
-        "strategy.initial_bound": [2.0],
+        "policy.bounded.lower_bound": [0.1, 0.5],
+        "policy.constant.initial_bound": [1.0],
+        "policy.initial_bound": [2.0],
     }
     assert strategy_grid(grid, "constant") == {
         "training.client_lr": [0.1],
-        "strategy.constant.initial_bound": [1.0],
-        "strategy.initial_bound": [2.0],
+        "policy.constant.initial_bound": [1.0],
+        "policy.initial_bound": [2.0],
     }
-    assert "strategy.bounded.lower_bound" in strategy_grid(grid, "bounded")
+    assert "policy.bounded.lower_bound" in strategy_grid(grid, "bounded")
     assert grid_points({}) == [{}]  # no grid: the configuration as given, among seeds
 
 
 def test_tuning_curve_runs_one_search_per_strategy_and_epsilon(tmp_path):
     out = tmp_path / "curve"
-    grid = {"training.client_lr": [0.2, 0.5], "strategy.bounded.lower_bound": [0.1, 0.5]}
+    grid = {"training.client_lr": [0.2, 0.5], "policy.bounded.lower_bound": [0.1, 0.5]}
     options = dict(overrides={"training.rounds": 3}, grid_baseline=False, distribution="poisson", mu=2.0)
     with pytest.raises(ConfigError, match="lower_bound"):  # bounded's bad point refused before constant runs
-        bad = {**grid, "strategy.bounded.lower_bound": [-1.0]}
+        bad = {**grid, "policy.bounded.lower_bound": [-1.0]}
         fairclip.tune_curve(
             "demo", strategies=["constant", "bounded"], epsilons=[2.0], grid=bad, out=out, **options
         )

@@ -1,4 +1,4 @@
-"""What an engine needs from a scenario: clients, cohorts, local updates and evaluation."""
+"""What an executor needs from a scenario: clients, cohorts, local updates and evaluation."""
 
 from __future__ import annotations
 
@@ -21,10 +21,10 @@ class Task(Protocol):
 
     A task may also define ``per_example_gradients(model, client_ids, round_number, policy)``,
     returning the norms and weighted sums of those clients' updates without forming them (a
-    :class:`fairclip.scenarios.tasks.ghost.OneStepGradients`), or ``None`` where it cannot; the engines use
+    :class:`fairclip.scenarios.tasks.ghost.OneStepGradients`), or ``None`` where it cannot; the executors use
     it first (:meth:`fairclip.scenarios.tasks.classification.ClassificationTask.per_example_gradients`).
 
-    A task may define ``begin_round(model, client_ids, round_number)``: the engine calls it with
+    A task may define ``begin_round(model, client_ids, round_number)``: the executor calls it with
     each round's sampled clients before any of them trains (a training objective of the whole
     batch, ``training.objective = "fairlens"``, computes its batch term there).
 
@@ -32,7 +32,7 @@ class Task(Protocol):
     :meth:`fairclip.scenarios.tasks.classification.ClassificationTask.group_metrics`'s group-fairness rates,
     merged into the summary once a run, or ``None``.
 
-    :func:`build_task` sets ``cohort_directions`` (``training.cohort_directions``): the engines
+    :func:`build_task` sets ``cohort_directions`` (``training.cohort_directions``): the executors
     then also sum each cohort's unclipped and clipped updates for the direction and magnitude
     diagnostics (:class:`fairclip.strategies.aggregation.CohortDiagnostics`); and
     ``unclipped_total`` (``training.clipping_error`` other than ``both``): they also sum the raw
@@ -59,7 +59,7 @@ class Task(Protocol):
 
     def keep_clients(self, owned: np.ndarray) -> None:
         """Keep only the clients ``owned`` (a boolean mask over the N clients) and their data;
-        ``local_updates`` of any other client raises afterwards. The Ray engine's actors call it
+        ``local_updates`` of any other client raises afterwards. The Ray executor's actors call it
         with the clients of the summation blocks they hold, and only where ``rows_per_call`` is 1
         (:func:`fairclip.sims.executors.ray.owns_clients`): other tasks need not implement it."""
 
@@ -81,7 +81,7 @@ def build_task(config: RunConfig, data_dir: Path | None = None) -> Task:
         from fairclip.scenarios.tasks.fairlens import FairLens  # torch: only a task that trains
 
         gradient_weight, boundary_weight = config.training.fairlens_weights
-        bound = float(config.strategy.params["initial_bound"])
+        bound = float(config.policy.params["initial_bound"])
         try:
             task.use_objective(FairLens(gradient_weight, boundary_weight, bound))  # type: ignore[attr-defined]
         except ValueError as error:

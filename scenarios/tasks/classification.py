@@ -135,7 +135,7 @@ CPU_ONE_STEP_ROWS = 32
 """``training.one_step_rows`` where it is unset and the task trains on the CPU. Larger calls were
 not faster there (tanh CNN, one thread, 256 examples: 0.15-0.19 s in calls of 32 or 64, 0.20-0.23 s
 in calls of 128 or 256; ``esipova-cnn``, 30 rounds of 256: 2.73 s at 32, 2.70 at 64, 3.04 at 128),
-and small groups let the Ray engine balance its actors."""
+and small groups let the Ray executor balance its actors."""
 
 GPU_ONE_STEP_ROWS = 1024
 """``training.one_step_rows`` where it is unset and the task trains on a GPU. Each call has a
@@ -291,7 +291,7 @@ class ClassificationTask:
         if term is None:
             raise RuntimeError(
                 f"round {round_number}: the FairLens batch term was not computed (begin_round was not "
-                "called with the round's clients; only the in-process engine does)"
+                "called with the round's clients; only the in-process executor does)"
             )
         return term
 
@@ -383,7 +383,7 @@ class ClassificationTask:
         """The norms and factor-weighted sums of ``local_updates(model, client_ids, ...)`` without
         forming the updates: one-step clients of a row-scaling policy on a model of
         ``Linear``/``Conv2d`` layers (:mod:`fairclip.scenarios.tasks.ghost`). ``None`` where that does not
-        apply (the engine then materialises the updates)."""
+        apply (the executor then materialises the updates)."""
         if self.forms_updates(policy) or not len(client_ids):
             return None
         return one_step_gradients(

@@ -34,7 +34,7 @@ batch through r, so adding or removing one example changes every clipped contrib
 sum's sensitivity is not C_0 (up to (2|B| + 1)·C_0). Runs of this objective claim no ε
 (:class:`fairclip.server.run.Run`), and since a client would need the other clients'
 gradients and predictions, it exists only in simulations of one-example, one-step clients in
-one process (``training.objective = "fairlens"``; the Ray engine and the Flower apps refuse it).
+one process (``training.objective = "fairlens"``; the Ray executor and the Flower apps refuse it).
 """
 
 from __future__ import annotations

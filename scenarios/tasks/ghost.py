@@ -137,7 +137,7 @@ Measured (W2's data, one worker, examples/s, block by block against batched): wi
 block's sums copied to the host (H100, 2026-11-26, 20 rounds) ``tanh-cnn`` 6,200 against 27,100
 and ``zhao-cnn`` 770 against 530; with the sums added on the device (``on_device``, H200,
 2026-11-26, 10 rounds) ``esipova-cnn`` 8,450 against 19,517 and ``zhao-cnn`` 2,527 against
-3,687. The in-process engine, which adds them on the device, is what a GPU run uses."""
+3,687. The in-process executor, which adds them on the device, is what a GPU run uses."""
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """Local training of one client: E epochs of minibatch SGD from θ_t, returning Δ = θ_i − θ_t.
 
-The shuffling of every epoch comes from the client's own generator, seeded by the engine from
+The shuffling of every epoch comes from the client's own generator, seeded by the executor from
 (seed, round, client id), so the same client trains identically in any process.
 """
 
@@ -97,7 +97,7 @@ def one_step_updates(
     computed with ``torch.func`` (``vmap`` of ``grad``) in micro-batches, and the step is taken in
     the model's float32 exactly as :func:`local_update` takes it, so both paths agree to rounding.
     Row i belongs to example i. Where the policy is row-scaling and the model's layers allow,
-    the engines do not call this: :mod:`fairclip.scenarios.tasks.ghost` clips these clients from their
+    the executors do not call this: :mod:`fairclip.scenarios.tasks.ghost` clips these clients from their
     per-example norms without forming the rows.
     """
     from torch.func import functional_call, grad, vmap

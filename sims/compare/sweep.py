@@ -1,7 +1,7 @@
 """``fairclip compare``: strategies × target ε × seeds as Ray tasks, and the `none` reference.
 
 Each run is one Ray task that simulates a whole federation in its worker process (the
-in-process engine: parallelism comes from running many runs at once). The driver writes every
+in-process executor: parallelism comes from running many runs at once). The driver writes every
 finished run at once and atomically into ``DIR/runs/<key>/`` (``rounds.csv``, then
 ``summary.json``, whose presence marks the run finished), so an interrupted sweep keeps all
 finished runs and ``--resume`` recomputes none of them. When every run is done the driver
@@ -40,7 +40,7 @@ class RunSpec:
     """One cell of the sweep."""
 
     strategy: str
-    """The policy as the configuration names it (``strategy.name``: a name or an import path)."""
+    """The policy as the configuration names it (``policy.name``: a name or an import path)."""
     target_epsilon: float | None
     seed: int
 
@@ -57,7 +57,7 @@ class RunSpec:
 
     def config(self, raw: dict[str, Any]) -> RunConfig:
         """The configuration of this run: the scenario with strategy, ε and seed set."""
-        raw = set_value(set_value(raw, "strategy.name", self.strategy), "seed", self.seed)
+        raw = set_value(set_value(raw, "policy.name", self.strategy), "seed", self.seed)
         if self.target_epsilon is not None and self.strategy != REFERENCE:
             raw = set_value(raw, "privacy.target_epsilon", float(self.target_epsilon))
         return validate(raw)

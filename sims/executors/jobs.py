@@ -31,7 +31,7 @@ def run_simulation(
     plugins: dict[str, Any] | None = None,
     checkpoint: str | None = None,
 ) -> dict[str, Any]:
-    """Simulate one run in this process (the local engine with ``workers`` threads); returns its
+    """Simulate one run in this process (the local executor with ``workers`` threads); returns its
     rows and summary. ``plugins`` is the starting process's :func:`fairclip.plugins.snapshot`
     (its registered policies, models and datasets, and its import path). With ``checkpoint`` (a
     file path) the run continues from the checkpoint there, if any, and keeps its progress
@@ -81,7 +81,7 @@ def simulate_on_ray(
     checkpoints: Callable[[T], Path] | None = None,
 ) -> Generator[tuple[T, dict[str, Any]], None, None]:
     """Simulate each (item, raw configuration) as one Ray task of ``workers`` CPUs, each a local
-    engine with as many threads (the same result for any ``workers``); yield (item, result) as
+    executor with as many threads (the same result for any ``workers``); yield (item, result) as
     they finish. Many one-CPU tasks use the cores best when there are many runs; give the
     threads to the few runs of a long reproduction. ``checkpoints(item)`` is the file where an
     item's run keeps its progress (:func:`run_simulation`): on a cluster, a folder every node

@@ -1,7 +1,7 @@
-"""The in-process engine: the client side of a round in this process, on one or more threads.
+"""The in-process executor: the client side of a round in this process, on one or more threads.
 
 Clients are trained in the fixed groups of :func:`fairclip.strategies.aggregation.group_blocks`
-and summed per block, in block order, exactly as the Ray engine does, so both give the same run.
+and summed per block, in block order, exactly as the Ray executor does, so both give the same run.
 """
 
 from __future__ import annotations
@@ -166,7 +166,7 @@ def task_device(task: Task) -> torch.device:
 
 
 ON_DEVICE_SHARE = 4
-"""The in-process engine keeps a round's block sums on the GPU (:func:`add_in_order_on_device`)
+"""The in-process executor keeps a round's block sums on the GPU (:func:`add_in_order_on_device`)
 while all of them (one float64 vector per block, two where the reports are as large as the
 model) take at most 1/ON_DEVICE_SHARE of its memory: ``zhao-cnn``'s 64 take 412 MB. A model so
 large that they would not fit adds them on the host, as before, where a round holds them all too
@@ -202,8 +202,13 @@ class LocalExecutor:
     def execution(self) -> dict[str, Any]:
         """How the clients run, for the summary's provenance: with the device they train on
         (``training.device`` ``auto`` is a GPU where torch sees one, so the setting alone does
-        not say)."""
-        return {"backend": "local", "workers": self.workers, "device": task_device(self.task).type}
+        not say). ``backend`` is ``executor``'s old name, kept for readers of earlier summaries."""
+        return {
+            "executor": "local",
+            "backend": "local",
+            "workers": self.workers,
+            "device": task_device(self.task).type,
+        }
 
     def __call__(self, model, client_ids, round_number, params, exchange=Exchange.ROUND) -> RoundSums:
         blocks = shard_ids(client_ids, len(self.task.client_cohorts))

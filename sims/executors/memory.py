@@ -20,7 +20,7 @@ A synthetic population too large to hold
 draws its sampled clients' data, so only the expected qN sampled clients count, at what a held
 client costs (their data) plus their ids.
 
-A run with R copies of its task (Ray actors of ``run --backend ray``, runs at once of
+A run with R copies of its task (Ray actors of ``run --executor ray``, runs at once of
 ``compare``) needs R times that.
 """
 

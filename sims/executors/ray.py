@@ -1,7 +1,7 @@
-"""The Ray backend: long-lived actors, each owning some blocks of clients and their data.
+"""The Ray executor: long-lived actors, each owning some blocks of clients and their data.
 
 Per round the driver puts θ_t into the object store once; every actor trains and clips the
-sampled clients of its groups of blocks with the same functions as the in-process engine
+sampled clients of its groups of blocks with the same functions as the in-process executor
 (:func:`fairclip.server.run.groups_sums`) and returns one :class:`RoundSums` per block. Traffic
 per round therefore grows with the number of blocks (a fixed small number), not of clients, and
 the driver adds the block sums in block order, so a seed gives the same result on ``local`` and
@@ -140,7 +140,7 @@ class ClientBlocksActor:
         DP-overhead benchmark switches strategies on one set of actors)."""
         self.config: RunConfig = validate(config)
         self.policy: Policy = build_policy(
-            self.config.strategy.name, self.config.strategy.params, num_cohorts=len(self.task.cohort_names)
+            self.config.policy.name, self.config.policy.params, num_cohorts=len(self.task.cohort_names)
         )
 
     def rows_per_call(self) -> int:
@@ -234,7 +234,7 @@ class RayExecutor:
     """On how many Ray nodes the actors run."""
     forms_updates: bool = True
     """Whether the actors' task forms its clients' update rows for the current policy, which
-    bounds the groups as in the in-process engine (:func:`update_length`)."""
+    bounds the groups as in the in-process executor (:func:`update_length`)."""
     device: str = "cpu"
     """The device type the actors train on; the distinct ones joined by ``+`` where a cluster's
     nodes differ (``cpu+cuda``)."""
@@ -242,7 +242,13 @@ class RayExecutor:
     @property
     def execution(self) -> dict[str, Any]:
         """How the clients run, for the summary's provenance."""
-        return {"backend": "ray", "actors": len(self.actors), "nodes": self.nodes, "device": self.device}
+        return {
+            "executor": "ray",
+            "backend": "ray",
+            "actors": len(self.actors),
+            "nodes": self.nodes,
+            "device": self.device,
+        }
 
     @classmethod
     def start(
@@ -256,7 +262,7 @@ class RayExecutor:
         if config.training.objective != "cross-entropy":
             raise ConfigError(
                 f"training.objective = {config.training.objective} needs the whole batch in one "
-                "process (its batch term, begin_round): run it with the in-process engine, not Ray actors"
+                "process (its batch term, begin_round): run it with the in-process executor, not Ray actors"
             )
         available = cluster_cpus()
         num_actors = max(1, min(num_actors, available, SUM_SHARDS))

@@ -19,6 +19,7 @@ from fairclip.scenarios.config import (
     ROW_SPLIT_DATASETS,
     ClassificationSpec,
     apply_overrides,
+    canonical_assignments,
     check_overrides_used,
     parse_override,
     scenario_source,
@@ -77,12 +78,12 @@ def _strategy_raw(
 ) -> dict[str, Any]:
     """``base`` with the strategy's settings, then its grid point, then the user's ``--set``
     ``overrides`` (which win over the setup's per-strategy settings, as the report says)."""
-    raw = _apply(set_value(base, "strategy.name", strategy.policy_name), {**strategy.settings, **point})
+    raw = _apply(set_value(base, "policy.name", strategy.policy_name), {**strategy.settings, **point})
     raw = _apply(raw, overrides)
     # Zhao et al.'s grid puts C_LB up to 50; fairclip requires C_0 >= C_LB, so the bound starts there.
-    lower = raw["strategy"].get("lower_bound")
-    if lower is not None and lower > raw["strategy"].get("initial_bound", 1.0):
-        raw = set_value(raw, "strategy.initial_bound", lower)
+    lower = raw["policy"].get("lower_bound")
+    if lower is not None and lower > raw["policy"].get("initial_bound", 1.0):
+        raw = set_value(raw, "policy.initial_bound", lower)
     return raw
 
 
@@ -130,7 +131,7 @@ def checked_overrides(setup: Setup, overrides: list[str]) -> dict[str, Any]:
             varied.setdefault(key, f"strategy {strategy.name}'s grid")
     refused = per_run_keys(setup)
     checked = {}
-    for assignment in overrides:
+    for assignment in canonical_assignments(overrides):
         path, value = parse_override(assignment)
         key = ".".join(path)
         if key in refused:
@@ -310,7 +311,7 @@ def execute(
     then: Callable[[Run, dict[str, Any]], list[Run]] | None = None,
 ) -> dict[str, dict[str, Any]]:
     """Run every run as a Ray task of ``workers`` threads (as ``fairclip compare``), or, without
-    ``ray``, one after the other in this process (a local engine of ``workers`` threads: the same
+    ``ray``, one after the other in this process (a local executor of ``workers`` threads: the same
     numbers); write each as it finishes; return the summaries by key.
 
     With ``resume``, a run finished in ``out`` with the same configuration is reused, not run

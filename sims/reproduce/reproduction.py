@@ -47,6 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from fairclip.atomic import write_json
+from fairclip.scenarios.config import canonical_assignments
 from fairclip.scenarios.errors import ConfigError
 from fairclip.sims.reproduce.claims import (
     epsilon_text,
@@ -202,7 +203,7 @@ def reproduce_spec(
         "grid_limit": (grid_limit, None),
         "max_rounds": (max_rounds, None),
         "max_batch": (max_batch, None),
-        "overrides": (overrides or None, []),
+        "overrides": (canonical_assignments(overrides) if overrides else None, []),
     }
     spec = specification("reproduce", {"name": name}, options, explicit_only)
     if spec.get("strategies", ...) is None:

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from fairclip.scenarios.config import (
+    canonical_mapping,
     read_toml,
 )
 from fairclip.scenarios.errors import ConfigError
@@ -44,7 +45,7 @@ class StrategySetup:
     grid: dict[str, list[Any]]
     full_grid: dict[str, list[Any]]
     policy: str = ""
-    """The policy it runs (``strategy.name``): ``policy = "..."`` in the setup file, for a variant
+    """The policy it runs (``policy.name``): ``policy = "..."`` in the setup file, for a variant
     of a policy under its own label (seed 003's Table 1 runs ``constant`` three ways); default
     the label."""
     epochs: int | None = None
@@ -145,7 +146,10 @@ def load_setup(name: str) -> Setup:
                 )
             metrics[metric] = (cohort, value)
         strategies = [_strategy(key, table, where) for key, table in raw["strategies"].items()]
-        grid, full_grid = _axes(raw.get("grid", {})), _axes(raw.get("full_grid", {}))
+        grid, full_grid = (
+            _axes(raw.get("grid", {}), f"{where}: grid"),
+            _axes(raw.get("full_grid", {}), f"{where}: full_grid"),
+        )
         setup = Setup(
             name=name,
             title=head["title"],
@@ -153,7 +157,7 @@ def load_setup(name: str) -> Setup:
             epochs=int(head["epochs"]),
             batch_size=None if batch == "full" else batch,
             metrics=metrics,
-            settings=dict(raw.get("settings", {})),
+            settings=canonical_mapping(raw.get("settings", {}), f"{where}: settings"),
             strategies=strategies,
             epsilons=[float(e) for e in head.get("epsilons", [])] or [None],
             grid=grid,
@@ -233,11 +237,11 @@ def _strategy(name: str, table: dict[str, Any], where: str) -> StrategySetup:
     return StrategySetup(
         name=name,
         policy=policy,
-        settings=dict(table.get("settings", {})),
+        settings=canonical_mapping(table.get("settings", {}), f"{where}: strategies.{name}.settings"),
         paper=_by_epsilon(table.get("paper", {})),
         paper_stderr=_by_epsilon(table.get("paper_stderr", {})),
-        grid=_axes(table.get("grid", {})),
-        full_grid=_axes(table.get("full_grid", {})),
+        grid=_axes(table.get("grid", {}), f"{where}: strategies.{name}.grid"),
+        full_grid=_axes(table.get("full_grid", {}), f"{where}: strategies.{name}.full_grid"),
         epochs=table.get("epochs"),
         batch_size=table.get("batch_size"),
     )
@@ -250,9 +254,10 @@ def _by_epsilon(table: dict[str, Any]) -> dict[str, dict[str, float]]:
     return {"": {m: float(v) for m, v in table.items()}}
 
 
-def _axes(table: dict[str, Any]) -> dict[str, list[Any]]:
+def _axes(table: dict[str, Any], where: str) -> dict[str, list[Any]]:
+    """A grid's axes by key (``strategy.*`` keys, the old name, read as ``policy.*``)."""
     axes = {}
-    for key, values in table.items():
+    for key, values in canonical_mapping(table, where).items():
         if isinstance(values, dict):
             low, high, count = values["logspace"]
             values = [float(f"{v:.4g}") for v in np.geomspace(low, high, int(count))]
@@ -268,11 +273,11 @@ def select_strategies(setup: Setup, names: list[str] | None) -> Setup:
         return setup
     known = [strategy.name for strategy in setup.strategies]
     if not names:
-        raise ConfigError("--strategies names no strategy")
+        raise ConfigError("--policies names no policy")
     for name in names:
         if name not in known:
             raise ConfigError(
-                f"--strategies: setup {setup.name!r} has no strategy {name!r} (it has: {', '.join(known)})"
+                f"--policies: setup {setup.name!r} has no policy {name!r} (it has: {', '.join(known)})"
             )
     if setup.relative_to is not None:  # changes need the reference's runs of the same seeds
         names = [*names, setup.relative_to]
@@ -284,7 +289,7 @@ def setup_titles() -> dict[str, str]:
 
 
 _PER_RUN_KEYS = {
-    "strategy.name": "--strategies picks the strategies",
+    "policy.name": "--policies picks the policies",
     "scenario.evaluate_on": "grid runs evaluate on the validation split, final runs on the test set",
     "federation.num_clients": "every training example is a client",
     "federation.sample_rate": "the setup's batch size sets it (--max-batch caps it in smoke runs)",

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from fairclip.atomic import json_normalised, write_json
+from fairclip.scenarios.config import canonical_assignments, canonical_raw
 from fairclip.scenarios.errors import ConfigError
 
 SPEC_FILE = "sweep.json"
@@ -101,9 +102,24 @@ def stored_spec(out: Path) -> dict[str, Any] | None:
     if not path.is_file():
         return None
     try:
-        return json.loads(path.read_text())
+        spec = json.loads(path.read_text())
     except (OSError, ValueError) as error:
         raise ConfigError(f"{path} is unreadable ({error}); delete it or use --replace") from None
+    return canonical_spec(spec, quiet=True)
+
+
+def canonical_spec(spec: dict[str, Any], *, quiet: bool = False) -> dict[str, Any]:
+    """A sweep's specification with ``strategy.*`` keys (the old name of ``policy.*``) read as
+    ``policy.*``: in its configuration (``config``) and its ``--set`` assignments (``overrides``),
+    so that a folder written before the rename resumes as the same sweep."""
+    if not isinstance(spec, dict):
+        return spec
+    spec = dict(spec)
+    if isinstance(spec.get("config"), dict):
+        spec["config"] = canonical_raw(spec["config"], quiet=quiet)
+    if isinstance(spec.get("overrides"), list):
+        spec["overrides"] = canonical_assignments(spec["overrides"], quiet=quiet)
+    return spec
 
 
 def settle(

@@ -47,7 +47,7 @@ def scalars(row: Mapping[str, Any]) -> dict[str, float]:
 
 
 def flat_parameters(config: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
-    """A nested configuration as ``{"strategy.name": "bounded", ...}`` (values as text)."""
+    """A nested configuration as ``{"policy.name": "bounded", ...}`` (values as text)."""
     flat: dict[str, str] = {}
     for key, value in config.items():
         name = f"{prefix}{key}"

@@ -20,6 +20,7 @@ import numpy as np
 import pandas as pd
 
 from fairclip.atomic import atomic_write_text, write_csv, write_note
+from fairclip.scenarios.config import canonical_mapping
 from fairclip.scenarios.errors import ConfigError
 from fairclip.sims.sweeps.folder import (
     TUNE_CURVE_FILE,
@@ -51,9 +52,13 @@ def stored_curve(folder: Path) -> dict[str, Any]:
             "resume it with its --strategies, --epsilons, --grid and scenario"
         )
     try:
-        return json.loads(path.read_text())
+        stored = json.loads(path.read_text())
     except (OSError, ValueError) as error:
         raise ConfigError(f"{path} is unreadable ({error}); use a new --out folder") from None
+    for key in ("grid", "overrides"):  # written before policy.* was named so: strategy.*
+        if isinstance(stored.get(key), dict):
+            stored[key] = canonical_mapping(stored[key], quiet=True)
+    return stored
 
 
 CURVE_FILE = TUNE_CURVE_FILE
@@ -64,11 +69,11 @@ CURVE_PLOT = "tuning_curve.png"
 
 def strategy_grid(grid: Mapping[str, Sequence[Any]], strategy: str) -> dict[str, list[Any]]:
     """The grid keys that apply to ``strategy``: every key but another strategy's own table
-    (``strategy.<other>.<parameter>``)."""
+    (``policy.<other>.<parameter>``)."""
     kept = {}
     for key, values in grid.items():
         parts = key.split(".")
-        if len(parts) > 2 and parts[0] == "strategy" and parts[1] != strategy:
+        if len(parts) > 2 and parts[0] == "policy" and parts[1] != strategy:
             continue
         kept[key] = list(values)
     return kept

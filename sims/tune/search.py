@@ -39,7 +39,13 @@ import numpy as np
 import pandas as pd
 
 from fairclip.atomic import atomic_write_text, json_normalised, write_csv, write_json, write_note
-from fairclip.scenarios.config import check_overrides_used, set_value, validate
+from fairclip.scenarios.config import (
+    canonical_mapping,
+    canonical_raw,
+    check_overrides_used,
+    set_value,
+    validate,
+)
 from fairclip.scenarios.errors import ConfigError
 from fairclip.scenarios.tasks import build_task
 from fairclip.server.privacy_plan import plan_privacy
@@ -124,8 +130,8 @@ def stored_search(out: Path) -> TuneSpec:
     try:
         stored = json.loads(path.read_text())
         return TuneSpec(
-            raw=stored["raw"],
-            grid={key: list(values) for key, values in stored["grid"].items()},
+            raw=canonical_raw(stored["raw"], quiet=True),
+            grid={key: list(values) for key, values in canonical_mapping(stored["grid"], quiet=True).items()},
             metric=stored["metric"],
             trials=TrialCount(**stored["trials"]),
             seed=int(stored["seed"]),
@@ -152,7 +158,7 @@ def check_spec(spec: TuneSpec) -> list[dict[str, Any]]:
         if not values:
             raise ConfigError(f"grid key {key} has no values")
         if key == "seed" or key.startswith("scenario."):
-            raise ConfigError(f"grid key {key}: tune searches training, strategy and privacy settings only")
+            raise ConfigError(f"grid key {key}: tune searches training, policy and privacy settings only")
     configs = []
     deltas = set()
     for point in grid_points(spec.grid):
@@ -160,8 +166,8 @@ def check_spec(spec: TuneSpec) -> list[dict[str, Any]]:
         for key, value in point.items():
             raw = set_value(raw, key, value)
         config = validate(raw)
-        if config.strategy.name == "none":
-            raise ConfigError("tune needs a private strategy (strategy none has no privacy to account)")
+        if config.policy.name == "none":
+            raise ConfigError("tune needs a private policy (policy none has no privacy to account)")
         check_overrides_used(raw, point)  # a point whose key the configuration drops
         deltas.add(config.privacy.delta)
         configs.append(raw)
@@ -180,7 +186,7 @@ def draw_trials(spec: TuneSpec, points: int) -> list[int]:
 def trial_plans(
     configs: list[dict[str, Any]], data_dir: Path | None
 ) -> tuple[list[tuple[float, float, int]], set[str]]:
-    """(σ_eff, q, rounds) of each grid point's run, as its engine will plan it; and the overall
+    """(σ_eff, q, rounds) of each grid point's run, as its executor will plan it; and the overall
     results a run of this scenario gives (read from one evaluation of its initial model), so a
     metric no run reports is refused before any run."""
 
@@ -196,9 +202,7 @@ def trial_plans(
     plans = []
     for raw in configs:
         config = validate(raw)
-        policy = build_policy(
-            config.strategy.name, config.strategy.params, num_cohorts=len(task.cohort_names)
-        )
+        policy = build_policy(config.policy.name, config.policy.params, num_cohorts=len(task.cohort_names))
         plan = plan_privacy(config, policy, dimension)
         plans.append((plan.effective_noise_multiplier, plan.sample_rate, plan.rounds_allowed))
     return plans, reported
@@ -434,6 +438,10 @@ def _settle_folder(
     if not resume:
         raise ConfigError(f"{out} already holds a search: resume it (--resume) or use a new --out folder")
     previous = json.loads(spec_file.read_text())
+    if isinstance(previous.get("raw"), dict):  # written before policy.* was named so: strategy.*
+        previous["raw"] = canonical_raw(previous["raw"], quiet=True)
+    if isinstance(previous.get("grid"), dict):
+        previous["grid"] = canonical_mapping(previous["grid"], quiet=True)
     old_points = previous.pop("trial_points", None)  # the layout before INTERNAL stored them here
     previous.pop("result", None)
     plan = out / INTERNAL / PLAN_FILE

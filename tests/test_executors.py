@@ -35,19 +35,19 @@ def test_blocks_partition_the_sampled_clients():
     assert all(((block * SUM_SHARDS) // 1000 == b).all() for b, block in enumerate(blocks))
 
 
-@pytest.mark.parametrize("strategy", ["bounded", "per-cohort", "per-cohort same_round"])
-def test_local_and_ray_give_identical_runs(ray_session, strategy):
+@pytest.mark.parametrize("policy", ["bounded", "per-cohort", "per-cohort same_round"])
+def test_local_and_ray_give_identical_runs(ray_session, policy):
     """Also for a counts-first policy, whose actors keep their clients' work between a round's
     two exchanges."""
     from fairclip.sims.executors.ray import RayExecutor
 
-    name, *flags = strategy.split()
+    name, *flags = policy.split()
     config = load_config(
         "demo",
         None,
         [
-            f"strategy.name={name}",
-            *(f"strategy.{flag}=true" for flag in flags),
+            f"policy.name={name}",
+            *(f"policy.{flag}=true" for flag in flags),
             "training.rounds=4",
             "privacy.noise_multiplier=0.8",
             "seed=7",
@@ -101,7 +101,7 @@ def test_one_step_clients_give_identical_runs_on_local_threads_and_ray(ray_sessi
             "federation.num_clients=600",
             "federation.sample_rate=0.3",
             "training.rounds=3",
-            "strategy.name=bounded",
+            "policy.name=bounded",
             "privacy.noise_multiplier=0.6",
             "seed=11",
         ],
@@ -148,7 +148,7 @@ def test_groups_of_blocks_depend_only_on_the_sampled_clients():
 
 def test_blocks_trained_together_or_apart_give_the_same_sums():
     """The one-step task trains all blocks in one call or one by one; the per-block sums of
-    ``groups_sums`` are the same (the engines rely on the grouping being fixed, not on this)."""
+    ``groups_sums`` are the same (the executors rely on the grouping being fixed, not on this)."""
     config = load_config(
         "demo", None, ["scenario.examples_per_client=1", "federation.num_clients=400", "seed=2"]
     )
@@ -187,7 +187,7 @@ def test_final_claim_from_the_background_equals_the_accountant_now(budget_rounds
     budget ends the run early (then after the last round the budget allows)."""
     from fairclip.strategies.accounting import PrivacyClaim, epsilon
 
-    overrides = ["federation.num_clients=120", "training.rounds=6", "strategy.name=bounded"]
+    overrides = ["federation.num_clients=120", "training.rounds=6", "policy.name=bounded"]
     if budget_rounds is not None:
         plan = Run(
             load_config("demo", None, overrides), build_task(load_config("demo", None, overrides))
