@@ -74,6 +74,7 @@ from fairclip.server.observers import RoundCallback
 from fairclip.server.outputs import RunWriter, check_output_folder
 from fairclip.sims.compare import sweep
 from fairclip.sims.executors import jobs as jobs_
+from fairclip.sims.executors import registry as executors
 from fairclip.sims.executors.memory import check_memory
 from fairclip.sims.sweeps import folder as sweep_folder
 from fairclip.sims.sweeps.tracking import LoggerObserver, log_finished_run, require_packages, round_loggers
@@ -97,6 +98,7 @@ __all__ = [
     "check_output_folder",
     "compare",
     "cpu_count",
+    "executor_names",
     "fetch_datasets",
     "load_config",
     "locked",
@@ -123,6 +125,12 @@ __all__ = [
     "tune_curve",
     "tune_internal_folder",
 ]
+
+
+def executor_names() -> tuple[str, ...]:
+    """The executors a run's clients can train on (``fairclip run --executor``), by name: the
+    registry :mod:`fairclip.sims.executors.registry` (reading it imports no executor)."""
+    return executors.names()
 
 
 @dataclass(frozen=True)
@@ -301,39 +309,21 @@ def simulate_config(
     rounds computed in this call.
     """
     # torch and Opacus: kept out of the command line's start
-    from fairclip.sims.executors.local import LocalExecutor
     from fairclip.sims.executors.loop import simulate as run_rounds
 
     executor = _renamed("executor", executor, "backend", backend, default="local")
     _check_workers(workers)
-    if executor not in ("local", "ray"):
-        raise ConfigError(f"executor must be local or ray (got {executor!r})")
+    try:
+        executors.check(executor)
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
     folder = Path(data_dir) if data_dir is not None else None
     saving = Checkpointing(Path(checkpoint), checkpoint_every) if checkpoint is not None else None
     task = build_task(config, folder)
-
-    def executor_factory(task: Any, policy: Any) -> Any:
-        return LocalExecutor(task, policy, workers)
-
-    if executor == "ray":
-        from fairclip.sims.executors.ray import RayExecutor, ensure_ray  # ray: only where asked for
-
-        ensure_ray(address)
-        actors_ = RayExecutor.start(config, folder, actors or os.cpu_count() or 1)
-        try:
-            return run_rounds(
-                config,
-                task,
-                lambda _task, _policy: actors_,
-                on_round=on_round,
-                observers=observers,
-                checkpoint=saving,
-            )
-        finally:
-            actors_.stop()  # the actors hold the task's data: free them for what runs next
-    return run_rounds(
-        config, task, executor_factory, on_round=on_round, observers=observers, checkpoint=saving
-    )
+    with executors.session(executor)(
+        config, task, folder, workers=workers, actors=actors, address=address
+    ) as factory:
+        return run_rounds(config, task, factory, on_round=on_round, observers=observers, checkpoint=saving)
 
 
 def _renamed(new: str, new_value: Any, old: str, old_value: Any, default: Any = None) -> Any:

@@ -65,11 +65,8 @@ def _options(
     """
 
 
-class Executor(StrEnum):
-    """Where a run's clients train (``run --executor``)."""
-
-    local = "local"
-    ray = "ray"
+Executor = StrEnum("Executor", {name: name for name in api.executor_names()})
+"""Where a run's clients train (``run --executor``): the executors' registry, by name."""
 
 
 class Scheduler(StrEnum):

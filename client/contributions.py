@@ -14,7 +14,13 @@ import torch
 
 from fairclip.scenarios.tasks.ghost import OneStepGradients
 from fairclip.strategies import Policy
-from fairclip.strategies.aggregation import NOT_SENT, CohortDiagnostics, Exchange, RoundSums
+from fairclip.strategies.aggregation import (
+    CLIENT_DIAGNOSTICS,
+    NOT_SENT,
+    CohortDiagnostics,
+    Exchange,
+    RoundSums,
+)
 from fairclip.strategies.base import Broadcast, ClientReports, ScaledReports
 
 
@@ -183,12 +189,12 @@ def _diagnostics(
         )
 
     block_norms = np.asarray(reports.norms, dtype=np.float64)[rows]
+    sampled = np.bincount(block_cohorts, minlength=num_cohorts).astype(np.float64)
     return CohortDiagnostics(
-        sampled=np.bincount(block_cohorts, minlength=num_cohorts).astype(np.float64),
-        exceeded=per_cohort(reports.exceeded),
-        nonfinite=per_cohort(reports.nonfinite),
-        norm_before=per_cohort(reports.norms),
-        norm_after=per_cohort(reports.contribution_norms),
+        **{
+            d.name: sampled if d.per_client is None else per_cohort(d.per_client(reports))
+            for d in CLIENT_DIAGNOSTICS
+        },
         norms=tuple(block_norms[block_cohorts == k] for k in range(num_cohorts)),
         unclipped_sums=None if cohort_sums is None else cohort_sums[0],
         clipped_sums=None if cohort_sums is None else cohort_sums[1],

@@ -29,7 +29,7 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 
 from fairclip.strategies import POLICIES
-from fairclip.strategies.aggregation import Exchange, RoundSums
+from fairclip.strategies.aggregation import CLIENT_DIAGNOSTICS, Exchange, RoundSums
 
 IDENTIFY = "identity"
 MODEL = "model"
@@ -40,7 +40,8 @@ UPDATE = "update"
 CONTRIBUTION = "contribution"
 REPORTS = "reports"
 DIAGNOSTICS = "simulation-diagnostics"
-DIAGNOSTIC_FIELDS = ("sampled", "exceeded", "nonfinite", "norm_before", "norm_after")
+DIAGNOSTIC_FIELDS = tuple(diagnostic.name for diagnostic in CLIENT_DIAGNOSTICS)
+"""The diagnostics record's fields (:data:`fairclip.strategies.aggregation.CLIENT_DIAGNOSTICS`)."""
 
 
 PARTITION_ID = "partition-id"

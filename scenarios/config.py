@@ -27,6 +27,8 @@ from typing import Annotated, Any, Literal, get_args
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from fairclip.plugins import PluginError, resolve
+from fairclip.scenarios import dataset_registry
+from fairclip.scenarios.dataset_registry import GENERATED
 from fairclip.scenarios.errors import ConfigError
 from fairclip.scenarios.model_names import MODELS
 from fairclip.strategies import PolicyConfigError, build_policy, policy_parameters
@@ -181,15 +183,13 @@ class ClassificationCohortSpec(_Section):
     """How this cohort's examples are generated (dataset ``synthetic``)."""
 
 
-ROW_SPLIT_DATASETS = ("adult", "dutch")
-"""Datasets whose rows a seed splits into training and test rows (the others have a fixed test set)."""
-
-
 class ClassificationSpec(_ScenarioBase):
     """A classification task over a real or synthetic dataset."""
 
     task: Literal["classification"]
-    dataset: Literal["synthetic", "mnist", "fashion-mnist", "adult", "dutch"]
+    dataset: str
+    """A built-in dataset (``mnist``, ``fashion-mnist``, ``adult``, ``dutch``: one module each in
+    :mod:`fairclip.scenarios.data.builtin`) or ``synthetic`` (generated per cohort)."""
     model: str = "logistic"
     """A built-in model (``logistic``, ``mlp``, ``cnn``, ``tanh-cnn``) or a plug-in model factory
     (:mod:`fairclip.plugins`: a registered name, an entry point or ``package.module:factory``)."""
@@ -260,8 +260,16 @@ class ClassificationSpec(_ScenarioBase):
     def _model_resolves(cls, reference: str) -> str:
         return check_model(reference)
 
+    @field_validator("dataset")
+    @classmethod
+    def _dataset_is_known(cls, name: str) -> str:
+        if name not in GENERATED:
+            dataset_registry.get(name)  # one line, with a "did you mean", where none has the name
+        return name
+
     @model_validator(mode="after")
     def _cohort_rules_fit_the_dataset(self) -> ClassificationSpec:
+        row_split = dataset_registry.row_split_datasets()
         for name, cohort in self.cohorts.items():
             if self.dataset == "synthetic" and cohort.synthetic is None:
                 raise ValueError(f"cohorts.{name}.synthetic is required for the synthetic dataset")
@@ -285,17 +293,17 @@ class ClassificationSpec(_ScenarioBase):
             raise ValueError("protected = age applies to the adult dataset only (its age column)")
         if self.protected == "marital-status" and self.dataset != "dutch":
             raise ValueError("protected = marital-status applies to the dutch dataset only")
-        if self.split_seed is not None and self.dataset not in ROW_SPLIT_DATASETS:
-            named = " and ".join(ROW_SPLIT_DATASETS)
+        if self.split_seed is not None and self.dataset not in row_split:
+            named = " and ".join(row_split)
             raise ValueError(
                 f"split_seed applies to the {named} datasets only (the others have a fixed test set)"
             )
-        if self.group_rows is not None and self.dataset not in ROW_SPLIT_DATASETS:
-            raise ValueError("group_rows applies to the adult and dutch datasets only")
+        if self.group_rows is not None and self.dataset not in row_split:
+            raise ValueError(f"group_rows applies to the {' and '.join(row_split)} datasets only")
         if self.group_rows is not None and self.dataset == "adult" and self.balance:
             raise ValueError("group_rows samples Adult's groups itself: set balance = false")
-        if not self.include_protected and self.dataset not in ROW_SPLIT_DATASETS:
-            raise ValueError("include_protected applies to the adult and dutch datasets only")
+        if not self.include_protected and self.dataset not in row_split:
+            raise ValueError(f"include_protected applies to the {' and '.join(row_split)} datasets only")
         if self.balance_per_group != 14_000 and (self.dataset != "adult" or not self.balance):
             raise ValueError("balance_per_group applies to the adult dataset with balance = true only")
         if self.feature_scaling != "public" and self.dataset != "adult":

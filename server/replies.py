@@ -46,7 +46,7 @@ from fairclip.client.protocol import (
 )
 from fairclip.server.errors import ReplyError
 from fairclip.strategies import Policy
-from fairclip.strategies.aggregation import CohortDiagnostics, Exchange, RoundSums
+from fairclip.strategies.aggregation import CLIENT_DIAGNOSTICS, CohortDiagnostics, Exchange, RoundSums
 from fairclip.strategies.base import Broadcast
 from fairclip.strategies.clipping import row_norms
 
@@ -194,13 +194,9 @@ def check_reply(
         diagnostics = read_diagnostics(content, num_cohorts, cohort)
     if diagnostics is None:
         diagnostics = CohortDiagnostics.zeros(num_cohorts)
-        for field in (
-            diagnostics.sampled,
-            diagnostics.exceeded,
-            diagnostics.norm_before,
-            diagnostics.norm_after,
-        ):
-            field[:] = np.nan
+        for diagnostic in CLIENT_DIAGNOSTICS:
+            if not diagnostic.known_without:
+                getattr(diagnostics, diagnostic.name)[:] = np.nan
         diagnostics.norms = ()  # not known: no cohort's median either
         if cohort is not None:
             diagnostics.sampled[:] = 0.0
@@ -246,8 +242,8 @@ def read_diagnostics(content: RecordDict, num_cohorts: int, cohort: int | None) 
     own = int(np.argmax(sampled))
     if not np.array_equal(sampled, np.eye(num_cohorts)[own]) or (cohort is not None and own != cohort):
         raise ReplyError("diagnostics field 'sampled' is not the client's own one-hot cohort")
-    for name in ("exceeded", "nonfinite"):
+    for name in (diagnostic.name for diagnostic in CLIENT_DIAGNOSTICS if diagnostic.kind == "bit"):
         if not np.isin(values[name], (0.0, 1.0)).all() or (values[name] > sampled).any():
             raise ReplyError(f"diagnostics field {name!r} is not a bit of the client's cohort")
     norms = tuple(values["norm_before"][k : k + 1] if k == own else np.empty(0) for k in range(num_cohorts))
-    return CohortDiagnostics(*(values[name] for name in DIAGNOSTIC_FIELDS), norms=norms)
+    return CohortDiagnostics(**{name: values[name] for name in DIAGNOSTIC_FIELDS}, norms=norms)

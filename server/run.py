@@ -32,7 +32,7 @@ from fairclip.server.rounds import Rounds
 from fairclip.server.secure_noise import noise_source, secure_sampler
 from fairclip.strategies import Policy, ServerRound, build_policy
 from fairclip.strategies.accounting import Accountant, PrivacyClaim
-from fairclip.strategies.aggregation import RoundSums
+from fairclip.strategies.aggregation import CLIENT_DIAGNOSTICS, RoundSums
 from fairclip.strategies.base import Broadcast, DPEvent, GaussianSampler
 from fairclip.strategies.errors import one_line
 from fairclip.strategies.randomness import poisson_sample
@@ -530,10 +530,11 @@ def _round_row(
     }
     for index, name in enumerate(cohort_names):
         count = diagnostics.sampled[index]
-        internal[f"{name}/sampled"] = _count(count)
-        internal[f"{name}/clipped_fraction"] = _ratio(diagnostics.exceeded[index], count)
-        internal[f"{name}/norm_before"] = _ratio(diagnostics.norm_before[index], count)
-        internal[f"{name}/norm_after"] = _ratio(diagnostics.norm_after[index], count)
+        for diagnostic in CLIENT_DIAGNOSTICS:  # the count itself, or the mean over the cohort's clients
+            if diagnostic.column is not None:
+                value = getattr(diagnostics, diagnostic.name)[index]
+                column = f"{name}/{diagnostic.column}"
+                internal[column] = _count(value) if diagnostic.kind == "count" else _ratio(value, count)
         internal[f"{name}/median_norm"] = diagnostics.median_norm(index)
         if diagnostics.unclipped_sums is not None:
             internal[f"{name}/direction_cosine"] = diagnostics.direction_cosine(index)

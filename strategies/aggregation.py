@@ -16,8 +16,49 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from enum import StrEnum
+from typing import Any
 
 import numpy as np
+
+
+@dataclass(frozen=True)
+class Diagnostic:
+    """One per-client diagnostic: a number each sampled client computes (simulation only: it is
+    not DP-protected, so it never reaches a public output), summed per cohort over the round's
+    clients like every other sum, and shown per round in the server-internal record.
+
+    ``name``: the :class:`CohortDiagnostics` field (K values, one per cohort) and the key of a
+    reply's diagnostics record. ``per_client(reports)``: the value of each client, one per row,
+    from the policy's client reports (:class:`fairclip.strategies.base.ClientReports` or
+    ``ScaledReports``), which a client sums into its cohort's entry (``None``: the client counts
+    itself, ``sampled``). ``kind``: ``count`` (the client's one-hot
+    cohort), ``bit`` (0 or 1, at most ``sampled``) or ``norm`` (>= 0): what the server checks in a
+    reply. ``column``: the row column ``<cohort>/<column>``: the count itself, or the mean over
+    the cohort's sampled clients (``None``: no per-cohort column). ``known_without``: a reply
+    without diagnostics still fixes the value (0: a reply that arrived was finite); else the
+    server records it as unknown (NaN).
+    """
+
+    name: str
+    per_client: Callable[[Any], np.ndarray] | None
+    kind: str
+    column: str | None
+    known_without: bool = False
+
+
+CLIENT_DIAGNOSTICS = (
+    Diagnostic("sampled", None, "count", "sampled"),
+    Diagnostic("exceeded", lambda reports: reports.exceeded, "bit", "clipped_fraction"),
+    Diagnostic("nonfinite", lambda reports: reports.nonfinite, "bit", None, known_without=True),
+    Diagnostic("norm_before", lambda reports: reports.norms, "norm", "norm_before"),
+    Diagnostic("norm_after", lambda reports: reports.contribution_norms, "norm", "norm_after"),
+)
+"""The per-client diagnostics, in their order in a reply and in a round's row. The client side
+(:func:`fairclip.client.contributions.contribute_blocks`), the sums (:class:`CohortDiagnostics`),
+a Flower reply's record (:mod:`fairclip.client.protocol`, :mod:`fairclip.server.replies`) and
+the row writer (:mod:`fairclip.server.run`) all read this list: a new diagnostic is an entry
+here (with its computation) and its field in :class:`CohortDiagnostics`, and its column's row
+on the documentation's output page (``docs/reference/outputs.md``, which a test checks)."""
 
 
 @dataclass
@@ -45,20 +86,19 @@ class CohortDiagnostics:
 
     @classmethod
     def zeros(cls, num_cohorts: int) -> CohortDiagnostics:
-        return cls(*(np.zeros(num_cohorts) for _ in range(5)), tuple(np.empty(0) for _ in range(num_cohorts)))
+        return cls(
+            **{d.name: np.zeros(num_cohorts) for d in CLIENT_DIAGNOSTICS},
+            norms=tuple(np.empty(0) for _ in range(num_cohorts)),
+        )
 
     def __add__(self, other: CohortDiagnostics) -> CohortDiagnostics:
         known = bool(self.norms) and bool(other.norms)
         return CohortDiagnostics(
-            self.sampled + other.sampled,
-            self.exceeded + other.exceeded,
-            self.nonfinite + other.nonfinite,
-            self.norm_before + other.norm_before,
-            self.norm_after + other.norm_after,
-            tuple(map(np.concatenate, zip(self.norms, other.norms, strict=True))) if known else (),
-            _add_or_none(self.unclipped_sums, other.unclipped_sums),
-            _add_or_none(self.clipped_sums, other.clipped_sums),
-            _add_or_none(self.unclipped_total, other.unclipped_total),
+            **{d.name: getattr(self, d.name) + getattr(other, d.name) for d in CLIENT_DIAGNOSTICS},
+            norms=tuple(map(np.concatenate, zip(self.norms, other.norms, strict=True))) if known else (),
+            unclipped_sums=_add_or_none(self.unclipped_sums, other.unclipped_sums),
+            clipped_sums=_add_or_none(self.clipped_sums, other.clipped_sums),
+            unclipped_total=_add_or_none(self.unclipped_total, other.unclipped_total),
         )
 
     def direction_cosine(self, cohort: int) -> float:

@@ -32,6 +32,8 @@ from fairclip.scenarios.data import (
 )
 from fairclip.scenarios.data import datasets as datasets_module
 from fairclip.scenarios.data import files as files_module
+from fairclip.scenarios.data.builtin import adult as adult_module
+from fairclip.scenarios.data.builtin import dutch as dutch_module
 from fairclip.scenarios.errors import ConfigError
 
 DATA_DIR = Path(
@@ -218,12 +220,12 @@ def test_arff_parser_rejects_undeclared_values(tmp_path) -> None:
     good = "@relation r\n@attribute a {1,2}\n@attribute b {x,y}\n@data\n1,x\n2,y\n"
     path = tmp_path / "t.arff"
     path.write_text(good)
-    frame, declared = datasets_module.read_arff(path)
+    frame, declared = dutch_module.read_arff(path)
     assert frame.values.tolist() == [["1", "x"], ["2", "y"]]
     assert declared == {"a": ("1", "2"), "b": ("x", "y")}
     path.write_text(good + "3,x\n")
     with pytest.raises(DataError) as caught:
-        datasets_module.read_arff(path)
+        dutch_module.read_arff(path)
     assert_one_line(caught.value, str(path), "undeclared value '3'")
 
 
@@ -361,7 +363,7 @@ def test_adult_balanced_as_seed_003s_code_keeps_every_female_row() -> None:
 
 def test_adult_features_are_finite_standardised_and_one_hot(adult) -> None:
     assert np.isfinite(adult.x_train).all() and np.isfinite(adult.x_test).all()
-    numeric = [adult.feature_names.index(name) for name in datasets_module.ADULT_NUMERIC]
+    numeric = [adult.feature_names.index(name) for name in adult_module.ADULT_NUMERIC]
     assert numeric == [0, 1, 2, 3, 4]
     standardised = load_adult(need("adult/adult.data", "adult/adult.test"), seed=0, scaling="standardize")
     np.testing.assert_allclose(standardised.x_train[:, numeric].mean(axis=0), 0.0, atol=1e-4)
@@ -372,7 +374,7 @@ def test_adult_features_are_finite_standardised_and_one_hot(adult) -> None:
     assert set(np.unique(binary)) == {0.0, 1.0}
     np.testing.assert_array_equal(adult.x_train[:, adult.feature_names.index("sex=female")], adult.g_train)
     blocks = one_hot_blocks(adult)
-    assert set(blocks) == set(datasets_module.ADULT_CATEGORICAL)
+    assert set(blocks) == set(adult_module.ADULT_CATEGORICAL)
     for columns in blocks.values():
         assert (adult.x_train[:, columns].sum(axis=1) == 1).all()
     assert "fnlwgt" not in adult.feature_names
@@ -383,7 +385,7 @@ def test_adult_one_hot_layout_is_the_documented_values_sorted(adult) -> None:
     complete row holds), sorted by name: the 98-feature layout owes nothing to the rows."""
     expected = [
         f"{column}={value}"
-        for column, values in datasets_module.ADULT_CATEGORIES.items()
+        for column, values in adult_module.ADULT_CATEGORIES.items()
         for value in sorted(values)
     ]
     assert list(adult.feature_names[7:]) == expected and len(adult.feature_names) == 98
@@ -402,7 +404,7 @@ def adult_copy(tmp_path: Path, monkeypatch, edit: tuple[str, str] | None = None)
         first, rest = path.read_text().split("\n", 1)
         assert edit[0] in first
         path.write_text(first.replace(edit[0], edit[1], 1) + "\n" + rest)
-    monkeypatch.setattr(datasets_module, "verified_path", lambda root, name: Path(root) / name)
+    monkeypatch.setattr(adult_module, "verified_path", lambda root, name: Path(root) / name)
     return tmp_path
 
 
@@ -428,8 +430,8 @@ def test_adult_default_scaling_uses_no_statistic_of_the_rows(tmp_path, monkeypat
 
 
 def test_public_scaling_maps_the_documented_bounds_to_0_and_1_and_clips(adult) -> None:
-    domains = datasets_module.ADULT_PUBLIC_DOMAINS
-    assert tuple(domains) == datasets_module.ADULT_NUMERIC
+    domains = adult_module.ADULT_PUBLIC_DOMAINS
+    assert tuple(domains) == adult_module.ADULT_NUMERIC
     expected_bounds = {
         "age": (17, 90),
         "education_num": (1, 16),
@@ -446,12 +448,12 @@ def test_public_scaling_maps_the_documented_bounds_to_0_and_1_and_clips(adult) -
     gain = domains["capital_gain"].scale(np.array([2174.0]))
     assert gain == pytest.approx(np.log1p(2174) / np.log1p(99_999))
     # the loader's numeric columns are those maps of each row's own values
-    numeric = [adult.feature_names.index(name) for name in datasets_module.ADULT_NUMERIC]
+    numeric = [adult.feature_names.index(name) for name in adult_module.ADULT_NUMERIC]
     for x in (adult.x_train, adult.x_test):
         assert (x[:, numeric] >= 0).all() and (x[:, numeric] <= 1).all()
         ages = x[:, 0].astype(np.float64) * 73 + 17
         np.testing.assert_allclose(ages, np.round(ages), atol=1e-4)  # whole years, 17-90
-    unit = datasets_module.refit_adult_scaling(adult.x_train, (adult.x_test,), adult.feature_names, "public")
+    unit = adult_module.refit_adult_scaling(adult.x_train, (adult.x_test,), adult.feature_names, "public")
     assert unit[0] is adult.x_train and unit[1] is adult.x_test  # no statistic to refit
 
 
@@ -459,7 +461,7 @@ def test_adult_minmax_scaling_maps_the_training_rows_into_the_unit_interval(adul
     """Seed 004 scales features into [0, 1]: the numeric columns by the training rows' range;
     every other column is the same as with the default scaling."""
     scaled = load_adult(need("adult/adult.data", "adult/adult.test"), seed=0, scaling="minmax")
-    numeric = [scaled.feature_names.index(name) for name in datasets_module.ADULT_NUMERIC]
+    numeric = [scaled.feature_names.index(name) for name in adult_module.ADULT_NUMERIC]
     np.testing.assert_array_equal(scaled.x_train[:, numeric].min(axis=0), 0.0)
     np.testing.assert_array_equal(scaled.x_train[:, numeric].max(axis=0), 1.0)
     np.testing.assert_array_equal(scaled.x_train[:, 5:], adult.x_train[:, 5:])
@@ -480,10 +482,10 @@ def test_adult_can_be_grouped_by_age(age_split) -> None:
     assert by_age.group_names == ("younger", "older")
     np.testing.assert_array_equal(by_age.x_train, by_sex.x_train)
     np.testing.assert_array_equal(by_age.y_test, by_sex.y_test)
-    age = datasets_module.ADULT_NUMERIC.index("age")
+    age = adult_module.ADULT_NUMERIC.index("age")
     years = np.concatenate([by_age.x_train[:, age], by_age.x_test[:, age]]).astype(np.float64) * 73 + 17
     groups = np.concatenate([by_age.g_train, by_age.g_test])
-    threshold = 37 if age_split == "median" else datasets_module.ADULT_AGE_THRESHOLD
+    threshold = 37 if age_split == "median" else adult_module.ADULT_AGE_THRESHOLD
     np.testing.assert_array_equal(groups, (years >= threshold - 0.5).astype(np.int64))
     assert np.bincount(groups).tolist() == ([21_798, 23_424] if age_split == "median" else [25_407, 19_815])
     balanced = load_adult(root, seed=0, protected="age", age_split=age_split)
@@ -513,7 +515,7 @@ def test_adult_as_seed_001_samples_it_balances_sex_and_groups_by_median_age() ->
     assert np.bincount(sexes).tolist() == [14_000, 14_000]
     labels = np.concatenate([by_age.y_train, by_age.y_test])
     assert np.bincount(labels).tolist() == [22_051, 5_949]  # 21.2 % positive
-    age = datasets_module.ADULT_NUMERIC.index("age")
+    age = adult_module.ADULT_NUMERIC.index("age")
     years = np.concatenate([by_age.x_train[:, age], by_age.x_test[:, age]]).astype(np.float64) * 73 + 17
     groups = np.concatenate([by_age.g_train, by_age.g_test])
     np.testing.assert_array_equal(groups, (years >= 36.5).astype(np.int64))
@@ -555,7 +557,7 @@ def test_dutch_features_are_binary_and_one_hot(dutch) -> None:
     np.testing.assert_array_equal(dutch.x_test[:, dutch.feature_names.index("sex=female")], dutch.g_test)
     assert "occupation" not in " ".join(dutch.feature_names) and "weight" not in dutch.feature_names
     blocks = one_hot_blocks(dutch)
-    assert set(blocks) == set(datasets_module.DUTCH_ONE_HOT)
+    assert set(blocks) == set(dutch_module.DUTCH_ONE_HOT)
     for columns in blocks.values():
         assert (dutch.x_train[:, columns].sum(axis=1) == 1).all()
     ages = [name for name in dutch.feature_names if name.startswith("age=")]

@@ -10,6 +10,7 @@ about 5 s per evaluation with the tanh CNN on one thread and under 2 s with the 
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -22,7 +23,7 @@ import pytest
 
 from fairclip.scenarios.config import load_config
 from fairclip.scenarios.data import DATASET_FILES, SHA256
-from fairclip.scenarios.data.datasets import ADULT_NUMERIC
+from fairclip.scenarios.data.builtin.adult import ADULT_NUMERIC
 from fairclip.scenarios.data.real_data import cohort_test_weights, load, partition
 from fairclip.scenarios.tasks import build_task
 from fairclip.sims.executors.loop import simulate
@@ -244,6 +245,7 @@ def test_a_validation_split_scales_adult_by_the_kept_training_rows_alone(scaling
     statistics of the training rows a grid run keeps (they used to keep the scaling of all the
     training rows, the validation rows among them). The other columns are untouched. The
     public scaling (the default) uses no statistic, so nothing is scaled again."""
+    from fairclip.scenarios.data import refit_adult_scaling
     from fairclip.scenarios.data.real_data import validation_split
 
     data_dir = data_dir_for("adult")
@@ -252,7 +254,9 @@ def test_a_validation_split_scales_adult_by_the_kept_training_rows_alone(scaling
     numeric = [whole.feature_names.index(name) for name in ADULT_NUMERIC]
     others = [i for i in range(whole.x_train.shape[1]) if i not in numeric]
     as_loaded = validation_split(whole, spec.test_fraction, 1)
-    refit = validation_split(whole, spec.test_fraction, 1, scaling=scaling)
+    refit = validation_split(
+        whole, spec.test_fraction, 1, refit=functools.partial(refit_adult_scaling, scaling=scaling)
+    )
     loaded = load(spec.model_copy(update={"evaluate_on": "validation"}), data_dir, seed=1)
     for field in ("x_train", "y_train", "g_train", "x_test", "y_test", "g_test"):
         np.testing.assert_array_equal(getattr(loaded, field), getattr(refit, field))

@@ -3,20 +3,15 @@
 See docs/design.md, section 4.
 """
 
+from fairclip.scenarios import dataset_registry as registry
 from fairclip.scenarios.errors import DataError
 
-from .datasets import (
-    DATASETS,
-    Dataset,
-    load_adult,
-    load_dataset,
-    load_dutch,
-    load_fashion_mnist,
-    load_mnist,
-    refit_adult_scaling,
-    skew_class,
-)
-from .files import DATASET_FILES, ENV_VAR, SHA256, SOURCES, fetch, resolve_data_dir, verified_path
+from .builtin.adult import load_adult, refit_adult_scaling
+from .builtin.dutch import load_dutch
+from .builtin.fashion_mnist import load_fashion_mnist
+from .builtin.mnist import load_mnist
+from .datasets import Dataset, load_dataset, skew_class
+from .files import ENV_VAR, fetch, resolve_data_dir, verified_path
 from .partition import (
     CohortRule,
     Partition,
@@ -27,6 +22,15 @@ from .partition import (
     iid,
     per_example,
 )
+
+SHA256 = registry.checksums()
+"""Expected SHA-256 of every built-in data file, by path under the data directory."""
+SOURCES = registry.sources()
+"""Download URLs of every built-in data file, tried in order."""
+DATASET_FILES = registry.dataset_files()
+"""The files each built-in dataset reads."""
+DATASETS = (*registry.names(), "skewed-mnist")
+"""The names :func:`load_dataset` takes."""
 
 __all__ = [
     "DATASETS",
@@ -51,6 +55,7 @@ __all__ = [
     "load_mnist",
     "per_example",
     "refit_adult_scaling",
+    "registry",
     "resolve_data_dir",
     "skew_class",
     "verified_path",

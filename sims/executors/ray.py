@@ -11,8 +11,10 @@ the driver adds the block sums in block order, so a seed gives the same result o
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -310,3 +312,24 @@ class RayExecutor:
     def stop(self) -> None:
         for actor in self.actors:
             ray.kill(actor)
+
+
+@contextlib.contextmanager
+def session(
+    config: RunConfig,
+    task: Task,
+    data_dir: Path | None,
+    *,
+    workers: int = 1,
+    actors: int | None = None,
+    address: str | None = None,
+) -> Iterator[Callable[[Task, Policy], RayExecutor]]:
+    """The ``ray`` executor (:mod:`fairclip.sims.executors.registry`): ``actors`` Ray actors (default
+    one per core) on the cluster at ``address`` or a local Ray, stopped at the end (they hold the
+    task's data: freed for what runs next); ``workers`` is the local executor's."""
+    ensure_ray(address)
+    executor = RayExecutor.start(config, data_dir, actors or os.cpu_count() or 1)
+    try:
+        yield lambda _task, _policy: executor
+    finally:
+        executor.stop()

@@ -15,8 +15,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from fairclip.scenarios import dataset_registry
 from fairclip.scenarios.config import (
-    ROW_SPLIT_DATASETS,
     ClassificationSpec,
     apply_overrides,
     canonical_assignments,
@@ -203,7 +203,7 @@ class Planner:
         if (
             self.setup.selects
             and isinstance(scenario, ClassificationSpec)
-            and scenario.dataset in ROW_SPLIT_DATASETS
+            and scenario.dataset in dataset_registry.row_split_datasets()
         ):
             first = int(self.base.get("seed", 0))
             raw = set_value(raw, "scenario.split_seed", first)
