@@ -37,6 +37,20 @@ def server_task_identity(monkeypatch):
         monkeypatch.setattr(TaskIdentity, attribute, value)
 
 
+@pytest.fixture
+def one_memory_heavy_test_at_a_time(tmp_path_factory):
+    """Tests that take many GB (ResNet-18's per-example gradients and 64 block sums: 6-10 GB)
+    run one at a time across the suite's xdist workers: an exclusive lock on a file in the
+    run's shared temporary folder. Two at once ran the 24 GB machine into Ray's memory killer."""
+    import fcntl
+
+    shared = tmp_path_factory.getbasetemp().parent  # the workers' folders sit side by side in it
+    with open(shared / "memory-heavy.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+        fcntl.flock(lock, fcntl.LOCK_UN)
+
+
 @pytest.fixture(scope="module")
 def ray_session():
     """A local Ray of 2 CPUs for the tests of one module (shut down after them)."""

@@ -53,7 +53,9 @@ among the slow tests."""
     "model_name",
     [name if name not in LARGE_MODELS else pytest.param(name, marks=pytest.mark.slow) for name in MODELS],
 )
-def test_every_policy_sums_each_block_as_the_materialised_gradients_do(model_name):
+def test_every_policy_sums_each_block_as_the_materialised_gradients_do(model_name, request):
+    if model_name in LARGE_MODELS:
+        request.getfixturevalue("one_memory_heavy_test_at_a_time")
     torch.manual_seed(0)
     shape = SHAPES.get(model_name, (1, 28, 28))
     classes = 2 if model_name.startswith("binary-") else 10

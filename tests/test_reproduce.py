@@ -63,11 +63,13 @@ def test_a_missing_name_is_one_line_and_exit_2_where_no_folder_names_it(cli, tmp
 
 
 @pytest.mark.parametrize("name", sorted(setup_files.builtin_setups()))
-def test_every_setup_runs_a_few_steps(ray_session, cli, tmp_path, name):
+def test_every_setup_runs_a_few_steps(ray_session, cli, tmp_path, name, request):
     setup = setup_files.load_setup(name)
     skip_without_data(setup)
     out = tmp_path / name
     resnet = setup.settings.get("scenario.model") == "zhao-resnet18"
+    if resnet:
+        request.getfixturevalue("one_memory_heavy_test_at_a_time")  # a run takes 7.5-9.5 GB
     # A few steps of small batches; ResNet-18's per-example gradients cost 0.23 s of CPU an example
     # (its notes), so its batches are 16 examples, two of its calls of 8 rows (training.one_step_rows).
     max_batch = 16 if resnet else 64
