@@ -221,6 +221,7 @@ def test_the_flower_dp_wrapper_refuses_a_counts_first_policy():
     from fairclip.strategies.constant import ConstantClipping
 
     class CountsFirst(ConstantClipping):
+        name = "counts-first-constant"  # a name of its own: "constant" is the built-in's
         counts_first = True
 
     with pytest.raises(ValueError, match="twice a round"):
