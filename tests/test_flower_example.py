@@ -83,6 +83,21 @@ def executor_run(task, settings: dict, seed: int) -> fairclip.Simulation:
     return fairclip.simulate(scenario)
 
 
+def run_example(tmp_path: Path, program: str, verb: str, *options: str) -> subprocess.CompletedProcess:
+    """``BIN/program verb EXAMPLE local <4 nodes> options`` on Flower's local simulation runtime
+    of a fresh ``FLWR_HOME`` under ``tmp_path`` (also its working folder); its SuperLink and
+    nodes are stopped after it."""
+    home = tmp_path / "flwr-home"
+    home.mkdir()
+    env = local_simulation_env(home, BIN)
+    write_local_simulation(home)
+    command = [str(BIN / program), verb, str(EXAMPLE), LOCAL_CONNECTION, *simulation_options(NODES), *options]
+    try:
+        return subprocess.run(command, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=400)
+    finally:
+        kill_sessions_mentioning(str(home))
+
+
 def example_settings() -> dict:
     import tomllib
 
@@ -94,22 +109,8 @@ def test_the_example_app_runs_under_flwr_run_with_fairclips_mechanism(example_ta
     """FedAvg wrapped in DifferentialPrivacy with `bounded`, the mod on the nodes, as the example
     ships (secure noise, no seed): every round noised with σ times the bound that clipped, ε as
     the accountant gives it for the rounds run, the bound moving, nothing private logged."""
-    home = tmp_path / "flwr-home"
-    home.mkdir()
-    env = local_simulation_env(home, BIN)
-    write_local_simulation(home)
     out = tmp_path / "out"
-    command = [str(BIN / "flwr"), "run", str(EXAMPLE), LOCAL_CONNECTION, *simulation_options(NODES)]
-    try:
-        done = subprocess.run(
-            [*command, "--stream", "--run-config", f"out='{out}'"],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=400,
-        )
-    finally:
-        kill_sessions_mentioning(str(home))
+    done = run_example(tmp_path, "flwr", "run", "--stream", "--run-config", f"out='{out}'")
     log = done.stdout + done.stderr
     assert done.returncode == 0 and (out / "rounds.csv").exists(), log[-3000:]
     flower = pd.read_csv(out / "rounds.csv")
@@ -353,22 +354,7 @@ def test_the_example_refuses_a_relative_out_and_fairclip_flower_fails_with_it(tm
     """Issue 67: the example's README once wrote `out='runs'`, which resolved against the
     SuperLink's working folder and overwrote another app's rounds.csv. A relative `out` is refused
     before any round, in one line, and `fairclip flower` (flwr run, streamed) exits non-zero."""
-    home = tmp_path / "flwr-home"
-    home.mkdir()
-    env = local_simulation_env(home, BIN)
-    write_local_simulation(home)
-    arguments = [str(EXAMPLE), LOCAL_CONNECTION, *simulation_options(NODES), "--run-config", "out='runs'"]
-    try:
-        done = subprocess.run(
-            [str(BIN / "fairclip"), "flower", *arguments],
-            env=env,
-            cwd=tmp_path,
-            capture_output=True,
-            text=True,
-            timeout=400,
-        )
-    finally:
-        kill_sessions_mentioning(str(home))
+    done = run_example(tmp_path, "fairclip", "flower", "--run-config", "out='runs'")
     log = done.stdout + done.stderr
     assert done.returncode != 0, log[-3000:]
     refusal = "fairclip example: error: out='runs' is relative to the SuperLink's working folder"
