@@ -108,8 +108,20 @@ def import_object(path: str, kind: str = "object") -> Any:
         try:
             target = getattr(target, part)
         except AttributeError:
+            if module_name == "__main__":
+                raise PluginError(MAIN_UNREACHABLE.format(kind=kind, path=path)) from None
             raise PluginError(f"{kind} {path!r}: {module_name!r} has no attribute {attribute!r}") from None
     return target
+
+
+MAIN_UNREACHABLE = (
+    "{kind} {path!r}: it was defined in the script another process runs as __main__, which this "
+    "process cannot import; define it in a module both processes import (for example my_research.py "
+    "beside the script) and refer to it as 'my_research:Name'"
+)
+"""The error of a ``__main__:Name`` reference that this process's ``__main__`` does not hold: a
+class defined in the script a Flower server or a notebook runs, which a Flower node (another
+process, with its own ``__main__``) cannot import."""
 
 
 def snapshot() -> dict[str, Any]:

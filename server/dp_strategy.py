@@ -52,7 +52,7 @@ import math
 import threading
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from logging import INFO
+from logging import INFO, WARNING
 from typing import Any
 
 import numpy as np
@@ -139,6 +139,13 @@ class DifferentialPrivacy(Strategy):
         self.policy_name = resolved.name
         """The policy's one name in every output (:func:`fairclip.policies.display_name`)."""
         name = self.policy_name
+        if type(self.policy).__module__ == "__main__":
+            log(
+                WARNING,
+                "fairclip: policy %r is defined in __main__: a node in another process cannot import it "
+                "and answers every round with an error; define it in a module the nodes import too",
+                name,
+            )
         if self.policy.needs_cohorts:
             raise PolicyConfigError(
                 f"policy {name!r} needs each client's cohort: use fairclip's own ServerApp"

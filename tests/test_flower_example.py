@@ -274,6 +274,30 @@ def test_the_mod_never_sends_an_unclipped_update(server_task_identity):
     assert passed == "untouched"
 
 
+def test_a_policy_defined_in_main_is_named_as_unreachable_on_the_nodes(server_task_identity, caplog):
+    """Issue 67: a policy class written in the server's own script (``__main__``) cannot reach a
+    node in another process. The wrapper warns when it is built; a node, whose ``__main__`` is
+    not that script (here pytest's), answers with an error that says why and what to do, and
+    never sends an update."""
+    from fairclip.strategies.constant import ConstantClipping
+
+    script_policy = type(
+        "ScriptPolicy", (ConstantClipping,), {"name": "script-policy", "__module__": "__main__"}
+    )
+    with caplog.at_level("WARNING"):
+        strategy = DifferentialPrivacy(
+            FedAvg(), script_policy, num_clients=4, sample_rate=1.0, noise_multiplier=1.0
+        )
+    assert "policy 'script-policy' is defined in __main__" in caplog.text
+    model = {"w": np.zeros(3, dtype=np.float32)}
+    reply = fairclip_mod(_train_message(model, strategy), _context(), _app_training(np.ones(3)))
+    assert reply.has_error()
+    assert "'__main__:ScriptPolicy': it was defined in the script another process runs as __main__" in (
+        reply.error.reason
+    )
+    assert "refer to it as 'my_research:Name'" in reply.error.reason
+
+
 # ----- the strategy ---------------------------------------------------------------------------
 class _Grid:
     """What FedAvg's configure_train asks of a grid: the connected nodes."""
