@@ -8,6 +8,40 @@ import pytest
 
 os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
 
+LONGEST_FILES_FIRST = (
+    "test_reproduce.py",
+    "test_compare.py",
+    "test_flower_app.py",
+    "test_bench.py",
+    "test_deployment.py",
+    "test_ray_cluster.py",
+    "test_checkpoint.py",
+    "test_docs.py",
+    "test_flower_example.py",
+    "test_hostile_use.py",
+    "test_scale_out.py",
+)
+"""The test files that take longest (most first; measured by CI's slowest-durations list), which
+the xdist workers take first. ``--dist loadfile`` hands each worker one file at a time, in
+collection order (``--no-loadscope-reorder``); a long file taken last kept one worker busy for
+minutes after the other had finished. Every other file follows, those with more tests first."""
+
+
+def pytest_collection_modifyitems(session, config, items):
+    """Longest files first (:data:`LONGEST_FILES_FIRST`), then by number of tests, most first;
+    a file's tests keep their order."""
+    counts: dict[str, int] = {}
+    for item in items:
+        counts[item.path.name] = counts.get(item.path.name, 0) + 1
+
+    def rank(item) -> tuple[int, int, str]:
+        name = item.path.name
+        if name in LONGEST_FILES_FIRST:
+            return (LONGEST_FILES_FIRST.index(name), 0, name)
+        return (len(LONGEST_FILES_FIRST), -counts[name], name)
+
+    items.sort(key=rank)  # stable: the order within a file stays
+
 
 @pytest.fixture
 def cli(capsys):
