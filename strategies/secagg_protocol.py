@@ -343,7 +343,7 @@ def _expect(state: ClientState, stage: int) -> None:
 
 
 # ----- server -----------------------------------------------------------------------------
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class ServerState:
     """The server's state in one exchange: the neighbourhood graph over the sampled nodes, and
     what each stage has collected (``active``: the nodes still in)."""
@@ -362,7 +362,7 @@ class ServerState:
         return self.graph[u] & self.active
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class SecureSum:
     """A released secure sum: Σ q_u mod M over ``survivors`` (U3), and who dropped after masking."""
 

@@ -42,7 +42,9 @@ n_max. A signed vector is sent as q mod M; the sum of at most n_max honest vecto
 sum is projected onto a *public* set before noise: each float segment onto the L2 ball of radius
 n_max·s_q, each integer segment clamped to [0, n_max·bound]. A projection onto a convex set is
 1-Lipschitz, so the sensitivity of the released sum stays s_q per float segment (and the integer
-segments' own); nothing is decided from the un-noised sum (:meth:`Layout.release`).
+segments' own); nothing is decided from the un-noised sum (:meth:`Layout.release`). The ball's
+projection is the exact x·min(1, R/||x||), not :func:`clip_rows`, whose guard band below the
+bound makes it jump by SAFETY·R there (R = n_max·s_q: a jump that would add to s_q).
 
 **Masks.** :func:`mask_stream` expands a full 32-byte secret with HKDF-SHA256 (info = fairclip's
 domain, run, round, exchange and the pair or node) into an AES-256-CTR key and reads uniform words
@@ -58,7 +60,7 @@ from fractions import Fraction
 
 import numpy as np
 
-from fairclip.strategies.clipping import clip_rows
+from fairclip.strategies.clipping import clip_rows, row_norms
 from fairclip.strategies.errors import PolicyConfigError
 
 DEFAULT_RHO = 2.0**-10
@@ -198,11 +200,12 @@ class Layout:
                 clamped = np.clip(values[part], 0.0, max_summands * seg.bound)
                 moved |= bool((clamped != values[part]).any())
                 values[part] = clamped
-            else:
+            else:  # the exact projection x·min(1, R/||x||): continuous, unlike clip_rows' guard band
                 radius = max_summands * quantised_sensitivity(seg.bound, self.rho)
-                projected = clip_rows(values[None, part], radius)[0]
-                moved |= bool((projected != values[part]).any())
-                values[part] = projected
+                norm = float(row_norms(values[None, part])[0])
+                if norm > radius:
+                    values[part] *= radius / norm
+                    moved = True
         return values, moved
 
     def release(self, field: Field, total: np.ndarray, max_summands: int) -> tuple[np.ndarray, bool]:
@@ -298,6 +301,14 @@ class Field:
 
     def subtract(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         return (np.asarray(a, dtype=np.uint64) - np.asarray(b, dtype=np.uint64)) & self._mask
+
+    def sum(self, rows: np.ndarray) -> np.ndarray:
+        """Σ rows mod M of signed integer rows (a 2-D array): the unmasked secure sum, which the
+        masked protocol's result equals bit for bit (what an engine without masks computes)."""
+        total = np.zeros(np.shape(rows)[1], dtype=np.uint64)
+        for row in np.asarray(rows, dtype=np.int64):
+            total = self.add(total, self.encode(row))
+        return total
 
     def is_element(self, v: object, length: int) -> bool:
         """Whether ``v`` is a uint64 vector of ``length`` residues mod M (a reply's check)."""

@@ -154,17 +154,16 @@ def test_a_sum_of_n_max_worst_case_vectors_never_wraps(d, rho, n_max, data):
     assert field.bits == (32 if 2 * n_max * max(layout.max_steps) + 1 <= 2**32 else 64)
     steps = layout.max_steps[0]
     sign = data.draw(st.sampled_from([1, -1]))
-    worst = np.array([sign * steps] * 3 + [1, 1], dtype=np.int64)  # three of the d coordinates
+    worst = [sign * steps] * 3 + [1, 1]  # three of the d coordinates, and the counts
+    encoded = field.encode(np.array(worst, dtype=np.int64))
     total = np.zeros(5, dtype=np.uint64)
-    encoded = field.encode(worst)
     for _ in range(min(n_max, 50)):
         total = field.add(total, encoded)
-    if n_max > 50:  # the rest at once: (n_max − 50) more copies, as field arithmetic
-        rest = field.encode(worst * (n_max - 50)) if abs(steps * (n_max - 50)) < 2**62 else None
-        if rest is None:
-            return
-        total = field.add(total, rest)
-    assert field.decode(total).tolist() == (worst * n_max).tolist()
+    if n_max > 50:  # the other n_max − 50 copies at once (field addition is associative)
+        rest = [(v * (n_max - 50)) % field.modulus for v in worst]
+        total = field.add(total, np.array(rest, dtype=np.uint64))
+    assert field.decode(total).tolist() == [v * n_max for v in worst]
+    assert field.decode(field.sum(np.array([worst] * 3))).tolist() == [3 * v for v in worst]
 
 
 def test_field_bits_and_the_refusal_beyond_64_bits():
@@ -219,8 +218,25 @@ def test_projection_leaves_an_honest_sum_and_pulls_an_adversarial_one_into_the_p
     adversarial = field.add(total, field.encode(np.r_[np.full(10, 10**7), -5, 3, 10**6]))
     released, moved = layout.release(field, adversarial, n)
     assert moved
-    assert np.linalg.norm(released[:10]) <= n * layout.sensitivities[0]
+    assert np.linalg.norm(released[:10]) <= n * layout.sensitivities[0] * (1 + 1e-12)
     assert (released[10:] >= 0).all() and (released[10:] <= n).all()
+
+
+@SETTINGS
+@given(st.integers(1, 30), st.integers(1, 1000), st.floats(0.5, 2.0), st.integers(0, 2**32))
+def test_the_projection_is_1_lipschitz_so_the_sensitivity_stays_s_q(d, n, scale, seed):
+    """Two sums that differ by one client's s_q, anywhere (also astride the ball's radius): their
+    projections differ by at most s_q."""
+    layout = Layout((Segment(d, 1.5),))
+    s_q, radius = layout.sensitivities[0], n * layout.sensitivities[0]
+    rng = np.random.default_rng(seed)
+    a = rng.normal(size=d)
+    a *= radius * scale / np.linalg.norm(a)
+    step = rng.normal(size=d)
+    b = a + step * (s_q / np.linalg.norm(step))
+    pa, pb = layout.project(a, n)[0], layout.project(b, n)[0]
+    assert np.linalg.norm(pa - pb) <= s_q * (1 + 1e-9)
+    assert np.linalg.norm(pa) <= radius * (1 + 1e-12)
 
 
 # ----- protocol ---------------------------------------------------------------------------
@@ -303,6 +319,7 @@ def test_without_dropouts_the_sum_is_exact_and_masks_hide_each_vector():
     assert isinstance(result, SecureSum) and result.survivors == tuple(nodes) and result.dropped == ()
     field = LAYOUT.field(len(nodes))
     assert np.array_equal(field.decode(result.total), exact_sum(qs, nodes))
+    assert np.array_equal(result.total, field.sum(np.array([qs[u] for u in nodes])))  # = unmasked
     for u in nodes:
         assert field.is_element(masked[u], LAYOUT.length)
         assert not (masked[u] == field.encode(qs[u])).any()  # no coordinate left in clear
