@@ -106,8 +106,10 @@ class ExchangeConfig:
         return Field(self.bits)
 
     def domain(self, *parts: str | int) -> bytes:
-        """Domain separation for hashes and masks: the run, round, exchange and ``parts``."""
-        return "|".join(str(p) for p in (self.run, self.round, self.exchange, *parts)).encode()
+        """Domain separation for hashes and masks: the run, round, exchange and ``parts``, each
+        length-prefixed (so no two tuples give the same bytes)."""
+        fields = [str(p).encode() for p in (self.run, self.round, self.exchange, *parts)]
+        return b"".join(len(f).to_bytes(4, "little") + f for f in fields)
 
 
 def default_threshold(num_neighbours: int) -> int:
@@ -123,12 +125,12 @@ def neighbourhoods(
     k/2 neighbours on either side (SecAgg+; k even). Symmetric: v ∈ N(u) ⇔ u ∈ N(v)."""
     nodes = sorted(set(int(u) for u in nodes))
     n = len(nodes)
-    if num_neighbours is None or num_neighbours >= n - 1:
-        return {u: frozenset(nodes) - {u} for u in nodes}
-    if num_neighbours < 2 or num_neighbours % 2:
+    if num_neighbours is not None and (num_neighbours < 2 or num_neighbours % 2):
         raise PolicyConfigError(
             f"secure_aggregation.num_shares must be an even number >= 2 (got {num_neighbours!r})"
         )
+    if num_neighbours is None or num_neighbours >= n - 1:
+        return {u: frozenset(nodes) - {u} for u in nodes}
     order = sorted(nodes, key=lambda u: hashlib.sha256(seed + u.to_bytes(8, "little")).digest())
     half = num_neighbours // 2
     return {
@@ -179,11 +181,50 @@ class UnmaskReply:
 
 # ----- crypto helpers (Flower's primitives, imported lazily) -------------------------------
 def _asymmetric():
+    """Flower's key pair generation and PEM (de)serialisation (``flwr.supercore.primitives.asymmetric``
+    in 1.42); where a Flower release keeps them elsewhere, the same four functions on
+    ``cryptography`` (SECP384R1, PKCS8/SubjectPublicKeyInfo PEM)."""
     try:
-        from flwr.supercore.primitives import asymmetric  # Flower 1.42
-    except ImportError:  # pragma: no cover - older layouts
-        from flwr.common.secure_aggregation.crypto import symmetric_encryption as asymmetric
-    return asymmetric
+        from flwr.supercore.primitives import asymmetric
+
+        return asymmetric
+    except ImportError:  # pragma: no cover - a Flower release without that module
+        return _CryptographyKeys
+
+
+class _CryptographyKeys:
+    """What :mod:`flwr.supercore.primitives.asymmetric` does, on ``cryptography`` directly."""
+
+    @staticmethod
+    def generate_key_pairs():
+        from cryptography.hazmat.primitives.asymmetric import ec
+
+        private_key = ec.generate_private_key(ec.SECP384R1())
+        return private_key, private_key.public_key()
+
+    @staticmethod
+    def private_key_to_bytes(key) -> bytes:
+        from cryptography.hazmat.primitives import serialization as ser
+
+        return key.private_bytes(ser.Encoding.PEM, ser.PrivateFormat.PKCS8, ser.NoEncryption())
+
+    @staticmethod
+    def bytes_to_private_key(data: bytes):
+        from cryptography.hazmat.primitives import serialization as ser
+
+        return ser.load_pem_private_key(data, password=None)
+
+    @staticmethod
+    def public_key_to_bytes(key) -> bytes:
+        from cryptography.hazmat.primitives import serialization as ser
+
+        return key.public_bytes(ser.Encoding.PEM, ser.PublicFormat.SubjectPublicKeyInfo)
+
+    @staticmethod
+    def bytes_to_public_key(data: bytes):
+        from cryptography.hazmat.primitives import serialization as ser
+
+        return ser.load_pem_public_key(data)
 
 
 def _agree(private_key: object, public_pem: bytes) -> bytes:

@@ -401,8 +401,9 @@ def test_a_ring_of_neighbours_secagg_plus():
     assert isinstance(result, SecureSum) and result.dropped == tuple(sorted((first, second)))
     survivors = [u for u in nodes if u not in {first, second}]
     assert np.array_equal(LAYOUT.field(12).decode(result.total), exact_sum(qs, survivors))
-    with pytest.raises(PolicyConfigError, match="even"):
-        neighbourhoods(nodes, 3)
+    for odd in (3, 1, 13):
+        with pytest.raises(PolicyConfigError, match="even"):
+            neighbourhoods(nodes, odd)
     with pytest.raises(PolicyConfigError, match="below the threshold"):
         run(nodes, threshold=5, num_neighbours=4)
 
@@ -543,6 +544,31 @@ def test_a_client_refuses_inconsistent_requests():
     _, messages = server_setup(config, [1, 2, 3, 4])
     with pytest.raises(ProtocolAbortError, match="neighbours"):
         client_setup(1, type(messages[1])(config, frozenset({2, 3})))
+
+
+def test_the_fallback_keys_match_flowers():
+    """The shim used where a Flower release lacks flwr.supercore.primitives.asymmetric makes keys
+    Flower's deserialisers read, and reads Flower's."""
+    from flwr.supercore.primitives import asymmetric as flower
+
+    from fairclip.strategies.secagg_protocol import _CryptographyKeys as shim
+
+    sk, pk = shim.generate_key_pairs()
+    assert (
+        flower.bytes_to_private_key(shim.private_key_to_bytes(sk)).private_numbers() == sk.private_numbers()
+    )
+    assert flower.public_key_to_bytes(shim.bytes_to_public_key(flower.public_key_to_bytes(pk))) == (
+        shim.public_key_to_bytes(pk)
+    )
+    fsk, _ = flower.generate_key_pairs()
+    assert shim.private_key_to_bytes(fsk) == flower.private_key_to_bytes(fsk)
+    assert shim.bytes_to_private_key(flower.private_key_to_bytes(fsk)).curve.name == fsk.curve.name
+
+
+def test_domains_are_unambiguous():
+    a = ExchangeConfig("a|1", 2, 0, 2, 32, 1).domain("x")
+    b = ExchangeConfig("a", 1, 2, 2, 32, 1).domain(0, "x")  # "a|1|2|0|x" both, if joined with "|"
+    assert a != b
 
 
 def test_config_is_checked_in_one_line():
