@@ -467,6 +467,7 @@ def server_forward(state: ServerState, replies: Mapping[int, object]) -> Step | 
         for u, r in replies.items()
         if u in state.active
         and isinstance(r, EncryptedShares)
+        and isinstance(r.ciphertexts, Mapping)
         and isinstance(r.commitment, bytes)
         and len(r.commitment) == 32
         and set(r.ciphertexts) == given[u]
@@ -527,6 +528,8 @@ def server_unmask(state: ServerState, replies: Mapping[int, object]) -> SecureSu
         for u, r in replies.items()
         if u in survivors
         and isinstance(r, UnmaskReply)
+        and isinstance(r.b_shares, Mapping)
+        and isinstance(r.sk1_shares, Mapping)
         and set(r.b_shares) == state.graph[u] & survivors
         and set(r.sk1_shares) == state.graph[u] & dead
     }

@@ -521,6 +521,51 @@ def test_bad_keys_commitments_and_vectors_leave_their_sender_out():
     assert np.array_equal(LAYOUT.field(6).decode(result.total), exact_sum(qs, [2, 3, 4, 5, 6]))
 
 
+JUNK = st.sampled_from(
+    [
+        None,
+        b"",
+        b"x" * 40,
+        "text",
+        7,
+        [1, 2],
+        {},
+        {1: b"x"},
+        np.zeros(3),
+        np.zeros(LAYOUT.length, dtype=np.uint64) + np.uint64(2**40),
+        KeysAdvert(b"", b""),
+        KeysAdvert("a", None),
+        type("E", (), {})(),
+    ]
+)
+
+
+@settings(max_examples=25, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@given(st.integers(0, 3), st.sets(st.integers(1, 6), min_size=1, max_size=6), JUNK, st.booleans())
+def test_the_server_never_raises_on_what_clients_send(stage, who, junk, wrap):
+    """Any reply replaced by junk (or junk wrapped in the right message type) at any stage: the
+    server returns a sum or a skipped round, and a sum is exactly the survivors'."""
+    from fairclip.strategies.secagg_protocol import EncryptedShares
+
+    nodes = [1, 2, 3, 4, 5, 6]
+
+    def garbage(at, replies):
+        if at != stage:
+            return
+        for u in who & set(replies):
+            if wrap and at == 1:
+                replies[u] = EncryptedShares(junk, junk)
+            elif wrap and at == 3:
+                replies[u] = UnmaskReply(junk, junk)
+            else:
+                replies[u] = junk
+
+    result, qs, _, _ = run(nodes, tamper=garbage)
+    assert isinstance(result, SecureSum | SkippedRound)
+    if isinstance(result, SecureSum):
+        assert np.array_equal(LAYOUT.field(6).decode(result.total), exact_sum(qs, result.survivors))
+
+
 def test_a_client_refuses_inconsistent_requests():
     nodes = [1, 2, 3, 4]
     result, qs, clients, _ = run(nodes, drops={3: {1, 2, 3, 4}})
