@@ -257,14 +257,14 @@ class ClientState:
     config: ExchangeConfig
     neighbours: frozenset[int]
     stage: int
-    sk1: bytes = b""
-    sk2: bytes = b""
+    sk1: bytes = field(default=b"", repr=False)  # secrets stay out of any log line
+    sk2: bytes = field(default=b"", repr=False)
     pk1: bytes = b""
     pk2: bytes = b""
-    seed: bytes = b""
-    keys: Mapping[int, KeysAdvert] = field(default_factory=dict)
+    seed: bytes = field(default=b"", repr=False)
+    keys: Mapping[int, KeysAdvert] = field(default_factory=dict, repr=False)
     masked_with: frozenset[int] = frozenset()
-    shares: Mapping[int, tuple[bytes, bytes]] = field(default_factory=dict)
+    shares: Mapping[int, tuple[bytes, bytes]] = field(default_factory=dict, repr=False)
 
 
 def client_setup(node: int, message: Setup) -> tuple[ClientState, KeysAdvert]:
@@ -302,6 +302,8 @@ def client_share_keys(state: ClientState, message: ShareKeysRequest) -> tuple[Cl
     if not set(listed) <= state.neighbours or len(listed) < state.config.threshold:
         raise ProtocolAbortError(f"node {state.node}: keys of {len(listed)} nodes, not t of its neighbours")
     all_keys = [k for advert in message.keys.values() for k in (advert.pk1, advert.pk2)]
+    if not all(isinstance(k, bytes) for k in all_keys):
+        raise ProtocolAbortError(f"node {state.node}: a neighbour's key is not bytes")
     if len({*all_keys, state.pk1, state.pk2}) != len(all_keys) + 2:
         raise ProtocolAbortError(f"node {state.node}: public keys repeat")
     seed = os.urandom(32)

@@ -580,6 +580,8 @@ def test_a_client_refuses_inconsistent_requests():
         client_unmask(state, UnmaskRequest(frozenset(), frozenset({2, 3, 4})))
     with pytest.raises(ProtocolAbortError, match="stage 2 asked"):
         client_mask(state, MaskRequest({}), qs[1])
+    assert repr(state.pk1) in repr(state)
+    assert repr(state.sk1) not in repr(state) and repr(state.seed) not in repr(state)
     done, reply = client_unmask(state, UnmaskRequest(frozenset({2, 3}), frozenset({4})))
     assert set(reply.b_shares) == {2, 3} and set(reply.sk1_shares) == {4}
     assert done.sk1 == done.sk2 == done.seed == b"" and not done.shares
