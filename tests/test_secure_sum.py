@@ -100,6 +100,26 @@ def test_any_input_within_s_quantises_within_s_times_one_plus_rho(case, seed):
     ).max() <= gamma * (1 + 1e-9)
 
 
+def test_a_row_the_exact_check_rejects_is_rounded_towards_zero(monkeypatch):
+    """The exact check's fallback (floating-point rounding past s(1+ρ), never seen): forced here
+    with a stricter s_q and a rounding that always goes up; the row comes back rounded towards
+    zero, of norm at most ||x||, and the other row is untouched."""
+    import fairclip.strategies.secure_sum as secure_sum
+
+    class Up:
+        def random(self, shape):
+            return np.zeros(shape)
+
+    layout = Layout((Segment(4, 1.0),), rho=0.3)
+    x = np.array([[0.5, 0.5, 0.5, 0.5], [0.0, 0.0, 0.0, 0.0]])
+    honest = layout.quantise(x, Up())
+    assert np.linalg.norm(layout.dequantise(honest[0])) > 1.0  # all up: above ||x||, within s(1+ρ)
+    monkeypatch.setattr(secure_sum, "quantised_sensitivity", lambda s, rho: s * (1 + rho / 1000))
+    q = layout.quantise(x, Up())
+    assert q[0].tolist() == np.trunc(x[0] / layout.steps[0]).astype(int).tolist()
+    assert np.linalg.norm(layout.dequantise(q[0])) <= 1.0 and q[1].tolist() == [0, 0, 0, 0]
+
+
 def test_a_row_above_the_bound_is_clipped_and_a_non_finite_one_refused():
     layout = Layout((Segment(4, 1.0),))
     q = layout.quantise(np.array([30.0, 40.0, 0.0, 0.0]), np.random.default_rng(0))
