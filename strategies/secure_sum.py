@@ -37,6 +37,8 @@ is refused.
 for the largest per-coordinate bound B of the layout and the largest public number of summands
 n_max. A signed vector is sent as q mod M; the sum of at most n_max honest vectors then lies in
 [−n_max·B, n_max·B] ⊂ [−M/2, M/2), so decoding (v ≥ M/2 ↦ v − M) returns it exactly: no wrap.
+n_max should be public: the population N (a round's sampled count is not, under Poisson
+sampling, and 32 versus 64 bits would tell the clients something about it).
 
 **Projection** (memo, section 5). A malicious client can send any vector in Z_M^d, so the decoded
 sum is projected onto a *public* set before noise: each float segment onto the L2 ball of radius
