@@ -1,4 +1,6 @@
-"""Clipping policies, noise and privacy accounting. Pure numpy: no Flower, no Ray.
+"""Clipping policies, noise and privacy accounting. Pure numpy: no Flower, no Ray (except that
+secure aggregation's protocol, :mod:`fairclip.strategies.secagg_protocol`, calls Flower's
+cryptographic primitives, imported when a stage runs).
 
 ``build_policy(name, params)`` returns a :class:`Policy`; its ``client_side`` and
 ``server_side`` are the only places where clipping, noise and bound updates happen.
