@@ -19,11 +19,12 @@ would compose thousands of different mechanisms; its ε comes from the RDP accou
 With ``[evaluation] clients`` on, every reporting round is followed by a release of the
 clients' noisy evaluation sums (a sampled Gaussian mechanism of multiplier
 ``evaluation.noise_multiplier`` at rate q, :mod:`fairclip.strategies.evaluation`), one more step
-of the same accountant. The plan's ε after T rounds composes T training rounds with
-min(T, ⌊T / eval_every⌋ + 1) evaluations (:func:`evaluation_steps`): an upper bound of what a
-run of T rounds releases (the exact count depends on where the run ends and on the reporting
-interval, which grows for long runs), so the budget stop and the calibration to a target ε charge
-at least what runs -- never less; the summary's ε is the accountant's, of what did run.
+of the same accountant. The plan's ε after T rounds composes T training rounds with the most
+evaluations a run stopping after T rounds can release (:func:`evaluation_steps`: ⌈T / eval_every⌉
+up to :data:`EPSILON_ROWS` reporting rounds, where the schedule is exact; an upper bound beyond,
+where the reporting interval grows with the run's length), so the budget stop and the
+calibration to a target ε charge at least what runs -- never less; the summary's ε is the
+accountant's, of what did run.
 """
 
 from __future__ import annotations
@@ -61,9 +62,9 @@ class PrivacyPlan:
     accountant: str
     budget: float | None
     rounds_allowed: int
-    evaluation: tuple[float, int] | None = None
-    """(σ_E, eval_every) of a run whose clients evaluate the model (``[evaluation] clients``), else
-    ``None``."""
+    evaluation: tuple[float, int, int] | None = None
+    """(σ_E, eval_every, :data:`EPSILON_ROWS`) of a run whose clients evaluate the model
+    (``[evaluation] clients``), else ``None``."""
 
     @property
     def effective_noise_multiplier(self) -> float:
@@ -81,7 +82,7 @@ class PrivacyPlan:
 
     def evaluations_after(self, rounds: int) -> int:
         """How many client evaluations the plan charges to ``rounds`` rounds (0 without them)."""
-        return 0 if self.evaluation is None else evaluation_steps(rounds, self.evaluation[1])
+        return 0 if self.evaluation is None else evaluation_steps(rounds, *self.evaluation[1:])
 
     @staticmethod
     def report_every(last_round: int, eval_every: int = 1) -> int:
@@ -149,7 +150,8 @@ def plan_privacy(config: RunConfig, policy: Policy, dimension: int) -> PrivacyPl
     q = config.federation.sample_rate
     releases_reports = policy.report_size(dimension) > 0
     clients = config.evaluation
-    evaluation = (clients.noise_multiplier, config.training.eval_every) if clients.clients else None
+    every = config.training.eval_every
+    evaluation = (clients.noise_multiplier, every, EPSILON_ROWS) if clients.clients else None
     if policy.private:
         check_accountable(config)
         check_noise_follows_sensitivity(config, policy)

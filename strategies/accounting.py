@@ -55,13 +55,24 @@ Entry = tuple[float, float, int]
 """One entry of an accountant's history: (σ_eff, q, steps)."""
 
 
-def evaluation_steps(rounds: int, eval_every: int) -> int:
-    """At most how many client evaluations (``[evaluation] clients``) a run releases in its first
-    ``rounds`` rounds: one after every reporting round, which is every k-th round for a k that is
-    a multiple of ``eval_every`` (:meth:`fairclip.server.privacy_plan.PrivacyPlan.report_every`),
-    and the last: min(T, ⌊T / eval_every⌋ + 1). An upper bound, non-decreasing in T (the exact
-    count depends on where the run ends), so a plan that charges it never charges too little."""
-    return min(rounds, rounds // eval_every + 1) if rounds > 0 else 0
+def evaluation_steps(rounds: int, eval_every: int, rows: int) -> int:
+    """At most how many client evaluations (``[evaluation] clients``) a run that stops after
+    ``rounds`` rounds (its last, or an earlier one) releases: one after every reporting round.
+
+    A run whose last round is t reports after every k(t)-th round and the last, so ⌈t / k(t)⌉
+    times, where k(t) = e·⌈⌈t / R⌉ / e⌉ is the smallest multiple of e = ``eval_every`` that keeps
+    the reporting rounds at most R = ``rows``
+    (:meth:`fairclip.server.privacy_plan.PrivacyPlan.report_every`). That count is not monotone
+    in t (k grows at t = R·e·j), so this returns max over t <= T of ⌈t / k(t)⌉: exact for
+    T <= R·e and at every T that reaches the maximum, an upper bound of what a run of T rounds
+    releases otherwise, and non-decreasing in T (a budget's bisection needs it)."""
+    if rounds <= 0:
+        return 0
+    most, block = 0, eval_every * rows  # k(t) = e·j for (j − 1)·e·R < t <= j·e·R
+    for j in range(1, -(-rounds // block) + 1):
+        last = min(j * block, rounds)
+        most = max(most, -(-last // (eval_every * j)))
+    return most
 
 
 @lru_cache(maxsize=1024)
@@ -73,14 +84,14 @@ def history_epsilon(history: tuple[Entry, ...], delta: float, accountant: str = 
     return composed.get_epsilon(delta)
 
 
-def with_evaluation(entry: Entry, evaluation: tuple[float, int] | None) -> tuple[Entry, ...]:
+def with_evaluation(entry: Entry, evaluation: tuple[float, int, int] | None) -> tuple[Entry, ...]:
     """The history of T training rounds ``entry`` = (σ_eff, q, T) and, where ``evaluation`` =
-    (σ_E, eval_every) is given, the client evaluations they release at most
+    (σ_E, eval_every, rows) is given, the client evaluations they release at most
     (:func:`evaluation_steps`, at the same rate q)."""
     if evaluation is None:
         return (entry,)
-    sigma_e, every = evaluation
-    return (entry, (float(sigma_e), entry[1], evaluation_steps(entry[2], every)))
+    sigma_e, every, rows = evaluation
+    return (entry, (float(sigma_e), entry[1], evaluation_steps(entry[2], every, rows)))
 
 
 def effective_noise_multiplier(noise: NoiseMultipliers, releases_reports: bool) -> float:
@@ -136,7 +147,7 @@ def calibrate_effective(
     rounds: int,
     delta: float,
     accountant: str = "prv",
-    evaluation: tuple[float, int] | None = None,
+    evaluation: tuple[float, int, int] | None = None,
 ) -> float:
     """σ_eff whose ε after ``rounds`` rounds is at most ``target_epsilon`` (within
     :data:`CALIBRATION_TOLERANCE` of it).
@@ -147,7 +158,7 @@ def calibrate_effective(
     compares them). Opacus' function builds a fresh accountant that recomputes the RDP curve at
     every step of the search (15 s for one PRV calibration of the demo, 2 s here).
 
-    ``evaluation`` = (σ_E, eval_every): the rounds also release client evaluations
+    ``evaluation`` = (σ_E, eval_every, rows): the rounds also release client evaluations
     (:func:`with_evaluation`, charged at their upper bound), and σ_eff is searched for the
     composed history.
     """
@@ -192,7 +203,7 @@ def calibrate(
     *,
     releases_reports: bool,
     count_ratio: float = DEFAULT_COUNT_RATIO,
-    evaluation: tuple[float, int] | None = None,
+    evaluation: tuple[float, int, int] | None = None,
 ) -> NoiseMultipliers:
     """Noise multipliers whose ε after ``rounds`` rounds is at most ``target_epsilon``.
 
@@ -215,10 +226,10 @@ def rounds_within_budget(
     delta: float,
     accountant: str,
     limit: int,
-    evaluation: tuple[float, int] | None = None,
+    evaluation: tuple[float, int, int] | None = None,
 ) -> int:
     """The largest T <= ``limit`` whose ε is at most ``budget`` (ε is non-decreasing in T),
-    counting the client evaluations of ``evaluation`` = (σ_E, eval_every) at their upper bound
+    counting the client evaluations of ``evaluation`` = (σ_E, eval_every, rows) at their upper bound
     (:func:`with_evaluation`)."""
 
     def epsilon_after(rounds: int) -> float:

@@ -20,6 +20,7 @@ from fairclip.scenarios.config import load_config
 from fairclip.scenarios.errors import ConfigError
 from fairclip.scenarios.tasks import build_task
 from fairclip.server.outputs import split_rows
+from fairclip.server.privacy_plan import EPSILON_ROWS, PrivacyPlan
 from fairclip.server.run import Run
 from fairclip.server.secure_noise import noise_source
 from fairclip.sims.executors.local import LocalExecutor
@@ -149,6 +150,12 @@ def test_a_mean_has_no_accuracy_for_clients_to_evaluate():
         load_config("bimodal-mean", None, ["evaluation.clients=true"])
 
 
+def test_a_holdout_that_holds_out_nothing_is_refused_before_any_round():
+    config = _config("evaluation.holdout=0.01")  # 32 examples a client: floor(0.32) = 0
+    with pytest.raises(ConfigError, match=r"evaluation\.holdout = 0\.01 holds out no example"):
+        build_task(config)
+
+
 def test_epsilon_counts_every_evaluation_release_as_opacus_composes_them():
     config = _config("training.eval_every=2", "training.rounds=5")
     result = simulate(config, build_task(config))
@@ -170,8 +177,23 @@ def test_epsilon_counts_every_evaluation_release_as_opacus_composes_them():
     assert result.summary["epsilon"] > without.summary["epsilon"]
     # the plan charges at least what ran (its bound of the evaluations)
     server = Run(config, build_task(config))
-    assert server.plan.evaluations_after(5) == evaluation_steps(5, 2) == 3
+    assert server.plan.evaluations_after(5) == evaluation_steps(5, 2, EPSILON_ROWS) == 3
     assert server.plan.epsilon_after(5) >= result.summary["epsilon"] * (1 - 1e-12)
+
+
+@pytest.mark.parametrize("eval_every", [1, 2, 3, 7])
+def test_the_plan_charges_at_least_the_evaluations_a_run_releases(eval_every):
+    """For every T, a run whose last round is T reports ⌈T / k⌉ times (k from the schedule, which
+    grows for long runs); the plan's count is the largest of those up to T: never less than any
+    run stopping by T releases, exact where the schedule has not grown, and non-decreasing."""
+    most = 0
+    for rounds in range(1, 2 * EPSILON_ROWS * eval_every + 150):
+        every = PrivacyPlan.report_every(rounds, eval_every)
+        released = len(range(every, rounds + 1, every)) + (rounds % every != 0)
+        most = max(most, released)
+        assert evaluation_steps(rounds, eval_every, EPSILON_ROWS) == most, rounds
+        if rounds <= EPSILON_ROWS * eval_every:
+            assert most == released == -(-rounds // eval_every)
 
 
 @pytest.mark.parametrize(
@@ -311,3 +333,33 @@ def test_the_flower_apps_refuse_client_evaluation_for_now():
     for setting in ("evaluation.clients=true", "evaluation.clients=true;evaluation.server=false"):
         with pytest.raises(ConfigError, match="the Flower apps do not yet"):
             flower_run({"scenario": "flower-local", "set": setting})
+
+
+def test_the_evaluation_schedule_is_part_of_a_run_whose_clients_evaluate():
+    """A stored run with another ``training.eval_every`` released another number of noisy
+    evaluations: not the same run (without client evaluation, the schedule is ignored)."""
+    from fairclip.atomic import json_normalised
+    from fairclip.scenarios.stored import same_configuration
+
+    stored = json_normalised(_config("training.eval_every=2").as_dict())
+    assert same_configuration(stored, _config("training.eval_every=2"))
+    assert not same_configuration(stored, _config("training.eval_every=3"))
+    plain = json_normalised(_config("training.eval_every=2", "evaluation.clients=false").as_dict())
+    assert same_configuration(plain, _config("training.eval_every=3", "evaluation.clients=false"))
+
+
+def test_prv_composes_the_evaluations_as_opacus_does():
+    """PRV: the accountant adds the steps of each mechanism (composition commutes) before Opacus
+    discretises them; ε is Opacus' of the interleaved history, to its discretisation error."""
+    from opacus.accountants import PRVAccountant
+
+    config = _config("training.rounds=3", "privacy.accountant=prv")
+    result = simulate(config, build_task(config))
+    privacy = result.summary["privacy"]
+    opacus = PRVAccountant()
+    q = config.federation.sample_rate
+    for _ in range(3):
+        opacus.step(noise_multiplier=privacy["effective_noise_multiplier"], sample_rate=q)
+        opacus.step(noise_multiplier=config.evaluation.noise_multiplier, sample_rate=q)
+    assert result.summary["epsilon"] == pytest.approx(opacus.get_epsilon(config.privacy.delta), rel=0.02)
+    assert Run(config, build_task(config)).plan.epsilon_after(3) >= result.summary["epsilon"]

@@ -340,12 +340,20 @@ class ClassificationTask:
             raise ValueError("evaluation.clients needs clients whose examples are held in memory")
         generator = rng(self.seed, Stream.EVALUATION_DATA)
         held: dict[int, np.ndarray] = {}
+        training: list[np.ndarray] = []  # a new list: the dataset's own is not changed
         for client in range(len(self.client_cohorts)):
             rows = np.asarray(self.client_indices[client])
             count = int(share * len(rows))
             order = generator.permutation(len(rows))
             held[client] = rows[order[:count]]
-            self.client_indices[client] = rows[np.sort(order[count:])]
+            training.append(rows[np.sort(order[count:])])
+        if not any(len(rows) for rows in held.values()):
+            largest = max((len(rows) for rows in training), default=0)
+            raise ValueError(
+                f"evaluation.holdout = {share:g} holds out no example of any client (the largest holds "
+                f"{largest}; a client holds out floor(holdout x its examples))"
+            )
+        self.client_indices = training
         self.holdout_indices = held
 
     def evaluation_contributions(
