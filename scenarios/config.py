@@ -478,6 +478,45 @@ class PrivacySpec(_Section):
         return self
 
 
+class EvaluationSpec(_Section):
+    """``[evaluation]``: who evaluates the released model (docs/design.md, section 7).
+
+    ``server`` evaluates it on the server's own test set (public data, no privacy cost);
+    ``clients`` has a fresh Poisson sample of clients (rate q) evaluate it on their own held-out
+    examples after every reporting round and the server release the per-cohort sums of their
+    correct predictions, examples and clipped losses with Gaussian noise
+    (:mod:`fairclip.strategies.evaluation`), accounted in the run's ε. At least one of them."""
+
+    clients: bool = False
+    """Have a fresh sample of clients evaluate the model on their held-out examples after every
+    reporting round, released with DP noise and accounted in ε (simulations; the Flower apps
+    refuse it for now)."""
+    server: bool = True
+    """Evaluate the model on the server's own test set (off: the summary's cohorts are the
+    clients' noisy evaluation)."""
+    max_examples: Annotated[int, Field(ge=1)] = 64
+    """m: at most this many held-out examples of each client count (a public constant); the
+    sensitivity of a release is m·sqrt(2 + L²)."""
+    loss_bound: PositiveFloat = 5.0
+    """L: each example's loss is clipped to [0, L] before it is summed."""
+    noise_multiplier: PositiveFloat = 5.0
+    """σ_E: the noise's standard deviation is σ_E·m·sqrt(2 + L²) per coordinate. At 5 an
+    evaluation step costs about 1/25 of the RDP of a training round at σ = 1 (RDP of the
+    sampled Gaussian scales about as 1/σ² at small q), so evaluating every round adds a few
+    per cent to ε; a cohort's accuracy is then within about σ_E·sqrt(2 + L²)·sqrt(2)/n_k of
+    the exact one, n_k the cohort's sampled clients (0.04 for n_k = 1,000 at the defaults)."""
+    holdout: Annotated[float, Field(ge=0, lt=1)] = 0.2
+    """Share of each simulated client's examples held out of its training for its evaluation
+    (⌊share·n⌋ of its n examples, a seeded choice); only where ``clients`` is on, so that runs
+    without it keep every number."""
+
+    @model_validator(mode="after")
+    def _someone_evaluates(self) -> EvaluationSpec:
+        if not (self.clients or self.server):
+            raise ValueError("clients and server are both false: at least one must evaluate the model")
+        return self
+
+
 class PolicySpec(_Section):
     """The chosen policy and its complete parameters (defaults filled in)."""
 
@@ -492,6 +531,7 @@ class RunConfig(_Section):
     training: TrainingSpec
     policy: PolicySpec
     privacy: PrivacySpec
+    evaluation: EvaluationSpec = EvaluationSpec()
 
     @property
     def expected_clients(self) -> float:
@@ -673,7 +713,23 @@ def validate(raw: dict[str, Any]) -> RunConfig:
     _check_objective(config)
     if config.training.class_weights is not None and config.scenario.task == "mean-estimation":
         raise ConfigError("training.class_weights: a mean-estimation task has no classes")
+    _check_evaluation(config)
     return config
+
+
+def _check_evaluation(config: RunConfig) -> None:
+    """``evaluation.clients`` needs a classification task (a mean has no accuracy) and a run
+    that claims an ε (a FairLens run claims none, so it has nothing to account the release in);
+    ``evaluation.server = false`` needs ``evaluation.clients``."""
+    evaluation = config.evaluation
+    if not evaluation.clients:
+        return
+    if config.scenario.task == "mean-estimation":
+        raise ConfigError("evaluation.clients: a mean-estimation task has no accuracy to evaluate")
+    if config.training.objective == "fairlens":
+        raise ConfigError(
+            "evaluation.clients: training.objective = fairlens claims no epsilon to account it in"
+        )
 
 
 def _check_clipping_error(config: RunConfig) -> None:

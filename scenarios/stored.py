@@ -20,7 +20,9 @@ def same_configuration(stored: dict[str, Any], config: RunConfig) -> bool:
     machine, where it resolves here to the stored value (:func:`as_run_here`). A key fairclip no
     longer knows makes it another. ``training.eval_every`` is not compared: it decides which
     rows of ``rounds.csv`` are evaluated, never the training or the summary
-    (``tests/test_eval_every.py``), so a run differs only in how densely its curve was sampled.
+    (``tests/test_eval_every.py``), so a run differs only in how densely its curve was sampled --
+    except where its clients evaluate the model (``evaluation.clients``), whose evaluations are
+    releases that ε counts.
     A configuration stored before ``[strategy]`` was renamed ``[policy]`` is read as ``[policy]``."""
     try:
         stored = canonical_raw(stored, quiet=True)
@@ -37,8 +39,13 @@ def same_configuration(stored: dict[str, Any], config: RunConfig) -> bool:
 
 
 def _without_evaluation_schedule(config: dict[str, Any]) -> dict[str, Any]:
-    """``config`` without ``training.eval_every`` (see :func:`same_configuration`)."""
+    """``config`` without ``training.eval_every`` (see :func:`same_configuration`), unless its
+    clients evaluate the model (``evaluation.clients``): then the schedule is how many noisy
+    evaluations are released and accounted, and another one is another run."""
     training = config.get("training")
+    evaluation = config.get("evaluation")
+    if isinstance(evaluation, dict) and evaluation.get("clients"):
+        return config
     if not isinstance(training, dict) or "eval_every" not in training:
         return config
     return {**config, "training": {k: v for k, v in training.items() if k != "eval_every"}}

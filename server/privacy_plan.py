@@ -15,6 +15,16 @@ target ε, which this plan turns into a number of rounds or a σ assuming every 
 planned multiplier, cannot be kept for it, and no check before a round can know what the round
 will cost. So such a plan is refused (:class:`ConfigError`), as is the PRV accountant, which
 would compose thousands of different mechanisms; its ε comes from the RDP accountant.
+
+With ``[evaluation] clients`` on, every reporting round is followed by a release of the
+clients' noisy evaluation sums (a sampled Gaussian mechanism of multiplier
+``evaluation.noise_multiplier`` at rate q, :mod:`fairclip.strategies.evaluation`), one more step
+of the same accountant. The plan's ε after T rounds composes T training rounds with the most
+evaluations a run stopping after T rounds can release (:func:`evaluation_steps`: ⌈T / eval_every⌉
+up to :data:`EPSILON_ROWS` reporting rounds, where the schedule is exact; an upper bound beyond,
+where the reporting interval grows with the run's length), so the budget stop and the
+calibration to a target ε charge at least what runs -- never less; the summary's ε is the
+accountant's, of what did run.
 """
 
 from __future__ import annotations
@@ -31,7 +41,10 @@ from fairclip.strategies.accounting import (
     check_privacy_parameters,
     effective_noise_multiplier,
     epsilon,
+    evaluation_steps,
+    history_epsilon,
     rounds_within_budget,
+    with_evaluation,
 )
 
 EPSILON_ROWS = 100
@@ -49,14 +62,27 @@ class PrivacyPlan:
     accountant: str
     budget: float | None
     rounds_allowed: int
+    evaluation: tuple[float, int, int] | None = None
+    """(σ_E, eval_every, :data:`EPSILON_ROWS`) of a run whose clients evaluate the model
+    (``[evaluation] clients``), else ``None``."""
 
     @property
     def effective_noise_multiplier(self) -> float:
         return effective_noise_multiplier(self.noise, self.releases_reports)
 
     def epsilon_after(self, rounds: int) -> float:
-        """ε spent after ``rounds`` rounds."""
-        return epsilon(self.effective_noise_multiplier, self.sample_rate, rounds, self.delta, self.accountant)
+        """ε spent after ``rounds`` rounds, with the client evaluations they may release (at their
+        upper bound, :func:`evaluation_steps`)."""
+        if self.evaluation is None:
+            return epsilon(
+                self.effective_noise_multiplier, self.sample_rate, rounds, self.delta, self.accountant
+            )
+        entry = (self.effective_noise_multiplier, self.sample_rate, rounds)
+        return history_epsilon(with_evaluation(entry, self.evaluation), self.delta, self.accountant)
+
+    def evaluations_after(self, rounds: int) -> int:
+        """How many client evaluations the plan charges to ``rounds`` rounds (0 without them)."""
+        return 0 if self.evaluation is None else evaluation_steps(rounds, *self.evaluation[1:])
 
     @staticmethod
     def report_every(last_round: int, eval_every: int = 1) -> int:
@@ -123,6 +149,9 @@ def plan_privacy(config: RunConfig, policy: Policy, dimension: int) -> PrivacyPl
     rounds = config.training.rounds
     q = config.federation.sample_rate
     releases_reports = policy.report_size(dimension) > 0
+    clients = config.evaluation
+    every = config.training.eval_every
+    evaluation = (clients.noise_multiplier, every, EPSILON_ROWS) if clients.clients else None
     if policy.private:
         check_accountable(config)
         check_noise_follows_sensitivity(config, policy)
@@ -139,6 +168,7 @@ def plan_privacy(config: RunConfig, policy: Policy, dimension: int) -> PrivacyPl
                 privacy.accountant,
                 releases_reports=releases_reports,
                 count_ratio=ratio,
+                evaluation=evaluation,
             )
         else:
             count = privacy.count_noise_multiplier
@@ -149,15 +179,21 @@ def plan_privacy(config: RunConfig, policy: Policy, dimension: int) -> PrivacyPl
     except PolicyConfigError as error:
         raise ConfigError(f"privacy: {error}") from None
     budget = privacy.epsilon_budget if privacy.epsilon_budget is not None else privacy.target_epsilon
-    plan = PrivacyPlan(noise, releases_reports, q, privacy.delta, privacy.accountant, budget, rounds)
+    plan = PrivacyPlan(
+        noise, releases_reports, q, privacy.delta, privacy.accountant, budget, rounds, evaluation
+    )
     if budget is not None and policy.private:
         sigma_eff = plan.effective_noise_multiplier
         allowed = (
             0
             if sigma_eff == 0
-            else rounds_within_budget(budget, sigma_eff, q, privacy.delta, privacy.accountant, rounds)
+            else rounds_within_budget(
+                budget, sigma_eff, q, privacy.delta, privacy.accountant, rounds, evaluation
+            )
         )
-        plan = PrivacyPlan(noise, releases_reports, q, privacy.delta, privacy.accountant, budget, allowed)
+        plan = PrivacyPlan(
+            noise, releases_reports, q, privacy.delta, privacy.accountant, budget, allowed, evaluation
+        )
     return plan
 
 

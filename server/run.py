@@ -31,11 +31,12 @@ from fairclip.server.provenance import provenance
 from fairclip.server.rounds import Rounds
 from fairclip.server.secure_noise import noise_source, secure_sampler
 from fairclip.strategies import Policy, ServerRound, build_policy
+from fairclip.strategies import evaluation as client_evaluation
 from fairclip.strategies.accounting import Accountant, PrivacyClaim
 from fairclip.strategies.aggregation import CLIENT_DIAGNOSTICS, RoundSums
 from fairclip.strategies.base import Broadcast, DPEvent, GaussianSampler
 from fairclip.strategies.errors import one_line
-from fairclip.strategies.randomness import poisson_sample
+from fairclip.strategies.randomness import Stream, poisson_sample
 from fairclip.strategies.registry import policy_name
 
 
@@ -102,6 +103,16 @@ class Run:
         model = task.initial_model()
         self.plan = plan_privacy(config, policy, model.shape[0])
         self._secure_sampler = secure_sampler(self.secure_noise and policy.private)
+        evaluation = config.evaluation
+        self._evaluation_sampler = self._secure_sampler or secure_sampler(
+            self.secure_noise and evaluation.clients
+        )
+        """The sampler of the clients' evaluation release: OpenDP's exact one where the noise is
+        secure (also in a run whose policy adds none)."""
+        self.evaluation_releases = 0
+        """How many client evaluations were released and accounted (``[evaluation] clients``)."""
+        self.client_evaluation: dict[str, Any] | None = None
+        """The last client evaluation released: its round, noise and noisy metrics (summary.json)."""
         self.rounds = Rounds(
             policy=policy,
             model=model,
@@ -119,7 +130,7 @@ class Run:
             accountant=Accountant(config.privacy.accountant),
             sampler=self._sample,
             noise_source=self._noise,
-            evaluator=task.evaluate,
+            evaluator=task.evaluate if evaluation.server else _no_server_test_set,
         )
         self.rows: list[dict[str, Any]] = []
         self.public_columns: set[str] = set()
@@ -180,8 +191,11 @@ class Run:
     @property
     def noise_reproducible(self) -> bool:
         """Whether a round computed again draws the same noise (a function of (seed, round));
-        not with OpenDP's sampler or operating-system entropy. Always so without noise."""
-        return not self.policy.private or (self._secure_sampler is None and self.seeded)
+        not with OpenDP's sampler or operating-system entropy. Always so without noise. With
+        ``[evaluation] clients``, the same holds of the evaluation's noise (always drawn)."""
+        training = not self.policy.private or (self._secure_sampler is None and self.seeded)
+        evaluation = not self.config.evaluation.clients or (self._evaluation_sampler is None and self.seeded)
+        return training and evaluation
 
     @property
     def rounds_to_run(self) -> int:
@@ -208,6 +222,21 @@ class Run:
         event = DPEvent.planned(self.plan.noise, self.plan.releases_reports)
         for _ in range(rounds):
             self.rounds.accountant.step(event, self.plan.sample_rate)
+        if rounds and self.config.evaluation.clients:
+            if self.plan.budget is not None:
+                raise ConfigError(
+                    f"cannot resume: {rounds} round(s) released before the interruption are not in the "
+                    "checkpoint, and with [evaluation] clients and a privacy budget their evaluations "
+                    "cannot be charged within the plan; start the run again (or run with seeded noise)"
+                )
+            # every evaluation the lost rounds may have released, charged again (an upper bound)
+            first = self.rounds_completed + 1
+            every = self.config.training.eval_every
+            lost = range(first, first + rounds)
+            again = sum(1 for r in lost if r % every == 0 or r >= self.rounds_to_run)
+            for _ in range(again):
+                self.rounds.accountant.step(self._evaluation_event, self.plan.sample_rate)
+            self.evaluation_releases += again
         self.rounds_released_again += rounds
         claim = self._claim()
         self.summary = {**self.summary, "privacy": claim, "epsilon": claim["epsilon"]}
@@ -234,6 +263,8 @@ class Run:
             "pieces": [*self._earlier_pieces, self._piece()],
             "rounds_released_again": self.rounds_released_again,
             "dropped_rounds": list(self.dropped_rounds),
+            "evaluation_releases": self.evaluation_releases,
+            "client_evaluation": self.client_evaluation,
         }
 
     def restore(self, snapshot: dict[str, Any]) -> None:
@@ -253,6 +284,8 @@ class Run:
         self._earlier_pieces = list(snapshot["pieces"])
         self.rounds_released_again = int(snapshot.get("rounds_released_again", 0))
         self.dropped_rounds = list(snapshot.get("dropped_rounds", []))
+        self.evaluation_releases = int(snapshot.get("evaluation_releases", 0))
+        self.client_evaluation = snapshot.get("client_evaluation")
         self._started = (dt.datetime.now(dt.UTC), time.perf_counter())
 
     def _piece(self) -> dict[str, Any]:
@@ -294,6 +327,82 @@ class Run:
     def sample(self, round_number: int) -> np.ndarray:
         """Ids of the clients of round ``round_number`` (Poisson sampling with rate q)."""
         return self.rounds.sample(round_number)
+
+    def evaluates_clients(self, round_number: int) -> bool:
+        """Whether round ``round_number`` is followed by the clients' evaluation of the model it
+        released (``[evaluation] clients``: after every reporting round)."""
+        return self.config.evaluation.clients and self._reports(round_number)
+
+    def evaluation_sample(self, round_number: int) -> np.ndarray:
+        """Ids of the clients that evaluate the model after round ``round_number``: a fresh
+        Poisson sample with the run's rate q, from a stream of its own."""
+        clients, rate = self.config.federation.num_clients, self.config.federation.sample_rate
+        seed = self.config.seed if self.seeded else None
+        return poisson_sample(seed, round_number, clients, rate, Stream.EVALUATION_SAMPLING)
+
+    @property
+    def _evaluation_event(self) -> DPEvent:
+        return DPEvent(self.config.evaluation.noise_multiplier)
+
+    def finish_evaluation(self, round_number: int, total: np.ndarray, sampled: int) -> dict[str, Any]:
+        """Release the clients' evaluation sum ``total`` (Σ of their checked vectors,
+        :mod:`fairclip.strategies.evaluation`, ``sampled`` clients asked) after round
+        ``round_number``: noise it with σ_E·Δ_E, step the accountant with σ_E at rate q, and add
+        the noisy per-cohort accuracy, loss and count, the accuracy gap and the noise's standard
+        deviation to the round's row (public) and the summary; in a simulation also the exact
+        values (server-internal: DP does not cover them). The row's ε counts this release."""
+        evaluation, names = self.config.evaluation, self.task.cohort_names
+        row = self.rows[-1] if self.rows else None
+        if row is None or row["round"] != round_number:
+            raise RuntimeError(f"round {round_number} is not the last finished round")
+        with interrupts_deferred():  # the release and its accounting move together
+            noise = noise_source(
+                self._evaluation_sampler,
+                self.config.seed if self.seeded else None,
+                round_number,
+                Stream.EVALUATION_NOISE,
+            )
+            noisy, std = client_evaluation.release(
+                total, noise, evaluation.noise_multiplier, evaluation.max_examples, evaluation.loss_bound
+            )
+            self.rounds.accountant.step(self._evaluation_event, self.plan.sample_rate)
+            self.evaluation_releases += 1
+            per_cohort = client_evaluation.cohort_metrics(noisy, names, evaluation.loss_bound)
+            gap = client_evaluation.accuracy_gap(per_cohort)
+            public: dict[str, Any] = {
+                f"{name}/{metric}": value
+                for name, values in per_cohort.items()
+                for metric, value in values.items()
+            }
+            public.update(client_accuracy_gap=gap, client_eval_noise_std=std)
+            internal: dict[str, Any] = {"client_eval_sampled": int(sampled)}
+            if self.simulation:
+                exact = client_evaluation.cohort_metrics(total, names, evaluation.loss_bound)
+                for name, values in exact.items():
+                    internal.update({f"{name}/{metric}_exact": value for metric, value in values.items()})
+                internal["client_accuracy_gap_exact"] = client_evaluation.accuracy_gap(exact)
+            self.client_evaluation = {
+                "round": round_number,
+                "noise_std": std,
+                "noise_multiplier": evaluation.noise_multiplier,
+                "max_examples": evaluation.max_examples,
+                "loss_bound": evaluation.loss_bound,
+                "accuracy_gap": gap,
+                "cohorts": per_cohort,
+            }
+            claim = self._claim()
+            self.summary = {
+                **self.summary,
+                "privacy": claim,
+                "epsilon": claim["epsilon"],
+                "client_evaluation": self.client_evaluation,
+                **({} if evaluation.server else {"cohorts": per_cohort}),
+            }
+            public["epsilon"] = self.summary["epsilon"]
+            self.public_columns.update(public)
+            row.update(public)
+            row.update(internal)
+        return row
 
     def broadcast(self) -> Broadcast:
         """The policy's public parameters of the coming round (for example C_t)."""
@@ -382,6 +491,8 @@ class Run:
         gives them (``group_metrics``: binary tasks whose cohorts partition the test set). Once a
         run, at its end: Fairlearn takes about 0.15 s a call, too slow for every round."""
         group_metrics = getattr(self.task, "group_metrics", None)
+        if not self.config.evaluation.server:  # the server's test set is not used
+            group_metrics = None
         found = group_metrics(self.evaluated_model) if group_metrics is not None else None
         if found is None:
             return
@@ -415,13 +526,16 @@ class Run:
             delta=plan.delta,
             accountant=accountant.mechanism,
             sample_rate=plan.sample_rate,
-            rounds=accountant.rounds,
+            rounds=accountant.rounds - self.evaluation_releases,
             noise_multiplier=event.noise_multiplier,
             count_noise_multiplier=event.report_noise_multiplier,
             effective_noise_multiplier=event.effective_noise_multiplier,
         ).as_dict()
         if self.rounds_released_again:
             claim["rounds_released_again"] = self.rounds_released_again
+        if self.config.evaluation.clients:  # each a step of the same accountant (module docstring)
+            claim["evaluation_releases"] = self.evaluation_releases
+            claim["evaluation_noise_multiplier"] = self.config.evaluation.noise_multiplier
         if self.policy.noises_below_sensitivity and accountant.history:
             # each round ran with its own multiplier (the ones above are the last round's)
             claim["noise_multiplier_varies"] = True
@@ -452,12 +566,34 @@ class Run:
             "privacy_budget": plan.budget,
             "noise_source": self.noise_source,
             "final_clip_bound": json_number(self.rounds.clip_bound),
-            "cohorts": per_cohort,
+            "cohorts": per_cohort if config.evaluation.server else self._client_cohorts(),
             "overall": overall,
+            **(
+                {"evaluation": _evaluated_by(config), "client_evaluation": self.client_evaluation}
+                if config.evaluation.clients
+                else {}
+            ),
             **self.task.summary(self.model),
             "config": config.as_dict(),
             "provenance": self._provenance(),
         }
+
+    def _client_cohorts(self) -> dict[str, dict[str, float]]:
+        """The per-cohort block of a run without the server's test set: the last client
+        evaluation's noisy metrics (none before the first)."""
+        return dict(self.client_evaluation["cohorts"]) if self.client_evaluation else {}
+
+
+def _no_server_test_set(model: np.ndarray) -> tuple[dict[str, float], dict[str, dict[str, float]]]:
+    """The evaluator of a run whose server does not evaluate (``evaluation.server = false``)."""
+    return {}, {}
+
+
+def _evaluated_by(config: RunConfig) -> str:
+    """Who evaluated the model the summary describes, in words (a run with client evaluation)."""
+    if not config.evaluation.server:
+        return "clients (DP)"
+    return "server test set; clients (DP) in client_evaluation"
 
 
 REALIZED_EPSILON_NOTE = (

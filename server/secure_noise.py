@@ -42,16 +42,17 @@ def secure_sampler(on: bool) -> ExactGaussian | None:
 
 
 def noise_source(
-    secure: ExactGaussian | None, seed: int | None, round_number: int
+    secure: ExactGaussian | None, seed: int | None, round_number: int, stream: Stream = Stream.NOISE
 ) -> ExactGaussian | np.random.Generator:
     """Where round ``round_number``'s DP noise comes from, for a run (:class:`fairclip.server.run.Run`)
     and the Flower DP wrapper alike: the ``secure`` exact sampler where there is one; else a
-    generator seeded by the run's ``seed`` (stream ``NOISE``, round t), reproducible and so not
-    private (docs/design.md, section 6); else one seeded from the operating system's entropy."""
+    generator seeded by the run's ``seed`` (stream ``NOISE``, round t; ``EVALUATION_NOISE`` for
+    the release of the clients' evaluation after it), reproducible and so not private
+    (docs/design.md, section 6); else one seeded from the operating system's entropy."""
     if secure is not None:
         return secure
     if seed is not None:
-        return rng(seed, Stream.NOISE, round_number)
+        return rng(seed, stream, round_number)
     return np.random.default_rng()
 
 

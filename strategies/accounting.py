@@ -47,8 +47,51 @@ CALIBRATION_TOLERANCE = 0.002
 
 def clear_caches() -> None:
     """Forget every cached ε, calibration and RDP curve (a benchmark repeat pays its own)."""
-    for cached in (epsilon, calibrate, calibrate_effective, rdp_curve):
+    for cached in (epsilon, history_epsilon, calibrate, calibrate_effective, rdp_curve):
         cached.cache_clear()
+
+
+Entry = tuple[float, float, int]
+"""One entry of an accountant's history: (σ_eff, q, steps)."""
+
+
+def evaluation_steps(rounds: int, eval_every: int, rows: int) -> int:
+    """At most how many client evaluations (``[evaluation] clients``) a run that stops after
+    ``rounds`` rounds (its last, or an earlier one) releases: one after every reporting round.
+
+    A run whose last round is t reports after every k(t)-th round and the last, so ⌈t / k(t)⌉
+    times, where k(t) = e·⌈⌈t / R⌉ / e⌉ is the smallest multiple of e = ``eval_every`` that keeps
+    the reporting rounds at most R = ``rows``
+    (:meth:`fairclip.server.privacy_plan.PrivacyPlan.report_every`). That count is not monotone
+    in t (k grows at t = R·e·j), so this returns max over t <= T of ⌈t / k(t)⌉: exact for
+    T <= R·e and at every T that reaches the maximum, an upper bound of what a run of T rounds
+    releases otherwise, and non-decreasing in T (a budget's bisection needs it)."""
+    if rounds <= 0:
+        return 0
+    most, block = 0, eval_every * rows  # k(t) = e·j for (j − 1)·e·R < t <= j·e·R
+    for j in range(1, -(-rounds // block) + 1):
+        last = min(j * block, rounds)
+        most = max(most, -(-last // (eval_every * j)))
+    return most
+
+
+@lru_cache(maxsize=1024)
+def history_epsilon(history: tuple[Entry, ...], delta: float, accountant: str = "prv") -> float:
+    """ε at δ of a mixed history ((σ_eff, q, steps), ...) of sampled Gaussian mechanisms, as
+    :class:`Accountant` composes it (entries of no steps are left out)."""
+    composed = Accountant(accountant)
+    composed.history = [(float(s), float(q), int(n)) for s, q, n in history if n > 0]
+    return composed.get_epsilon(delta)
+
+
+def with_evaluation(entry: Entry, evaluation: tuple[float, int, int] | None) -> tuple[Entry, ...]:
+    """The history of T training rounds ``entry`` = (σ_eff, q, T) and, where ``evaluation`` =
+    (σ_E, eval_every, rows) is given, the client evaluations they release at most
+    (:func:`evaluation_steps`, at the same rate q)."""
+    if evaluation is None:
+        return (entry,)
+    sigma_e, every, rows = evaluation
+    return (entry, (float(sigma_e), entry[1], evaluation_steps(entry[2], every, rows)))
 
 
 def effective_noise_multiplier(noise: NoiseMultipliers, releases_reports: bool) -> float:
@@ -99,7 +142,12 @@ def epsilon(
 
 @lru_cache(maxsize=256)
 def calibrate_effective(
-    target_epsilon: float, sample_rate: float, rounds: int, delta: float, accountant: str = "prv"
+    target_epsilon: float,
+    sample_rate: float,
+    rounds: int,
+    delta: float,
+    accountant: str = "prv",
+    evaluation: tuple[float, int, int] | None = None,
 ) -> float:
     """σ_eff whose ε after ``rounds`` rounds is at most ``target_epsilon`` (within
     :data:`CALIBRATION_TOLERANCE` of it).
@@ -109,6 +157,10 @@ def calibrate_effective(
     :func:`epsilon`, which is Opacus' ε bit for bit: so σ_eff is Opacus' own (tests/test_accounting.py
     compares them). Opacus' function builds a fresh accountant that recomputes the RDP curve at
     every step of the search (15 s for one PRV calibration of the demo, 2 s here).
+
+    ``evaluation`` = (σ_E, eval_every, rows): the rounds also release client evaluations
+    (:func:`with_evaluation`, charged at their upper bound), and σ_eff is searched for the
+    composed history.
     """
     check_privacy_parameters(sample_rate, rounds, delta, accountant)
     if not (math.isfinite(target_epsilon) and target_epsilon > 0):
@@ -118,7 +170,9 @@ def calibrate_effective(
     tolerance = CALIBRATION_TOLERANCE * target_epsilon
 
     def epsilon_at(sigma: float) -> float:
-        return epsilon(sigma, sample_rate, rounds, delta, accountant)
+        if evaluation is None:
+            return epsilon(sigma, sample_rate, rounds, delta, accountant)
+        return history_epsilon(with_evaluation((sigma, sample_rate, rounds), evaluation), delta, accountant)
 
     eps_high, sigma_low, sigma_high = math.inf, 0.0, 10.0
     while eps_high > target_epsilon:
@@ -149,6 +203,7 @@ def calibrate(
     *,
     releases_reports: bool,
     count_ratio: float = DEFAULT_COUNT_RATIO,
+    evaluation: tuple[float, int, int] | None = None,
 ) -> NoiseMultipliers:
     """Noise multipliers whose ε after ``rounds`` rounds is at most ``target_epsilon``.
 
@@ -157,7 +212,7 @@ def calibrate(
     """
     if not (math.isfinite(count_ratio) and count_ratio > 0):
         raise PolicyConfigError(f"count noise ratio must be > 0 (got {count_ratio})")
-    sigma_eff = calibrate_effective(target_epsilon, sample_rate, rounds, delta, accountant)
+    sigma_eff = calibrate_effective(target_epsilon, sample_rate, rounds, delta, accountant, evaluation)
     if not releases_reports:
         return NoiseMultipliers(update=sigma_eff, report=0.0)
     update = sigma_eff * math.sqrt(1.0 + count_ratio**-2)
@@ -165,15 +220,30 @@ def calibrate(
 
 
 def rounds_within_budget(
-    budget: float, effective_multiplier: float, sample_rate: float, delta: float, accountant: str, limit: int
+    budget: float,
+    effective_multiplier: float,
+    sample_rate: float,
+    delta: float,
+    accountant: str,
+    limit: int,
+    evaluation: tuple[float, int, int] | None = None,
 ) -> int:
-    """The largest T <= ``limit`` whose ε is at most ``budget`` (ε is non-decreasing in T)."""
-    if epsilon(effective_multiplier, sample_rate, limit, delta, accountant) <= budget:
+    """The largest T <= ``limit`` whose ε is at most ``budget`` (ε is non-decreasing in T),
+    counting the client evaluations of ``evaluation`` = (σ_E, eval_every, rows) at their upper bound
+    (:func:`with_evaluation`)."""
+
+    def epsilon_after(rounds: int) -> float:
+        if evaluation is None:
+            return epsilon(effective_multiplier, sample_rate, rounds, delta, accountant)
+        entry = (float(effective_multiplier), float(sample_rate), rounds)
+        return history_epsilon(with_evaluation(entry, evaluation), delta, accountant)
+
+    if epsilon_after(limit) <= budget:
         return limit
     low, high = 0, limit  # ε(low) <= budget < ε(high)
     while high - low > 1:
         middle = (low + high) // 2
-        if epsilon(effective_multiplier, sample_rate, middle, delta, accountant) <= budget:
+        if epsilon_after(middle) <= budget:
             low = middle
         else:
             high = middle
@@ -275,7 +345,7 @@ class Accountant:
             composed = sum([self._rdp_per_step(sigma, q) * steps for sigma, q, steps in self.history])
             return rdp_epsilon(composed, delta)
         accountant = PRVAccountantSharedRDP()
-        accountant.history = list(self.history)
+        accountant.history = grouped(self.history)
         with one_blas_thread():
             return float(accountant.get_epsilon(delta=delta))
 
@@ -286,3 +356,14 @@ class Accountant:
         if per_step is None:
             per_step = kept[(sigma, q)] = rdp_curve(sigma, q).complete()
         return per_step
+
+
+def grouped(history: list[Entry]) -> list[Entry]:
+    """``history`` with the steps of equal (σ_eff, q) added into one entry, in the order each
+    first appears: the same composition (composition is commutative), which PRV then discretises
+    once per mechanism rather than once per entry (a run that evaluates its clients after every
+    round alternates two mechanisms)."""
+    steps: dict[tuple[float, float], int] = {}
+    for sigma, q, count in history:
+        steps[(sigma, q)] = steps.get((sigma, q), 0) + count
+    return [(sigma, q, count) for (sigma, q), count in steps.items()]

@@ -19,6 +19,12 @@ class Stream(IntEnum):
     SAMPLING = 1
     CLIENT = 2
     NOISE = 3
+    EVALUATION_SAMPLING = 4
+    """The clients that evaluate the model after a reporting round (``[evaluation] clients``)."""
+    EVALUATION_NOISE = 5
+    """The noise of their released evaluation sums (never the round's training noise)."""
+    EVALUATION_DATA = 6
+    """Which of a simulated client's examples it holds out for evaluation."""
 
 
 def rng(seed: int, stream: Stream, *keys: int) -> np.random.Generator:
@@ -31,11 +37,18 @@ DENSE_SAMPLING_MAX = 2**24
 most, 0.1 s); larger ones without touching every client (:func:`sample_ids`)."""
 
 
-def poisson_sample(seed: int | None, round_number: int, num_clients: int, sample_rate: float) -> np.ndarray:
+def poisson_sample(
+    seed: int | None,
+    round_number: int,
+    num_clients: int,
+    sample_rate: float,
+    stream: Stream = Stream.SAMPLING,
+) -> np.ndarray:
     """Ids of the clients that join round ``round_number``: each independently with probability q,
-    drawn from the run's ``seed`` (stream ``SAMPLING``, round t) or, without one, from the
-    operating system's entropy. Every sample of fairclip (the run, the Flower DP wrapper) is this."""
-    generator = rng(seed, Stream.SAMPLING, round_number) if seed is not None else np.random.default_rng()
+    drawn from the run's ``seed`` (stream ``SAMPLING``, round t; ``EVALUATION_SAMPLING`` for the
+    clients that evaluate the model after it) or, without one, from the operating system's
+    entropy. Every sample of fairclip (the run, the Flower DP wrapper) is this."""
+    generator = rng(seed, stream, round_number) if seed is not None else np.random.default_rng()
     return sample_ids(generator, num_clients, sample_rate)
 
 

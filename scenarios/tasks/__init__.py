@@ -75,6 +75,12 @@ def build_task(config: RunConfig, data_dir: Path | None = None) -> Task:
     raises :class:`ConfigError`; missing or corrupt files raise ``DataError``.
     """
     task = _build(config, data_dir)
+    if config.evaluation.clients:
+        try:
+            task.hold_out(config.evaluation.holdout, config.seed)  # type: ignore[attr-defined]
+        except (AttributeError, ValueError) as error:
+            why = str(error) if isinstance(error, ValueError) else "its task holds no examples to evaluate"
+            raise ConfigError(f"scenario {config.scenario.name!r}: {why}") from None
     task.cohort_directions = config.training.cohort_directions  # type: ignore[attr-defined]
     task.unclipped_total = config.training.clipping_error != "both"  # type: ignore[attr-defined]
     if config.training.objective == "fairlens":

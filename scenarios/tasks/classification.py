@@ -38,6 +38,7 @@ from fairclip.scenarios.tasks.fairness import group_fairness, partition
 from fairclip.scenarios.tasks.ghost import OneStepGradients, one_step_gradients
 from fairclip.scenarios.tasks.training import LocalTraining, local_update, one_step_updates, prepare_training
 from fairclip.strategies import Policy
+from fairclip.strategies.evaluation import contribution as evaluation_contribution
 from fairclip.strategies.randomness import Stream, rng
 
 
@@ -325,6 +326,73 @@ class ClassificationTask:
         self.client_indices[client] = np.arange(start, start + features.shape[0])
         self.one_step = self.one_step and features.shape[0] == 1
 
+    holdout_indices: dict[int, np.ndarray] | None = None
+    """Each client's held-out examples (rows of ``train_x``), in a seeded order, for its
+    evaluation of the model (:meth:`hold_out`); ``None`` where none are held out."""
+
+    def hold_out(self, share: float, seed: int) -> None:
+        """Hold ⌊share·n⌋ of each client's n examples out of its training, for its evaluation of
+        the released model (``[evaluation] clients``): a seeded choice (stream
+        ``EVALUATION_DATA``), kept in that seeded order so that the first m are a seeded subset.
+        The client trains on the rest, in their original order. ``ValueError`` for a population
+        whose examples are generated when sampled."""
+        if self.generated is not None or self.client_indices is None:
+            raise ValueError("evaluation.clients needs clients whose examples are held in memory")
+        generator = rng(self.seed, Stream.EVALUATION_DATA)
+        held: dict[int, np.ndarray] = {}
+        training: list[np.ndarray] = []  # a new list: the dataset's own is not changed
+        for client in range(len(self.client_cohorts)):
+            rows = np.asarray(self.client_indices[client])
+            count = int(share * len(rows))
+            order = generator.permutation(len(rows))
+            held[client] = rows[order[:count]]
+            training.append(rows[np.sort(order[count:])])
+        if not any(len(rows) for rows in held.values()):
+            largest = max((len(rows) for rows in training), default=0)
+            raise ValueError(
+                f"evaluation.holdout = {share:g} holds out no example of any client (the largest holds "
+                f"{largest}; a client holds out floor(holdout x its examples))"
+            )
+        self.client_indices = training
+        self.holdout_indices = held
+
+    def evaluation_contributions(
+        self, model: np.ndarray, client_ids: np.ndarray, max_examples: int, loss_bound: float
+    ) -> np.ndarray:
+        """Each client's evaluation vector of ``model`` (one row of 3K per client,
+        :func:`fairclip.strategies.evaluation.contribution`): its correct predictions, examples
+        and clipped loss sum over the first ``max_examples`` of its held-out examples (the loss
+        is the server's evaluation loss: the cross-entropy, times the class weight where the
+        training criterion weighs classes)."""
+        num_cohorts = len(self.cohort_names)
+        if self.holdout_indices is None:
+            raise RuntimeError("no examples are held out for the clients' evaluation (hold_out)")
+        client_ids = np.asarray(client_ids, dtype=np.int64)
+        rows = [np.asarray(self.holdout_indices[int(c)])[:max_examples] for c in client_ids]
+        vectors = np.zeros((len(client_ids), 3 * num_cohorts))
+        if not rows or not sum(len(r) for r in rows):
+            return vectors
+        index = torch.from_numpy(np.concatenate(rows)).to(self.device)
+        features, labels = self.train_x[index], self.train_y[index]
+        logits = predict(self.evaluation_model, model, features)
+        losses = nn.functional.cross_entropy(logits, labels, reduction="none").double().cpu().numpy()
+        if self.training.class_weights is not None:
+            losses *= np.asarray(self.training.class_weights, dtype=np.float64)[labels.cpu().numpy()]
+        correct = (logits.argmax(dim=1) == labels).cpu().numpy()
+        start = 0
+        for row, (client, client_rows) in enumerate(zip(client_ids, rows, strict=True)):
+            end = start + len(client_rows)
+            vectors[row] = evaluation_contribution(
+                int(self.client_cohorts[client]),
+                num_cohorts,
+                correct[start:end],
+                losses[start:end],
+                max_examples,
+                loss_bound,
+            )
+            start = end
+        return vectors
+
     def keep_clients(self, owned: np.ndarray) -> None:
         """Keep the training examples of the clients ``owned`` (a boolean mask over the N
         clients) and drop every other client's: a Ray actor holds only the clients it trains.
@@ -334,7 +402,10 @@ class ClassificationTask:
             return
         kept = np.flatnonzero(owned)
         rows = [np.asarray(self.client_indices[c]) for c in kept]
-        order = torch.from_numpy(np.concatenate(rows) if rows else np.empty(0, dtype=np.int64))
+        holdout = self.holdout_indices
+        evaluation_rows = [np.asarray(holdout[int(c)]) for c in kept] if holdout is not None else []
+        parts = [*rows, *evaluation_rows]
+        order = torch.from_numpy(np.concatenate(parts) if parts else np.empty(0, dtype=np.int64))
         self.train_x = self.train_x[order.to(self.device)]
         self.train_y = self.train_y[order.to(self.device)]
         held: dict[int, np.ndarray] = {}
@@ -343,6 +414,12 @@ class ClassificationTask:
             held[int(client)] = np.arange(start, start + len(client_rows))
             start += len(client_rows)
         self.client_indices = _HeldClients(held)
+        if holdout is not None:
+            held_out: dict[int, np.ndarray] = {}
+            for client, client_rows in zip(kept, evaluation_rows, strict=True):
+                held_out[int(client)] = np.arange(start, start + len(client_rows))
+                start += len(client_rows)
+            self.holdout_indices = _HeldClients(held_out)
 
     def local_updates(self, model: np.ndarray, client_ids: np.ndarray, round_number: int) -> np.ndarray:
         if self.one_step:

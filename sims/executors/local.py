@@ -30,6 +30,7 @@ from fairclip.strategies.aggregation import (
     shard_ids,
 )
 from fairclip.strategies.base import Broadcast
+from fairclip.strategies.evaluation import add_blocks, block_sum
 
 
 class ClientExecutor(Protocol):
@@ -238,6 +239,32 @@ class LocalExecutor:
             self._held.clear()
         total = add_in_order_on_device([by_block[b] for b in range(len(blocks))])
         return round_total(total, exchange, model.shape[0])
+
+    def evaluate_clients(
+        self, model: np.ndarray, client_ids: np.ndarray, max_examples: int, loss_bound: float
+    ) -> np.ndarray:
+        """Σ of the evaluation vectors of ``client_ids`` (:mod:`fairclip.strategies.evaluation`),
+        block by block in block order."""
+        blocks = shard_ids(client_ids, len(self.task.client_cohorts))
+        found = evaluation_block_sums(self.task, model, dict(enumerate(blocks)), max_examples, loss_bound)
+        return add_blocks([found[b] for b in range(len(blocks))], len(self.task.cohort_names))
+
+
+def evaluation_block_sums(
+    task: Task, model: np.ndarray, blocks: dict[int, np.ndarray], max_examples: int, loss_bound: float
+) -> dict[int, np.ndarray]:
+    """The clients' evaluation sums (``[evaluation] clients``) of each block of ids, one task call
+    per block (the same calls on every executor, so the same bits)."""
+    num_cohorts = len(task.cohort_names)
+    return {
+        index: block_sum(
+            task.evaluation_contributions(model, ids, max_examples, loss_bound),  # type: ignore[attr-defined]
+            num_cohorts,
+            max_examples,
+            loss_bound,
+        )
+        for index, ids in blocks.items()
+    }
 
 
 def add_in_order_on_device(sums: list[RoundSums]) -> RoundSums:

@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from fairclip.scenarios.config import RunConfig
+from fairclip.scenarios.errors import ConfigError
 from fairclip.scenarios.tasks import Task
 from fairclip.server.checkpoint import Checkpointing
 from fairclip.server.interrupts import interrupts_deferred
@@ -55,6 +56,11 @@ def simulate(
     counts_releases = checkpoint is not None and bool(watching) and not server.noise_reproducible
     execute = executor_factory(task, server.policy)
     server.execution = getattr(execute, "execution", None)
+    if config.evaluation.clients and not hasattr(execute, "evaluate_clients"):
+        raise ConfigError(
+            f"evaluation.clients: the executor {type(execute).__name__} cannot have clients evaluate "
+            "the model (it has no evaluate_clients)"
+        )
     notify_start(watching, server)
     try:
         begin_round = getattr(task, "begin_round", None)
@@ -69,6 +75,13 @@ def simulate(
             else:
                 sums = execute(server.model, client_ids, round_number, server.broadcast())
             row = server.finish_round(round_number, sums)
+            if server.evaluates_clients(round_number):  # a release of its own, after the round's
+                evaluation = server.config.evaluation
+                evaluators = server.evaluation_sample(round_number)
+                total = execute.evaluate_clients(
+                    server.model, evaluators, evaluation.max_examples, evaluation.loss_bound
+                )
+                server.finish_evaluation(round_number, total, len(evaluators))
             if counts_releases:
                 checkpoint.note_released(server)
             for observer in watching:

@@ -27,7 +27,13 @@ from fairclip.scenarios.config import RunConfig, validate
 from fairclip.scenarios.errors import ConfigError
 from fairclip.scenarios.tasks import Task, build_task
 from fairclip.server.interrupts import sigterm_handler_kept
-from fairclip.sims.executors.local import ClientWork, groups_sums, task_device, update_length
+from fairclip.sims.executors.local import (
+    ClientWork,
+    evaluation_block_sums,
+    groups_sums,
+    task_device,
+    update_length,
+)
 from fairclip.strategies import Policy, build_policy
 from fairclip.strategies.aggregation import (
     SUM_SHARDS,
@@ -40,6 +46,7 @@ from fairclip.strategies.aggregation import (
     shard_bounds,
     shard_ids,
 )
+from fairclip.strategies.evaluation import add_blocks
 
 ADDRESS_TIMEOUT_SECONDS = 10.0
 """How long :func:`check_reachable` waits for a Ray cluster's address to accept a connection."""
@@ -175,6 +182,12 @@ class ClientBlocksActor:
             self.held.clear()
         return sums
 
+    def evaluate_blocks(
+        self, model: np.ndarray, blocks: dict[int, np.ndarray], max_examples: int, loss_bound: float
+    ) -> dict[int, np.ndarray]:
+        """The clients' evaluation sums of ``blocks`` (``[evaluation] clients``), by block."""
+        return evaluation_block_sums(self.task, model, blocks, max_examples, loss_bound)
+
 
 def owns_clients(rows_per_call: int) -> bool:
     """Whether the actors of a task split its clients between them: where clients train one
@@ -308,6 +321,31 @@ class RayExecutor:
         for result in ray.get(futures):
             by_block.update(result)
         return round_total(add_in_order([by_block[b] for b in range(SUM_SHARDS)]), exchange, model.shape[0])
+
+    def evaluate_clients(
+        self, model: np.ndarray, client_ids: np.ndarray, max_examples: int, loss_bound: float
+    ) -> np.ndarray:
+        """Σ of the evaluation vectors of ``client_ids``: each block evaluated by an actor that
+        holds its clients, the block sums added in block order (as the local executor adds)."""
+        blocks = shard_ids(client_ids, self.num_clients)
+        groups = [{index: ids} for index, ids in enumerate(blocks)]
+        if owns_clients(self.rows_per_call):
+            shares = owned_shares(groups, len(self.actors))
+        else:
+            shares = balance(groups, len(self.actors))
+        model_ref = ray.put(model)
+        futures = [
+            actor.evaluate_blocks.remote(
+                model_ref, {b: ids for group in share for b, ids in group.items()}, max_examples, loss_bound
+            )
+            for actor, share in zip(self.actors, shares, strict=True)
+            if share
+        ]
+        found: dict[int, np.ndarray] = {}
+        for result in ray.get(futures):
+            found.update(result)
+        num_cohorts = len(next(iter(found.values()))) // 3
+        return add_blocks([found[b] for b in range(len(blocks))], num_cohorts)
 
     def stop(self) -> None:
         for actor in self.actors:
