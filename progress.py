@@ -90,6 +90,12 @@ class WatchedProgress(Progress):
         self._last_line = self.get_time() if every > 0 else -math.inf
         self._wrote = False
 
+    def stop(self) -> None:
+        """Stop the display; a disabled one writes nothing (rich before 14.3 still ended it with
+        an empty line off a terminal, before an error's one line)."""
+        if not self.disable:
+            super().stop()
+
     def advance(
         self, task_id: TaskID, advance: float = 1, note: str | None = None, reused: float = 0.0
     ) -> None:

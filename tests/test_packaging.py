@@ -1,10 +1,12 @@
 """Issue 67, packaging: a wheel built from the repository holds everything fairclip needs (its
 subpackages, the built-in scenarios and reproduction setups) and runs the demo from a folder
-outside the checkout; the version has one source."""
+outside the checkout; the version has one source; the lowest-versions job (`.ci/lowest`) pins
+exactly the lower bounds of pyproject.toml's ranges."""
 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import tomllib
@@ -76,3 +78,25 @@ def test_a_wheel_built_from_the_repository_runs_the_demo_outside_the_checkout(tm
     assert (elsewhere / "runs" / "demo" / "summary.csv").is_file() and (
         elsewhere / "runs" / "demo" / "report.md"
     ).is_file()
+
+
+def test_the_lowest_versions_job_pins_exactly_the_lower_bounds_of_the_ranges():
+    """`.ci/lowest` installs every direct dependency at its range's lower bound, read from
+    pyproject.toml (never a copied list): its pins are those bounds, one per dependency, and the
+    install it runs uses them. Nothing is installed here (`--print-pins`)."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    expected = []
+    for line in project["dependencies"]:
+        # "name[extras]>=low" or "name[extras]>=low,<high": every direct dependency has a lower bound
+        form = r"([A-Za-z0-9_.\-]+(?:\[[a-z,]+\])?)>=([0-9.]+)(?:,<[0-9.]+)?"
+        name, low = re.fullmatch(form, line).groups()
+        expected.append(f"{name}=={low}")
+    printed = subprocess.run(
+        ["bash", str(ROOT / ".ci" / "lowest"), "--print-pins"],
+        env={**os.environ, "PYTHON": sys.executable},
+        capture_output=True, text=True, check=True, timeout=60,
+    )  # fmt: skip
+    assert printed.stdout.split() == expected
+    job = (ROOT / ".ci" / "lowest").read_text()
+    assert """pip install -q -e '.[test]' "${pins[@]}\"""" in job  # the install uses the pins
+    assert 'mapfile -t pins < <("$venv/bin/python" -c "$pins_py")' in job  # generated, not copied
