@@ -122,6 +122,11 @@ class Run:
             evaluator=task.evaluate,
         )
         if config.privacy.secure_aggregation:
+            if simulation:  # the executors sum in clear: claiming secure aggregation would be false
+                raise ConfigError(
+                    "privacy.secure_aggregation runs in fairclip's Flower apps only (flwr run, "
+                    "SuperLink deployments), not in a simulation's executors"
+                )
             self.rounds.rounding_slack = config.privacy.secagg_rounding_slack
         self.rows: list[dict[str, Any]] = []
         self.public_columns: set[str] = set()

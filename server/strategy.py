@@ -141,8 +141,8 @@ class PolicyStrategy(Strategy):
         """Internal record: one row per dropped or unexpected reply (:data:`EVENT_COLUMNS`)."""
         self._round: _Round | None = None
         if secure is not None:
-            secure.record = lambda t, node, event, reason: self._record(
-                t, node, self.clients_of_node.get(node), event, reason
+            secure.record = lambda t, node, event, reason: self._record(  # "": a round's event
+                t, "" if node is None else node, self.clients_of_node.get(node, ""), event, reason
             )
 
     def summary(self) -> None:
