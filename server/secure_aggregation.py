@@ -133,6 +133,9 @@ class _Pending:
     state: Any
     layout: Layout
     grid: Any
+    sent: tuple[Message, ...] = ()
+    """The stage-2 messages (θ_t, the broadcast, ciphertexts: nothing a node sent in clear),
+    whose ids the grid sets when it sends them."""
 
 
 class SecureAggregation:
@@ -207,7 +210,6 @@ class SecureAggregation:
         if isinstance(step, SkippedRound):
             return self._skip(round_number, step)
         state, masks = step
-        self._pending = _Pending(int(round_number), state, layout, grid)
         extra = layout_fields(layout)
         messages = []
         for node in sorted(masks):
@@ -216,6 +218,7 @@ class SecureAggregation:
                 {**to_fields(masks[node]), **extra, AT_ROUND: int(round_number), AT_EXCHANGE: 0}
             )
             messages.append(Message(record, dst_node_id=node, message_type=MessageType.TRAIN))
+        self._pending = _Pending(int(round_number), state, layout, grid, tuple(messages))
         return messages
 
     # ----- stage 3: inside aggregate_train ------------------------------------------------
@@ -227,7 +230,8 @@ class SecureAggregation:
             return None  # skipped in configure (recorded there)
         field = pending.state.config.field
         masked: dict[int, np.ndarray] = {}
-        for node, content in self._replies(round_number, 2, replies, {int(u) for u in pending.state.active}):
+        active = {int(u) for u in pending.state.active}
+        for node, content in self._replies(round_number, 2, replies, active, pending.sent):
             vector = _masked_vector(content)
             if vector is None:
                 self.record(round_number, node, "dropped", "secagg stage 2: not one uint64 masked array")
@@ -284,7 +288,7 @@ class SecureAggregation:
         ]
         replies = grid.send_and_receive(messages, timeout=self.stage_timeout) if messages else []
         parsed = {}
-        for node, content in self._replies(round_number, stage, replies, set(requests)):
+        for node, content in self._replies(round_number, stage, replies, set(requests), messages):
             try:
                 if set(content.keys()) != {SECAGG} or SECAGG not in content.config_records:
                     raise ValueError("the reply holds more than its secure aggregation record")
@@ -294,12 +298,22 @@ class SecureAggregation:
         return parsed
 
     def _replies(
-        self, round_number: int, stage: int, replies: Iterable[Message], asked: set[int]
+        self,
+        round_number: int,
+        stage: int,
+        replies: Iterable[Message],
+        asked: set[int],
+        sent: Iterable[Message] = (),
     ) -> list[tuple[int, RecordDict]]:
-        """(node, content) of the replies of the nodes ``asked``, once each; the rest recorded."""
+        """(node, content) of the replies of the nodes ``asked``, once each; the rest recorded.
+        An error the SuperLink sends for a node (one that went offline) comes from the SuperLink's
+        own id: it is matched to its node through the message it answers (``sent``)."""
+        sent_to = {m.metadata.message_id: int(m.metadata.dst_node_id) for m in sent if m.metadata.message_id}
         by_node: dict[int, list[Message]] = {}
         for reply in replies:
             node = int(reply.metadata.src_node_id)
+            if reply.has_error() and reply.metadata.reply_to_message_id in sent_to:
+                node = sent_to[reply.metadata.reply_to_message_id]
             if node not in asked:
                 self.record(round_number, node, "unexpected", f"secagg stage {stage}: a node not asked")
                 continue

@@ -13,6 +13,7 @@ import dataclasses
 import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord, Context, Message, RecordDict
+from flwr.app.error import Error
 
 from fairclip.client.app import clients as client_app
 from fairclip.client.protocol import MODEL
@@ -49,7 +50,16 @@ class _Grid:
     node silent from the stage of that ``kind`` on (``"mask"``: it never sends its masked
     vector). Keeps (for the test, not the server) every masked vector and clear vector seen."""
 
-    def __init__(self, run_config: dict, nodes: dict[int, int], drop: dict[int, str] | None = None):
+    def __init__(
+        self,
+        run_config: dict,
+        nodes: dict[int, int],
+        drop: dict[int, str] | None = None,
+        superlink_errors: bool = False,
+    ):
+        self.superlink_errors = superlink_errors
+        """Whether a silent node is answered for by the SuperLink: an error from node 1 that
+        answers the message sent to it (what Flower does for a node that went offline)."""
         run_id = next(_RUN_IDS)  # the ClientApp caches a run by its id
         self.contexts = {
             node: Context(
@@ -69,12 +79,17 @@ class _Grid:
     def send_and_receive(self, messages, timeout=None):
         replies = []
         for message in messages:
+            message.metadata.__dict__["_message_id"] = message.object_id  # as a grid's push does
             node = message.metadata.dst_node_id
             record = message.content.config_records.get(SECAGG)
             kind = None if record is None else record.get("kind")
             if self.drop.get(node) == kind:
                 self.silent.add(node)
             if node in self.silent:
+                if self.superlink_errors:
+                    error = Message(Error(code=2, reason="node unavailable"), reply_to=message)
+                    error.metadata.__dict__["_src_node_id"] = 1
+                    replies.append(error)
                 continue
             context = self.contexts[node]
             if kind == "mask":
@@ -87,7 +102,7 @@ class _Grid:
         return replies
 
 
-def _federation(policy: str, drop=None, **extra):
+def _federation(policy: str, drop=None, superlink_errors: bool = False, **extra):
     run_config = _run_config(policy, **extra)
     run = flower_run(run_config)
     task = build_task(run.config, run.data_dir)
@@ -103,7 +118,7 @@ def _federation(policy: str, drop=None, **extra):
         return finish(round_number, round_sums, extra)
 
     server.finish_round = capture
-    grid = _Grid(run_config, nodes, drop)
+    grid = _Grid(run_config, nodes, drop, superlink_errors)
     return server, strategy, grid, sums
 
 
@@ -183,7 +198,7 @@ def test_one_dropout_after_masking_within_the_threshold_completes_the_round(serv
 
 def test_a_dropout_before_the_masked_vector_leaves_it_out_of_the_sum(server_task_identity):
     dropped = 1000 + 7 * 4
-    server, strategy, grid, sums = _federation("bounded", drop={dropped: "mask"})
+    server, strategy, grid, sums = _federation("bounded", drop={dropped: "mask"}, superlink_errors=True)
     strategy.start(grid, ArrayRecord({MODEL: Array(server.model)}), num_rounds=1, timeout=10)
     ((_, round_sums),) = sums
     survivors = [v for (t, node), v in grid.vectors.items() if t == 1 and node != dropped]
@@ -192,7 +207,12 @@ def test_a_dropout_before_the_masked_vector_leaves_it_out_of_the_sum(server_task
     bound = server.rows[0]["sensitivity"] / (1 + DEFAULT_RHO)
     error = np.linalg.norm(round_sums.contribution_sum - np.sum(survivors, axis=0)[:dim])
     assert error <= (NUM_CLIENTS - 1) * DEFAULT_RHO * bound
-    assert any(e["event"] == "missing" and e["node"] == dropped for e in strategy.events)
+    # the SuperLink's error for the offline node is matched to that node, not taken as a stranger's
+    assert any(
+        e["event"] == "dropped" and e["node"] == dropped and "node unavailable" in e["reason"]
+        for e in strategy.events
+    )
+    assert not any(e["event"] == "unexpected" for e in strategy.events)
 
 
 def test_dropouts_beyond_the_threshold_skip_the_round_and_release_nothing(server_task_identity):
