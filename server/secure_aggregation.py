@@ -117,7 +117,9 @@ def summary_of(config: Any, policy: Any, dim: int) -> dict[str, Any]:
         "rounding_slack": privacy.secagg_rounding_slack,
         "noise_widening": 1.0 + privacy.secagg_rounding_slack,
         "sensitivity": "quantised: s(1+rho) per float segment; integer counts exact",
-        "reports": "exact" if policy.integer_reports or not policy.report_size(dim) else "quantised",
+        "reports": (
+            "none" if not policy.report_size(dim) else "exact" if policy.integer_reports else "quantised"
+        ),
         "modulus_bits": layout.field(config.federation.num_clients).bits,
         "neighbours": privacy.secagg_neighbours or "all",
         "threshold": privacy.secagg_threshold or "default",
