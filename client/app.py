@@ -35,6 +35,7 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, Context, Message
 from flwr.clientapp import ClientApp
 
+from fairclip.client import secure_aggregation
 from fairclip.client.contributions import contribute
 from fairclip.client.flower_logging import drop_opacus_root_handler
 from fairclip.client.protocol import identity_content, read_exchange, read_train, reply_content
@@ -63,6 +64,10 @@ class ClientRun:
     strategy_params: dict[str, Any]
     simulation_diagnostics: bool
     task: Callable[[bool], ClientTask]
+    secure_aggregation: bool = False
+    """Whether the run sums with secure aggregation: then the node answers only its stages
+    (:mod:`fairclip.client.secure_aggregation`), never a train message in clear, and never
+    tells its cohort."""
 
 
 @dataclass
@@ -194,7 +199,8 @@ class FairclipClient:
         if partitions is not None and partitions != self.run(context).num_clients:
             return Message(identity_content(partition, partitions, None), reply_to=message)
         client = self.local_client(context)
-        cohort = client.cohort if client.policy.needs_cohorts else None
+        needs = client.policy.needs_cohorts and not getattr(self.run(context), "secure_aggregation", False)
+        cohort = client.cohort if needs else None
         return Message(identity_content(client.client_id, client.num_clients, cohort), reply_to=message)
 
     def train(self, message: Message, context: Context) -> Message:
@@ -205,6 +211,10 @@ class FairclipClient:
         keeps for the node across messages) and replies with its report bits alone; the second
         time it clips that same update at the bounds it was sent and replies with Δ̄_i alone (a
         node that lost its state trains again: the same update where training is seeded)."""
+        if secure_aggregation.is_secure(message):
+            return secure_aggregation.answer(message, context, lambda content: self._vector(context, content))
+        if getattr(self.run(context), "secure_aggregation", False):
+            raise ValueError("this run sums with secure aggregation: no update is sent in clear")
         client = self.local_client(context)
         model, params, round_number = read_train(message.content)
         exchange = read_exchange(message.content)
@@ -217,6 +227,15 @@ class FairclipClient:
         sums = contribute(client.policy, params, updates, np.array([client.cohort]), client.num_cohorts)
         content = reply_content(sums, with_diagnostics=client.simulated, exchange=exchange)
         return Message(content, reply_to=message)
+
+    def _vector(self, context: Context, content: Any) -> np.ndarray:
+        """What this node would send in clear for a train instruction, as one vector: its
+        contribution, then its report vector (the secure sum's input)."""
+        client = self.local_client(context)
+        model, params, round_number = read_train(content)
+        updates = client.task.local_updates(model, np.array([client.client_id]), round_number)
+        sums = contribute(client.policy, params, updates, np.array([client.cohort]), client.num_cohorts)
+        return np.concatenate([sums.contribution_sum, sums.report_sum])
 
 
 HELD_UPDATE = "fairclip.held-update"
@@ -254,6 +273,7 @@ def load_client_run(run_config: dict[str, Any]) -> ClientRun:
         strategy_params=dict(run.config.policy.params),
         simulation_diagnostics=run.simulation_diagnostics,
         task=lambda _private: build_task(run.config, run.data_dir),
+        secure_aggregation=run.config.privacy.secure_aggregation,
     )
 
 

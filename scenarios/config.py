@@ -35,6 +35,7 @@ from fairclip.strategies import PolicyConfigError, build_policy, policy_paramete
 from fairclip.strategies.errors import did_you_mean
 from fairclip.strategies.params import first_problem
 from fairclip.strategies.registry import policy_class
+from fairclip.strategies.secure_sum import DEFAULT_RHO
 
 SCENARIO_DIR = Path(__file__).parent / "builtin"
 
@@ -463,6 +464,27 @@ class PrivacySpec(_Section):
     secure_noise: bool | None = None
     """Draw the DP noise with OpenDP's exact sampler (:mod:`fairclip.server.secure_noise`);
     unset: on for the Flower ``ServerApp`` (deployments), off for simulations."""
+    secure_aggregation: bool = False
+    """Sum the clients' contributions and reports with fairclip's SecAgg+ (Flower apps only,
+    :mod:`fairclip.server.secure_aggregation`): the server unmasks only the round's sum, and the
+    noise is widened to the quantised sensitivity s·(1 + ``secagg_rounding_slack``)."""
+    secagg_neighbours: Annotated[int, Field(ge=0)] = 0
+    """Each node's neighbours in a SecAgg+ ring (an even number >= 2), or 0: all pairs (SecAgg)."""
+    secagg_threshold: Annotated[int, Field(ge=2)] | None = None
+    """Shamir threshold t; unset: just above half of a neighbourhood (``default_threshold``)."""
+    secagg_rounding_slack: Annotated[float, Field(gt=0, le=1)] = DEFAULT_RHO
+    """ρ: the quantiser's step is ρ·s/√d, and the noise's sensitivity s·(1+ρ)."""
+    secagg_stage_timeout: PositiveFloat = 120.0
+    """Seconds the server waits for each stage's replies (a node that has not answered drops out)."""
+
+    @model_validator(mode="after")
+    def _secagg_neighbourhood(self) -> PrivacySpec:
+        k, t = self.secagg_neighbours, self.secagg_threshold
+        if k and (k < 2 or k % 2):
+            raise ValueError(f"secagg_neighbours must be 0 (all pairs) or an even number >= 2 (got {k})")
+        if k and t is not None and t > k:
+            raise ValueError(f"secagg_threshold {t} exceeds secagg_neighbours {k}")
+        return self
 
     @model_validator(mode="after")
     def _one_count_noise(self) -> PrivacySpec:

@@ -132,6 +132,8 @@ def flower_run(run_config: dict[str, Any]) -> FlowerRun:
             "evaluation.clients: the Flower apps do not yet have their nodes evaluate the model "
             "(simulations do: fairclip run); keep evaluation.clients = false"
         )
+    if config.privacy.secure_aggregation:
+        check_secure_aggregation(config, diagnostics)
     return FlowerRun(
         config=config,
         out=Path(str(run_config.get("out", UNSET)) or "runs/flwr"),
@@ -163,3 +165,30 @@ def parse_node_partitions(value: Any) -> dict[int, int]:
             raise ConfigError(f"node-partitions names node {node_id} or partition {partition_id} twice")
         pairs[node_id] = partition_id
     return pairs
+
+
+def check_secure_aggregation(config: RunConfig, diagnostics: bool) -> None:
+    """Refuse, in one :class:`ConfigError` line, what ``privacy.secure_aggregation`` cannot run:
+    the ``none`` policy (no finite bound to quantise to), ``simulation-diagnostics`` (per-client
+    values in clear), a counts-first policy (two masked exchanges a round: not wired yet), and a
+    threshold that no neighbourhood of the federation can reach."""
+    from fairclip.strategies import build_policy
+
+    where = "privacy.secure_aggregation"
+    if config.policy.name == "none":
+        raise ConfigError(f"{where}: policy none has no bound to quantise to and is not private")
+    if diagnostics:
+        raise ConfigError(f"{where}: simulation-diagnostics sends per-client values in clear; turn it off")
+    num_cohorts = len(getattr(config.scenario, "cohorts", None) or {}) or 1
+    policy = build_policy(config.policy.name, config.policy.params, num_cohorts=num_cohorts)
+    if policy.counts_first:
+        raise ConfigError(
+            f"{where}: policy {config.policy.name} with same_round = true needs two masked exchanges a "
+            "round, which fairclip does not run yet; use same_round = false"
+        )
+    privacy, clients = config.privacy, config.federation.num_clients
+    if privacy.secagg_threshold is not None and privacy.secagg_threshold > clients - 1:
+        raise ConfigError(
+            f"privacy.secagg_threshold {privacy.secagg_threshold} needs at least "
+            f"{privacy.secagg_threshold + 1} clients (federation.num_clients = {clients})"
+        )

@@ -95,12 +95,21 @@ def run_federation(grid: Grid, context: Context, observers: Sequence[RunObserver
         simulation=False,
     )
     log_randomness(run, server.noise_source)
+    secure = config.privacy.secure_aggregation
+    if secure:
+        from fairclip.server.secure_aggregation import SecureAggregation, summary_of
+        from fairclip.strategies.errors import PolicyConfigError
+
+        try:  # the field must hold the sum of N quantised vectors of this model
+            summary_of(config, server.policy, server.model.shape[0])
+        except PolicyConfigError as error:
+            raise ConfigError(str(error)) from None
     federation = identify_nodes(
         grid,
         config.federation.num_clients,
         len(task.cohort_names),
         run.node_wait,
-        needs_cohorts=server.policy.needs_cohorts,
+        needs_cohorts=server.policy.needs_cohorts and not secure,
         registered=run.node_partitions,
     )
     out = run.out.resolve()
@@ -110,6 +119,9 @@ def run_federation(grid: Grid, context: Context, observers: Sequence[RunObserver
         config.federation.num_clients,
         federation.cohorts,
         diagnostics_allowed=run.simulation_diagnostics,
+        secure=SecureAggregation.from_config(config, server.policy.num_cohorts, str(context.run_id))
+        if secure
+        else None,
     )
     refused = [{"node": node, "reason": reason} for node, reason in sorted(federation.refused.items())]
 

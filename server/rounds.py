@@ -60,6 +60,9 @@ class Rounds:
     """What the last released round released (``None`` before the first)."""
     pending: _CountedRound | None = None
     """A counts-first round whose counts are released and whose contributions are not yet."""
+    rounding_slack: float | None = None
+    """ρ where the sums are secure sums of quantised vectors: the noise then uses the quantised
+    sensitivity s·(1+ρ) (:meth:`Policy.server_side`); ``None``: exact sums."""
 
     def __post_init__(self) -> None:
         if self.state is None:
@@ -102,6 +105,8 @@ class Rounds:
             raise RuntimeError(f"round {round_number}'s counts were not released first")
         # (released_reports only where there are some: a policy's own server_side may predate it)
         counts = {"released_reports": counted.counts.noisy_reports} if counted else {}
+        if self.rounding_slack is not None:  # only then: a policy's own server_side may predate it
+            counts["rounding_slack"] = self.rounding_slack
         released = self.policy.server_side(
             counted.counts.state if counted else self.state,
             sums.contribution_sum,

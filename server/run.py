@@ -132,6 +132,13 @@ class Run:
             noise_source=self._noise,
             evaluator=task.evaluate if evaluation.server else _no_server_test_set,
         )
+        if config.privacy.secure_aggregation:
+            if simulation:  # the executors sum in clear: claiming secure aggregation would be false
+                raise ConfigError(
+                    "privacy.secure_aggregation runs in fairclip's Flower apps only (flwr run, "
+                    "SuperLink deployments), not in a simulation's executors"
+                )
+            self.rounds.rounding_slack = config.privacy.secagg_rounding_slack
         self.rows: list[dict[str, Any]] = []
         self.public_columns: set[str] = set()
         """Columns of ``rows`` that DP covers (or that are public anyway) and may be published;
@@ -541,6 +548,10 @@ class Run:
             claim["noise_multiplier_varies"] = True
             claim["smallest_effective_noise_multiplier"] = min(sigma for sigma, _, _ in accountant.history)
             claim["epsilon_note"] = REALIZED_EPSILON_NOTE
+        if self.config.privacy.secure_aggregation:
+            from fairclip.server.secure_aggregation import summary_of
+
+            claim["secure_aggregation"] = summary_of(self.config, self.policy, self.rounds.model.shape[0])
         if not claimed:
             claim.update(
                 guarantee=False,

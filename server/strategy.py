@@ -45,6 +45,7 @@ from flwr.serverapp.strategy import Strategy
 
 from fairclip.client.protocol import MODEL, train_content
 from fairclip.server.replies import check_reply, collect_replies
+from fairclip.server.secure_aggregation import SecureAggregation, secure_train_messages
 from fairclip.strategies import Policy
 from fairclip.strategies.aggregation import Exchange, RoundSums, sum_replies
 from fairclip.strategies.registry import display_name
@@ -63,6 +64,9 @@ class RunDriver(Protocol):
     model: np.ndarray
     public_columns: set[str]
     """The columns of a round's row that may be published."""
+
+    state: Any
+    """The policy state that clips the coming round."""
 
     def sample(self, round_number: int) -> np.ndarray: ...
 
@@ -116,15 +120,18 @@ class PolicyStrategy(Strategy):
         *,
         diagnostics_allowed: bool = False,
         reply_timeout: float = REPLY_TIMEOUT_SECONDS,
+        secure: SecureAggregation | None = None,
     ) -> None:
         self.server = server
+        self.secure = secure
+        """fairclip's SecAgg+ (:mod:`fairclip.server.secure_aggregation`), or ``None``: clear replies."""
         self.reply_timeout = float(reply_timeout)
         """How long the first exchange of a counts-first round waits for replies (the second
         waits as long as ``start``'s ``timeout`` says)."""
         self.nodes = dict(nodes)
         self.clients_of_node = {node: client for client, node in self.nodes.items()}
         self.client_cohorts = None if client_cohorts is None else np.asarray(client_cohorts, dtype=np.int64)
-        if server.policy.needs_cohorts and self.client_cohorts is None:
+        if server.policy.needs_cohorts and self.client_cohorts is None and secure is None:
             raise ValueError(f"policy {server.policy.name!r} needs each client's cohort")
         self.num_cohorts = server.policy.num_cohorts
         self.on_round = on_round
@@ -133,6 +140,10 @@ class PolicyStrategy(Strategy):
         self.events: list[dict[str, Any]] = []
         """Internal record: one row per dropped or unexpected reply (:data:`EVENT_COLUMNS`)."""
         self._round: _Round | None = None
+        if secure is not None:
+            secure.record = lambda t, node, event, reason: self._record(  # "": a round's event
+                t, "" if node is None else node, self.clients_of_node.get(node, ""), event, reason
+            )
 
     def summary(self) -> None:
         policy = display_name(type(self.server.policy))
@@ -143,6 +154,10 @@ class PolicyStrategy(Strategy):
     ) -> Iterable[Message]:
         started = time.monotonic()
         sampled = self.server.sample(server_round)
+        if self.secure is not None:  # stages 0-1 here; stage 2 is the round's train messages
+            params = self.server.broadcast()
+            self._round = _Round(server_round, sampled, params, started)
+            return secure_train_messages(self, grid, server_round, sampled, params)
         exchange, counts = Exchange.ROUND, None
         if self.server.policy.counts_first:  # first exchange: the same clients' counts alone
             first = self.server.broadcast()
@@ -176,6 +191,16 @@ class PolicyStrategy(Strategy):
         if self._round is None or self._round.number != server_round:
             raise RuntimeError(f"round {server_round} was not configured")
         plan = self._round
+        if self.secure is not None:
+            sums = self.secure.aggregate(server_round, replies)
+            if sums is None:  # skipped: nothing released, nothing accounted (secure_aggregation)
+                return None, None
+            row = self.server.finish_round(
+                server_round, sums, {"reply_wait_seconds": time.monotonic() - plan.started}
+            )
+            if self.on_round is not None:
+                self.on_round(row)
+            return ArrayRecord({MODEL: Array(self.server.model)}), MetricRecord(self.public_metrics(row))
         collected = self._collect(replies, server_round, plan.sampled, plan.params, plan.exchange)
         extra = {
             **self._reply_counts(collected, plan.sampled),

@@ -67,6 +67,9 @@ class AdaptiveClipping(Policy):
     def contribution_bounds(self, params: Broadcast, cohorts: np.ndarray) -> np.ndarray:
         return np.full(cohorts.shape[0], float(params["bound"]))
 
+    integer_reports = True
+    """Bits or one-hot counts: summed exactly under secure aggregation."""
+
     def report_size(self, dim: int) -> int:
         return 1
 

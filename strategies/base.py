@@ -454,6 +454,11 @@ class Policy(ABC):
         """Length k of each client's report vector (0: the policy releases nothing else)."""
         return 0
 
+    integer_reports: bool = False
+    """Whether every report entry is an integer in [0, 1] (bits, one-hot counts): under secure
+    aggregation they are then summed exactly; otherwise they are quantised like a float segment
+    of L2 bound 1 and their noise is widened by (1 + ρ) (the safe default)."""
+
     def report_is_valid(self, report: np.ndarray, cohort: int | None) -> bool:
         """Whether ``report`` is a report an honest client could send in this round
         (:mod:`fairclip.strategies.reports`); ``cohort`` is the client's cohort where the policy
@@ -626,8 +631,16 @@ class Policy(ABC):
         noise: NoiseMultipliers,
         rng: np.random.Generator | GaussianSampler,
         released_reports: np.ndarray | None = None,
+        rounding_slack: float | None = None,
     ) -> ServerRound:
         """Noise the sums, form Δ̂ and move the state (module docstring).
+
+        ``rounding_slack`` ρ (secure aggregation): the sums are of quantised vectors, whose L2
+        bound is s_t·(1+ρ) (:func:`fairclip.strategies.secure_sum.quantised_sensitivity`), so the
+        contribution noise uses that sensitivity (the accountant's multipliers unchanged, the
+        std widened by 1+ρ), as does the report noise unless the reports are integers
+        (:attr:`integer_reports`, summed exactly). The reported ``sensitivity`` is the widened
+        one; Δ̂'s denominator keeps s_t.
 
         ``rng`` draws the noise: a numpy generator, or any :class:`GaussianSampler`.
 
@@ -648,21 +661,28 @@ class Policy(ABC):
         releases_reports = released_reports is not None or self.report_size(contribution_sum.shape[0]) > 0
         event = self.round_event(state, noise, releases_reports)
         sensitivity = float(self.sensitivity(state))
+        noised_sensitivity, report_sensitivity = sensitivity, 1.0
+        if rounding_slack is not None:
+            from fairclip.strategies.secure_sum import quantised_sensitivity
+
+            noised_sensitivity = quantised_sensitivity(sensitivity, rounding_slack)
+            if not self.integer_reports:
+                report_sensitivity = quantised_sensitivity(1.0, rounding_slack)
         sampler = as_sampler(rng)
         # a release of sensitivity s_t with the multiplier the accountant is told: std σ_Δ · n_t
-        noisy_sum, noise_std = sampler.add_noise(contribution_sum, event.noise_multiplier, sensitivity)
+        noisy_sum, noise_std = sampler.add_noise(contribution_sum, event.noise_multiplier, noised_sensitivity)
         noisy_reports = released_reports
         if released_reports is None and self.report_size(contribution_sum.shape[0]) > 0:
             if report_sum is None:
                 raise ValueError(f"policy {self.name!r} needs the sum of client reports")
-            noisy_reports, _ = sampler.add_noise(report_sum, noise.report, 1.0)
+            noisy_reports, _ = sampler.add_noise(report_sum, noise.report, report_sensitivity)
         denominator = expected_clients * (sensitivity if self.normalize else 1.0)
         estimate = noisy_sum / denominator
         next_state = self.next_state(state, estimate, noisy_reports, expected_clients)
         return ServerRound(
             estimate=estimate,
             state=next_state,
-            sensitivity=sensitivity,
+            sensitivity=noised_sensitivity,
             clip_bound=float(self.clip_bound(state)),
             server_lr_factor=float(self.server_lr_factor(state)),
             noise_std=noise_std,

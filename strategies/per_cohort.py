@@ -139,6 +139,9 @@ class PerCohortClipping(Policy):
     def contribution_bounds(self, params: Broadcast, cohorts: np.ndarray) -> np.ndarray:
         return np.asarray(params["cohort_bounds"], dtype=np.float64)[cohorts]
 
+    integer_reports = True
+    """Bits or one-hot counts: summed exactly under secure aggregation."""
+
     def report_size(self, dim: int) -> int:
         return 2 * self.num_cohorts
 

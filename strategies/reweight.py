@@ -74,6 +74,9 @@ class CohortReweighting(Policy):
     def contribution_bounds(self, params: Broadcast, cohorts: np.ndarray) -> np.ndarray:
         return float(params["bound"]) * np.asarray(params["cohort_weights"], dtype=np.float64)[cohorts]
 
+    integer_reports = True
+    """Bits or one-hot counts: summed exactly under secure aggregation."""
+
     def report_size(self, dim: int) -> int:
         return self.num_cohorts
 
