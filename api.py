@@ -167,7 +167,7 @@ class Scenario:
     model name, a factory ``(input_shape, num_classes) -> torch.nn.Module``, or a reference.
     ``num_clients`` defaults to the dataset's. ``settings`` holds any other configuration key
     (dotted, typed: ``{"training.client_lr": 0.5, "privacy.target_epsilon": 2.0}``); keys not
-    given take the defaults of ``docs/design.md`` (strategy ``none`` until one is chosen).
+    given take the defaults of ``docs/design.md`` (policy ``none`` until one is chosen).
 
     Python objects are registered (:func:`fairclip.plugins.register`) under the scenario's name
     when it runs, so comparisons on Ray find them in their worker processes too.
@@ -446,10 +446,10 @@ class Comparison:
     """What :func:`compare` produced: the rows of ``summary.csv`` and every run's rounds."""
 
     table: pd.DataFrame
-    """One row per run and cohort: strategy, target ε, ε spent, seed, cohort, accuracy, loss,
+    """One row per run and cohort: policy, target ε, ε spent, seed, cohort, accuracy, loss,
     privacy cost and excessive risk against the `none` reference of the same seed, and more."""
     rounds: dict[str, pd.DataFrame]
-    """Each run's rounds (the columns of ``rounds.csv``), by run key ``<strategy>__eps-<ε>__seed-<s>``."""
+    """Each run's rounds (the columns of ``rounds.csv``), by run key ``<policy>__eps-<ε>__seed-<s>``."""
     summaries: dict[str, dict[str, Any]]
     """Each run's ``summary.json`` content, by run key."""
     folder: Path | None = None
@@ -711,15 +711,15 @@ def tune_curve(
     strategies: Sequence[str] | None = None,
     **options: Any,
 ) -> pd.DataFrame:
-    """One :func:`tune` search per strategy and target ε of a run (seed 000's Figure 4: best
-    result against the ε of the whole search); what ``fairclip tune --strategies ... --epsilons
+    """One :func:`tune` search per policy and target ε of a run (seed 000's Figure 4: best
+    result against the ε of the whole search); what ``fairclip tune --policies ... --epsilons
     ...`` does. A grid key of another policy's table (``policy.<other>.*``) is left out of a
-    strategy's search. Each search goes to ``out/<strategy>__eps-<ε>/``; ``curve.csv`` (one row
+    policy's search. Each search goes to ``out/<policy>__eps-<ε>/``; ``curve.csv`` (one row
     per finished search, written as each finishes), ``tuning_curve.png`` and ``report.md`` to
     ``out``, of each search's release only (:func:`fairclip.sims.tune.curve.curve_public_columns`);
     the same with each search's number of trials and non-private selection to
     ``out/not-dp-protected/``. ``options`` are :func:`tune`'s (metric, the trial law, seed,
-    data_dir, ray, ...); the i-th search (strategies outer, ε inner) draws its trials as
+    data_dir, ray, ...); the i-th search (policies outer, ε inner) draws its trials as
     ``search_index`` i. Returns the full table (``not-dp-protected/curve.csv``: its ``trials``
     and ``grid_*`` columns are not DP-protected).
     """
@@ -728,10 +728,10 @@ def tune_curve(
     from fairclip.sims.tune import search
     from fairclip.strategies.tuning import TrialCount
 
-    strategies = _renamed("policies", policies, "strategies", strategies)  # ``policies``, by label
-    if not strategies or not epsilons:
+    policies = _renamed("policies", policies, "strategies", strategies)  # by label
+    if not policies or not epsilons:
         raise ConfigError("a tuning curve needs at least one policy and one target ε")
-    _refuse_repeats(list(strategies), "policies")
+    _refuse_repeats(list(policies), "policies")
     targets = _checked_targets(epsilons)
     overrides, grid = canonical_mapping(overrides), canonical_mapping(grid, "--grid")
     for key in ("policy.name", "privacy.target_epsilon", "privacy.noise_multiplier"):
@@ -746,19 +746,19 @@ def tune_curve(
     except PolicyConfigError as error:
         raise ConfigError(str(error)) from None
 
-    def settings(strategy: str, target: float) -> dict[str, Any]:
-        return {**overrides, "policy.name": strategy, "privacy.target_epsilon": target}
+    def settings(policy: str, target: float) -> dict[str, Any]:
+        return {**overrides, "policy.name": policy, "privacy.target_epsilon": target}
 
-    for strategy in strategies:  # every search's grid and metric checked before any work
+    for policy in policies:  # every search's grid and metric checked before any work
         for target in targets:
-            raw = _raw_config(scenario, options.get("config_file"), settings(strategy, target))
-            search.check_spec(search.TuneSpec(raw, curve_.strategy_grid(grid, strategy), metric, law, 0))
+            raw = _raw_config(scenario, options.get("config_file"), settings(policy, target))
+            search.check_spec(search.TuneSpec(raw, curve_.policy_grid(grid, policy), metric, law, 0))
     with sweep_folder.locked(folder):  # one process per curve folder
         if isinstance(scenario, str | None):  # what --resume --out alone continues with
             stored = {
                 "scenario": scenario,
                 "config_file": None if options.get("config_file") is None else str(options["config_file"]),
-                "strategies": list(strategies),
+                "policies": list(policies),
                 "epsilons": targets,
                 "grid": {key: list(values) for key, values in grid.items()},
                 "overrides": dict(overrides or {}),
@@ -772,21 +772,21 @@ def tune_curve(
         if resume:
             curve_.move_old_curve(folder, metric)
         rows = []
-        for index, (strategy, target) in enumerate(itertools.product(strategies, targets)):
-            key = curve_.search_key(strategy, target)
+        for index, (policy, target) in enumerate(itertools.product(policies, targets)):
+            key = curve_.search_key(policy, target)
             if on_search is not None:
                 on_search(key)
             sub = folder / key
             tuning = tune(
                 scenario,
-                grid=curve_.strategy_grid(grid, strategy),
-                overrides=settings(strategy, target),
+                grid=curve_.policy_grid(grid, policy),
+                overrides=settings(policy, target),
                 out=sub,
                 resume=resume and (sub / search.SPEC_FILE).exists(),
                 search_index=index,
                 **options,
             )
-            rows.append(curve_.curve_row(strategy, target, tuning))
+            rows.append(curve_.curve_row(policy, target, tuning))
             curve_.write_curve_rows(folder, rows, metric)
         table = pd.DataFrame(rows)
         curve_.write_curve_report(folder, table, metric, law)
@@ -800,7 +800,7 @@ class Reproduction:
     name: str
     """The setup reproduced."""
     table: pd.DataFrame
-    """One row per strategy, ε and metric: the paper's value, fairclip's mean and standard error
+    """One row per policy, ε and metric: the paper's value, fairclip's mean and standard error
     over the seeds, both accountants' ε, and whether the mean lies outside the paper's error."""
     wall_seconds: float
     """Wall time of this call (runs reused from the folder cost nothing)."""
@@ -844,12 +844,12 @@ def reproduce(
     ``out/runs/<key>/`` as it finishes (default folder ``runs/reproduce-<name>``), then the
     tables; ``mode`` says what to do with a folder that already holds a reproduction -- ``new``
     (refuse another one), ``resume`` (continue it, its finished runs kept), ``extend`` (more
-    seeds or strategies; an option left out keeps the stored value) or ``replace``; to resume or
+    seeds or policies; an option left out keeps the stored value) or ``replace``; to resume or
     extend, ``name`` may be left out.
 
     Runs go one after the other in this process (a local executor of ``workers`` threads), or,
     with ``ray`` (or the ``address`` of a Ray cluster), as parallel Ray tasks of ``workers`` CPUs:
-    the same numbers either way. A setup with a grid runs a strategy's final runs at an ε as
+    the same numbers either way. A setup with a grid runs a policy's final runs at an ε as
     soon as its own grid runs there have finished, while the rest of the grid runs.
     ``on_plan(runs)`` is called when the number of runs is known, ``on_run(key)`` per finished
     (or reused) run, in the order they finish; ``on_reused(key)``, where given, is called
@@ -866,7 +866,7 @@ def reproduce(
     from fairclip.sims.reproduce import reproduction as repro
     from fairclip.sims.reproduce import tables as tables_
 
-    strategies = _renamed("policies", policies, "strategies", strategies)  # the setup's labels
+    policies = _renamed("policies", policies, "strategies", strategies)  # the setup's labels
     _check_workers(workers)
     _check_mode(mode)
     folder = Path(out) if out is not None else None
@@ -880,7 +880,7 @@ def reproduce(
         raise ConfigError("give a reproduction NAME (see `fairclip reproduce --list`)")
     setup = setups.load_setup(name)  # an unknown name fails before the data are read
     if overrides:  # and so does a --set the runs would not take, before the folder is written
-        planning.checked_overrides(setups.select_strategies(setup, strategies), list(overrides))
+        planning.checked_overrides(setups.select_policies(setup, policies), list(overrides))
 
     def spec_of(explicit_only: bool) -> dict[str, Any]:
         return repro.reproduce_spec(
@@ -890,7 +890,7 @@ def reproduce(
             grid_limit,
             max_rounds,
             list(overrides) if overrides else None,
-            strategies=None if strategies is None else list(strategies),
+            policies=None if policies is None else list(policies),
             explicit_only=explicit_only,
             max_batch=max_batch,
         )
@@ -936,7 +936,7 @@ def reproduce(
             spec["name"],
             spec["seeds"],
             folder,
-            strategies=spec.get("strategies"),
+            policies=spec.get("policies"),
             data_dir=resolved_data,
             full_grid=spec["full_grid"],
             grid_limit=spec["grid_limit"],
@@ -1040,7 +1040,7 @@ def check_cluster(address: str | None, workers: int) -> None:
 
 
 def stored_tune_curve(folder: Path) -> dict[str, Any] | None:
-    """What the tuning curve stored in ``folder`` was asked (scenario, config file, strategies,
+    """What the tuning curve stored in ``folder`` was asked (scenario, config file, policies,
     target ε, grid, overrides, options), or ``None`` where ``folder`` holds no curve."""
     from fairclip.sims.tune import curve as curve_  # torch: kept out of the command line's start
 

@@ -496,7 +496,7 @@ def tune(
         stored = api.stored_tune_curve(out)
         if stored is not None:
             scenario, config = stored["scenario"], stored["config_file"]
-            policies, epsilons = ",".join(stored["strategies"]), ",".join(map(str, stored["epsilons"]))
+            policies, epsilons = ",".join(stored["policies"]), ",".join(map(str, stored["epsilons"]))
             searched, typed, stored_options = stored["grid"], stored["overrides"], stored["options"]
         else:
             searched = None  # the stored search, as it was asked

@@ -60,8 +60,8 @@ class ClientRun:
     (``task(private)`` builds it; ``private`` asks for a copy of the node's own to change)."""
 
     num_clients: int
-    strategy_name: str
-    strategy_params: dict[str, Any]
+    policy_name: str
+    policy_params: dict[str, Any]
     simulation_diagnostics: bool
     task: Callable[[bool], ClientTask]
     secure_aggregation: bool = False
@@ -174,7 +174,7 @@ class FairclipClient:
         cohort = int(task.client_cohorts[client_id])
         if data_path:
             cohort = _use_data_file(task, client_id, Path(data_path), str(node.get("cohort", "")))
-        policy = build_policy(run.strategy_name, run.strategy_params, num_cohorts=len(task.cohort_names))
+        policy = build_policy(run.policy_name, run.policy_params, num_cohorts=len(task.cohort_names))
         return LocalClient(
             client_id=client_id,
             num_clients=num_partitions,
@@ -269,8 +269,8 @@ def load_client_run(run_config: dict[str, Any]) -> ClientRun:
     run = flower_run(run_config)
     return ClientRun(
         num_clients=run.config.federation.num_clients,
-        strategy_name=run.config.policy.name,
-        strategy_params=dict(run.config.policy.params),
+        policy_name=run.config.policy.name,
+        policy_params=dict(run.config.policy.params),
         simulation_diagnostics=run.simulation_diagnostics,
         task=lambda _private: build_task(run.config, run.data_dir),
         secure_aggregation=run.config.privacy.secure_aggregation,

@@ -99,7 +99,7 @@ def main() -> fairclip.Comparison:
     comparison = fairclip.compare(
         scenario, policies=["constant", "bounded", DecayingClipping], epsilons=[4.0]
     )
-    table = comparison.table.pivot_table(index="strategy", columns="cohort", values="accuracy")
+    table = comparison.table.pivot_table(index="policy", columns="cohort", values="accuracy")
     print(table.round(3))
     worst = table.min(axis=1).drop("none")
     print(f"best for the worst-off cohort at ε = 4: {worst.idxmax()} ({worst.max():.3f})")

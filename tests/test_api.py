@@ -74,11 +74,11 @@ def test_the_readme_example_runs_as_written():
     mine: dict = {}
     exec(compile(examples[1], "README.md (Python API, your own data)", "exec"), mine)
     table = mine["comparison"].table
-    assert set(table["strategy"]) == {"none", "constant", "bounded"}
+    assert set(table["policy"]) == {"none", "constant", "bounded"}
     assert set(table["cohort"]) == {"majority", "minority"}
-    private = table[table["strategy"] != "none"]
+    private = table[table["policy"] != "none"]
     assert private["epsilon"].between(3.5, 4.0).all()
-    assert table.loc[table["strategy"] == "none", "accuracy"].min() > 0.6  # the MLP learned
+    assert table.loc[table["policy"] == "none", "accuracy"].min() > 0.6  # the MLP learned
 
 
 def test_the_python_api_example_runs(capsys):
@@ -89,7 +89,7 @@ def test_the_python_api_example_runs(capsys):
     example = Path(__file__).resolve().parents[1] / "examples" / "python_api.py"
     comparison = runpy.run_path(str(example))["main"]()
     table = comparison.table
-    assert set(table["strategy"]) == {"none", "constant", "bounded", "decaying"}
+    assert set(table["policy"]) == {"none", "constant", "bounded", "decaying"}
     assert set(table["cohort"]) == {"north", "south", "east"}
-    assert table.loc[table["strategy"] != "none", "epsilon"].between(3.5, 4.0).all()
+    assert table.loc[table["policy"] != "none", "epsilon"].between(3.5, 4.0).all()
     assert "best for the worst-off cohort at ε = 4" in capsys.readouterr().out

@@ -20,7 +20,7 @@ from fairclip.sims.reproduce.claims import claim_rows, fairest_rows, parse_claim
 DATA_DIR = Path(os.environ.get("FAIRCLIP_DATA") or Path(__file__).resolve().parents[2] / "shared" / "data")
 
 CONTEXT = {
-    "strategies": ["none", "constant", "bounded"],
+    "policies": ["none", "constant", "bounded"],
     "metrics": ["acc_a", "acc_b"],
     "epsilons": ["1", "8"],
 }
@@ -33,8 +33,8 @@ def _entry(**changes) -> dict:
         "source": "Table 1",
         "paper": "0.9 against 0.7",
         "expect": "greater",
-        "first": {"strategy": "bounded", "metric": "acc_b", "epsilon": 1.0},
-        "second": {"strategy": "constant", "metric": "acc_b", "epsilon": 1.0},
+        "first": {"policy": "bounded", "metric": "acc_b", "epsilon": 1.0},
+        "second": {"policy": "constant", "metric": "acc_b", "epsilon": 1.0},
     }
     entry.update(changes)
     return entry
@@ -42,12 +42,12 @@ def _entry(**changes) -> dict:
 
 def test_claims_parse_and_each_mistake_is_one_line():
     (claim,) = parse_claims([_entry()], where="reproduction x", **CONTEXT)
-    assert claim.first.epsilon == "1" and claim.second.strategy == "constant"
+    assert claim.first.epsilon == "1" and claim.second.policy == "constant"
     mistakes = [
         (_entry(expect="bigger"), "expect must be one of greater, less"),
-        (_entry(first={"strategy": "soft", "metric": "acc_b"}), "has no strategy 'soft'"),
-        (_entry(first={"strategy": "bounded", "metric": "acc_c", "epsilon": 1}), "has no metric 'acc_c'"),
-        (_entry(first={"strategy": "bounded", "metric": "acc_b", "epsilon": 2}), "epsilon 2 is not a target"),
+        (_entry(first={"policy": "soft", "metric": "acc_b"}), "has no policy 'soft'"),
+        (_entry(first={"policy": "bounded", "metric": "acc_c", "epsilon": 1}), "has no metric 'acc_c'"),
+        (_entry(first={"policy": "bounded", "metric": "acc_b", "epsilon": 2}), "epsilon 2 is not a target"),
         (_entry(second=_entry()["first"]), "first and second are the same quantity"),
         ({k: v for k, v in _entry().items() if k != "paper"}, "lacks 'paper'"),
         (_entry(note="x"), "unknown key 'note'"),
@@ -62,10 +62,10 @@ def test_claims_parse_and_each_mistake_is_one_line():
 def _per_seed(differences: list[float]) -> pd.DataFrame:
     rows = []
     for seed, difference in enumerate(differences):
-        rows.append({"strategy": "constant", "target_epsilon": "1", "seed": seed, "acc_b": 0.7 + 0.01 * seed})
+        rows.append({"policy": "constant", "target_epsilon": "1", "seed": seed, "acc_b": 0.7 + 0.01 * seed})
         rows.append(
             {
-                "strategy": "bounded",
+                "policy": "bounded",
                 "target_epsilon": "1",
                 "seed": seed,
                 "acc_b": 0.7 + 0.01 * seed + difference,
@@ -99,12 +99,12 @@ def test_the_fairest_policy_is_the_one_whose_worst_group_loses_least():
     rng = np.random.default_rng(0)
     for seed in range(5):
         base = {"majority/accuracy": 0.9, "minority/accuracy": 0.8}
-        rows.append({"strategy": "none", "target_epsilon": "", "seed": seed, **base})
-        for strategy, cost in (("adaptive", 0.25), ("bounded", 0.03)):
+        rows.append({"policy": "none", "target_epsilon": "", "seed": seed, **base})
+        for policy, cost in (("adaptive", 0.25), ("bounded", 0.03)):
             noise = rng.normal(0, 0.005)
             rows.append(
                 {
-                    "strategy": strategy,
+                    "policy": policy,
                     "target_epsilon": "8",
                     "seed": seed,
                     "majority/accuracy": 0.9 - 0.01,
@@ -112,7 +112,7 @@ def test_the_fairest_policy_is_the_one_whose_worst_group_loses_least():
                 }
             )
     ranked = fairest_rows("demo", pd.DataFrame(rows), "none", ["majority", "minority"])
-    assert [row["strategy"] for row in ranked] == ["bounded", "adaptive"]
+    assert [row["policy"] for row in ranked] == ["bounded", "adaptive"]
     best = ranked[0]
     assert best["rank"] == 1 and best["worst_group"] == "minority" and best["seeds"] == 5
     assert best["worst_group_cost"] == pytest.approx(0.03, abs=0.01)
@@ -132,7 +132,7 @@ def test_flags_use_two_combined_standard_errors_where_both_sides_have_one():
 
 
 def test_a_reproduction_writes_its_claims_and_fairest_policy(tmp_path, monkeypatch):
-    """A copy of esipova-dutch with one claim, two strategies, two seeds and one round each: the
+    """A copy of esipova-dutch with one claim, two policies, two seeds and one round each: the
     runs' metrics by seed, the claim's paired test and the ranking are written and reported."""
     for relative in DATASET_FILES["dutch"]:
         if not (DATA_DIR / relative).is_file():
@@ -145,25 +145,25 @@ claim = "Constant clipping leaves women's accuracy above men's"
 source = "Table 2"
 paper = "0.864 against 0.760"
 expect = "greater"
-first = { strategy = "constant", metric = "accuracy_female" }
-second = { strategy = "constant", metric = "accuracy_male" }
+first = { policy = "constant", metric = "accuracy_female" }
+second = { policy = "constant", metric = "accuracy_male" }
 """
     (tmp_path / "esipova-dutch.toml").write_text(text)
     monkeypatch.setattr(setups, "SETUP_DIR", tmp_path)
     out = tmp_path / "out"
     smoke = {"seeds": 2, "max_rounds": 1, "max_batch": 64, "data_dir": DATA_DIR}
-    repro.reproduce("esipova-dutch", out=out, strategies=["none", "constant"], ray=False, **smoke)
+    repro.reproduce("esipova-dutch", out=out, policies=["none", "constant"], ray=False, **smoke)
     per_seed = pd.read_csv(out / "per_seed.csv", keep_default_na=False)
     assert len(per_seed) == 4 and set(per_seed["seed"]) == {0, 1}
     assert {"accuracy_female", "accuracy_male", "female/accuracy", "male/accuracy"} <= set(per_seed.columns)
     claims = pd.read_csv(out / "claims.csv", keep_default_na=False)
     assert list(claims["id"]) == ["women-keep-more"] and claims["seeds"].iloc[0] == 2
-    constant = per_seed[per_seed["strategy"] == "constant"]
+    constant = per_seed[per_seed["policy"] == "constant"]
     expected = (constant["accuracy_female"] - constant["accuracy_male"]).mean()
     assert claims["mean_difference"].iloc[0] == pytest.approx(expected)
     assert claims["verdict"].iloc[0] in ("holds", "reverses", "inconclusive")
     fairest = pd.read_csv(out / "fairest.csv", keep_default_na=False)
-    assert list(fairest["strategy"]) == ["constant"] and fairest["rank"].iloc[0] == 1
+    assert list(fairest["policy"]) == ["constant"] and fairest["rank"].iloc[0] == 1
     report = (out / "reproduction.md").read_text()
     assert "## The paper's claims" in report and "Constant clipping leaves women's accuracy" in report
     assert "## Which policy makes its worst group pay least" in report
@@ -179,17 +179,17 @@ def test_the_claims_page_gathers_every_recorded_setup(tmp_path):
     (folder / "record.json").write_text('{"setup": "esipova-dutch"}')
     pd.DataFrame(
         [
-            {"setup": "esipova-dutch", "strategy": "constant", "epsilon": 2.27, "metric": "accuracy_male",
+            {"setup": "esipova-dutch", "policy": "constant", "epsilon": 2.27, "metric": "accuracy_male",
              "paper": 0.76, "paper_stderr": 0.005, "fairclip_mean": 0.77, "fairclip_stderr": 0.002},
-            {"setup": "esipova-dutch", "strategy": "constant", "epsilon": 2.27, "metric": "accuracy_female",
+            {"setup": "esipova-dutch", "policy": "constant", "epsilon": 2.27, "metric": "accuracy_female",
              "paper": 0.864, "paper_stderr": "", "fairclip_mean": 0.83, "fairclip_stderr": 0.002},
         ]
     ).to_csv(folder / "reproduction.csv", index=False)  # fmt: skip
     claims = claim_rows("esipova-dutch", parse_claims([_entry()], where="x", **CONTEXT), _per_seed([0.1] * 5))
     pd.DataFrame(claims).to_csv(folder / "claims.csv", index=False)
-    rows = [{"strategy": "none", "target_epsilon": "", "seed": s, "a/accuracy": 0.9} for s in range(3)]
+    rows = [{"policy": "none", "target_epsilon": "", "seed": s, "a/accuracy": 0.9} for s in range(3)]
     rows += [
-        {"strategy": "constant", "target_epsilon": "2", "seed": s, "a/accuracy": 0.8 + s / 100}
+        {"policy": "constant", "target_epsilon": "2", "seed": s, "a/accuracy": 0.8 + s / 100}
         for s in range(3)
     ]
     pd.DataFrame(fairest_rows("esipova-dutch", pd.DataFrame(rows), "none", ["a"])).to_csv(

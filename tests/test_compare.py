@@ -20,7 +20,7 @@ from fairclip.sims.sweeps.plots import PLOTS
 
 SHORT = ["--set", "training.rounds=3", "--set", "federation.num_clients=200"]
 REQUIRED = [
-    "strategy",
+    "policy",
     "target_epsilon",
     "epsilon",
     "seed",
@@ -38,7 +38,7 @@ def test_short_compare_writes_every_file(ray_session, cli, tmp_path):
         "--scenario",
         "demo",
         *SHORT,
-        "--strategies",
+        "--policies",
         "adaptive,bounded",
         "--epsilons",
         "2,8",
@@ -50,19 +50,19 @@ def test_short_compare_writes_every_file(ray_session, cli, tmp_path):
     assert status == 0, err
     table = pd.read_csv(tmp_path / "summary.csv")
     assert list(table.columns[: len(REQUIRED)]) == REQUIRED
-    # none x 2 seeds + 2 strategies x 2 eps x 2 seeds, each with 2 cohorts
+    # none x 2 seeds + 2 policies x 2 eps x 2 seeds, each with 2 cohorts
     assert len(table) == (2 + 2 * 2 * 2) * 2
     assert set(table["cohort"]) == {"majority", "minority"}
-    private = table[table["strategy"] != "none"]
+    private = table[table["policy"] != "none"]
     assert set(private["target_epsilon"]) == {2.0, 8.0}
     assert (private["epsilon"] <= private["target_epsilon"]).all()
     assert (private["epsilon"] >= 0.98 * private["target_epsilon"]).all()
-    reference = table[table["strategy"] == "none"].set_index(["seed", "cohort"])["accuracy"]
+    reference = table[table["policy"] == "none"].set_index(["seed", "cohort"])["accuracy"]
     for _, row in private.iterrows():
         assert row["privacy_cost"] == pytest.approx(reference[(row["seed"], row["cohort"])] - row["accuracy"])
     report = (tmp_path / "report.md").read_text()
     assert "## target ε = 2" in report and "## target ε = 8" in report
-    assert "At ε = 2: " in report and "At ε = 8: " in report  # each with its best strategy or tie
+    assert "At ε = 2: " in report and "At ε = 8: " in report  # each with its best policy or tie
     assert report.count("for the worst cohort") == 2
     for plot in PLOTS:
         assert (tmp_path / plot).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -106,7 +106,7 @@ def test_resume_recomputes_nothing_finished(ray_session, tmp_path):
 def test_worker_threads_per_run_give_the_same_runs(ray_session, cli, tmp_path):
     """``--workers 2``: one Ray task of 2 CPUs per run, a local executor of 2 threads in each; the
     runs are bit for bit those of one-CPU tasks. More workers than the cluster's CPUs is exit 2."""
-    args = ("compare", "--scenario", "demo", *SHORT, "--strategies", "bounded", "--epsilons", "4")
+    args = ("compare", "--scenario", "demo", *SHORT, "--policies", "bounded", "--epsilons", "4")
     for workers in (1, 2):
         status, _, err = cli(*args, "--workers", str(workers), "--out", str(tmp_path / f"w{workers}"))
         assert status == 0, err
@@ -124,7 +124,7 @@ def test_worker_threads_per_run_give_the_same_runs(ray_session, cli, tmp_path):
 
 def test_bad_compare_arguments_are_one_line(cli, tmp_path):
     for args in (
-        ["--strategies", "constant,nonsense"],
+        ["--policies", "constant,nonsense"],
         ["--epsilons", "1,abc"],
         ["--epsilons", "-1"],
         ["--seeds", "0"],
@@ -141,11 +141,11 @@ def _keys_and_stamps(out):
 def test_a_sweep_is_stored_and_resume_alone_continues_it(ray_session, cli, tmp_path):
     """Issue 18, point 2: `--resume` without the original options ran a different sweep and
     overwrote the results; a different sweep on the same folder replaced the other's runs."""
-    first = ("compare", "--scenario", "demo", *SHORT, "--strategies", "bounded", "--epsilons", "4")
+    first = ("compare", "--scenario", "demo", *SHORT, "--policies", "bounded", "--epsilons", "4")
     status, _, err = cli(*first, "--seeds", "2", "--out", str(tmp_path))
     assert status == 0, err
     spec = json.loads((tmp_path / "sweep.json").read_text())
-    assert (spec["strategies"], spec["epsilons"], spec["seeds"]) == (["bounded"], [4.0], 2)
+    assert (spec["policies"], spec["epsilons"], spec["seeds"]) == (["bounded"], [4.0], 2)
     stamps = _keys_and_stamps(tmp_path)
     assert len(stamps) == 4  # none and bounded, 2 seeds each
     lost = sorted(stamps)[0]
@@ -158,24 +158,24 @@ def test_a_sweep_is_stored_and_resume_alone_continues_it(ray_session, cli, tmp_p
     assert set(after) == set(stamps) and all(after[k] == stamps[k] for k in stamps if k != lost)
     assert sorted(pd.read_csv(tmp_path / "summary.csv")["seed"].unique()) == [0, 1]
 
-    for options in (["--seeds", "1"], ["--seeds", "2", "--resume", "--strategies", "constant"]):
+    for options in (["--seeds", "1"], ["--seeds", "2", "--resume", "--policies", "constant"]):
         status, _, err = cli(*first, *options, "--out", str(tmp_path))
         assert status == 2 and len(err.strip().splitlines()) == 1, err
         assert "--extend" in err and "--replace" in err
     assert _keys_and_stamps(tmp_path) == after, "a refused sweep must not touch the folder"
 
-    status, _, err = cli(*first[:-4], "--strategies", "constant", "--epsilons", "4", "--seeds", "1",
+    status, _, err = cli(*first[:-4], "--policies", "constant", "--epsilons", "4", "--seeds", "1",
                          "--extend", "--out", str(tmp_path))  # fmt: skip
     assert status == 0, err
     spec = json.loads((tmp_path / "sweep.json").read_text())
-    assert (spec["strategies"], spec["seeds"]) == (["bounded", "constant"], 2)
+    assert (spec["policies"], spec["seeds"]) == (["bounded", "constant"], 2)
     extended = _keys_and_stamps(tmp_path)
     assert len(extended) == 6 and all(extended[k] == after[k] for k in after)
-    # options left out of --extend keep the stored values: --seeds 2 adds no strategy or ε
+    # options left out of --extend keep the stored values: --seeds 2 adds no policy or ε
     status, _, err = cli(*first[:-4], "--seeds", "2", "--extend", "--out", str(tmp_path))
     assert status == 0, err
     spec = json.loads((tmp_path / "sweep.json").read_text())
-    assert (spec["strategies"], spec["epsilons"], spec["seeds"]) == (["bounded", "constant"], [4.0], 2)
+    assert (spec["policies"], spec["epsilons"], spec["seeds"]) == (["bounded", "constant"], [4.0], 2)
     assert _keys_and_stamps(tmp_path) == extended
 
     status, _, err = cli(*first, "--seeds", "1", "--replace", "--out", str(tmp_path))
@@ -234,24 +234,22 @@ def test_the_demo_shows_who_pays_for_clipping_and_that_noise_matters(ray_session
     it before the suite: 4 minutes on 2 cores), its folder is continued with ``--resume``, which
     refuses another sweep's specification and each stored run whose configuration differs, and
     recomputes the tables from the stored runs; elsewhere the sweep runs here."""
-    args = ("--strategies", "constant,adaptive,bounded", "--epsilons", "1,8", "--seeds", "3")
+    args = ("--policies", "constant,adaptive,bounded", "--epsilons", "1,8", "--seeds", "3")
     out = tmp_path / "demo"
     resume = ("--resume",) if demo_of_this_code(out) else ()
     status, _, err = cli("compare", "--scenario", "demo", *args, "--out", str(out), *resume)
     assert status == 0, err
     table = pd.read_csv(out / "summary.csv")
     minority = table[table["cohort"] == "minority"].pivot_table(
-        index=["target_epsilon", "seed"], columns="strategy", values="privacy_cost"
+        index=["target_epsilon", "seed"], columns="policy", values="privacy_cost"
     )
     private = minority.drop(index=math.inf, level="target_epsilon")
     assert len(private) == 6
     assert (private["adaptive"] > private["bounded"] + 0.02).all(), private
-    worst = (
-        table[table["strategy"] != "none"].groupby(["strategy", "target_epsilon", "seed"])["accuracy"].min()
-    )
-    by_epsilon = worst.groupby(["strategy", "target_epsilon"]).mean()
-    for strategy in ("constant", "bounded"):
-        assert by_epsilon[(strategy, 1.0)] < by_epsilon[(strategy, 8.0)] - 0.01, by_epsilon
+    worst = table[table["policy"] != "none"].groupby(["policy", "target_epsilon", "seed"])["accuracy"].min()
+    by_epsilon = worst.groupby(["policy", "target_epsilon"]).mean()
+    for policy in ("constant", "bounded"):
+        assert by_epsilon[(policy, 1.0)] < by_epsilon[(policy, 8.0)] - 0.01, by_epsilon
 
 
 def test_resume_accepts_a_run_stored_before_a_key_was_added_at_its_default(tmp_path):
@@ -302,7 +300,7 @@ def test_resume_accepts_a_run_that_stored_the_value_a_machine_dependent_default_
 
 @pytest.mark.parametrize("ray", [True, False], ids=["ray", "here"])
 def test_jobs_appended_while_results_come_in_are_simulated_too(ray_session, tmp_path, ray):
-    """What ``fairclip reproduce`` relies on to start a strategy's final runs once its grid has
+    """What ``fairclip reproduce`` relies on to start a policy's final runs once its grid has
     finished: a job appended to the list between two results runs as well, on Ray as here."""
     raw = apply_overrides(scenario_source("demo", None), ["training.rounds=2", "federation.num_clients=200"])
     jobs = [("first", raw)]

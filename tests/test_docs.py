@@ -611,14 +611,14 @@ def test_the_outputs_page_names_every_column_of_a_run_and_what_dp_covers() -> No
     keys = {name.split(".")[0] for row in _table_after("### `summary.json`") for name in _names(row[0])}
     runs = [("demo", name) for name in ("soft", "global-adapt", "per-cohort", "reweight", "online")]
     runs.append(("bimodal-mean", "bounded"))
-    for scenario, strategy in runs:
+    for scenario, policy in runs:
         raw = hooks.read_toml(hooks.builtin_scenarios()[scenario])
         raw["training"]["rounds"] = 2
-        raw["policy"]["name"] = strategy
+        raw["policy"]["name"] = policy
         result = simulate_config(hooks.validate(raw))
         for column in result.rows[0]:
             found = _dp_of(column, documented)
-            assert found, f"{scenario}/{strategy}: rounds.csv column {column!r} is not on the page"
+            assert found, f"{scenario}/{policy}: rounds.csv column {column!r} is not on the page"
             if column not in result.public_columns:
                 assert "no" in found, f"{column!r} is kept out of a public release but not marked 'no'"
             elif scenario == "demo":
@@ -633,9 +633,7 @@ def test_the_outputs_page_names_every_file_and_column_of_a_sweep(tmp_path: Path)
     import fairclip
 
     out = tmp_path / "sweep"
-    fairclip.compare(
-        "demo", strategies=["bounded"], epsilons=[4.0], overrides={"training.rounds": 2}, out=out
-    )
+    fairclip.compare("demo", policies=["bounded"], epsilons=[4.0], overrides={"training.rounds": 2}, out=out)
     files = {name for row in _table_after("## A sweep (`fairclip compare`)") for name in _names(row[0])}
     for path in out.iterdir():
         shown = f"{path.name}/" if path.is_dir() else path.name

@@ -40,7 +40,7 @@ def test_a_search_folder_in_use_is_refused(tmp_path):
     assert not (out / "tuning.json").exists()
     with locked(out), pytest.raises(ConfigError, match="is in use by another fairclip process"):
         fairclip.tune_curve(
-            "demo", strategies=["bounded"], epsilons=[2.0], grid={"training.client_lr": [0.1]},
+            "demo", policies=["bounded"], epsilons=[2.0], grid={"training.client_lr": [0.1]},
             overrides={"training.rounds": 2}, out=out, seed=3,
         )  # fmt: skip
 
@@ -158,7 +158,7 @@ def test_a_bare_tune_resume_continues_the_search_or_curve_in_its_folder(cli, tmp
     assert "already finished" in err or "already finished" in again
     assert (out / "report.md").read_text() in again
     curve = tmp_path / "curve"
-    status, _, err = cli("tune", *SEARCH, "--strategies", "bounded", "--epsilons", "2", "--out", str(curve))
+    status, _, err = cli("tune", *SEARCH, "--policies", "bounded", "--epsilons", "2", "--out", str(curve))
     assert status == 0, err
     before = (curve / "curve.csv").read_text()
     status, _, err = cli("tune", "--resume", "--out", str(curve), "--backend", "local")
@@ -172,9 +172,9 @@ def test_what_was_silently_accepted_is_refused_in_one_line(cli, tmp_path):
         (["run", "--scenario", "demo", "--set", "policy.name=bounded", "--set",
           "policy.adaptive.normalize=False", "--out", out],
          "policy.adaptive: normalize must be true or false (got 'False')"),
-        (["compare", "--scenario", "demo", "--strategies", "", "--out", out], "names no policy"),
+        (["compare", "--scenario", "demo", "--policies", "", "--out", out], "names no policy"),
         (["compare", "--scenario", "demo", "--epsilons", "2,2", "--out", out], "epsilons names 2 twice"),
-        (["compare", "--scenario", "demo", "--strategies", "bounded,bounded", "--out", out],
+        (["compare", "--scenario", "demo", "--policies", "bounded,bounded", "--out", out],
          "policies names bounded twice"),
         (["privacy", "--noise-multiplier", "1", "--sample-rate", "0.1", "--rounds", "0", "--delta", "1e-5"],
          "'--rounds': 0 is not in the range x>=1"),
@@ -185,13 +185,13 @@ def test_what_was_silently_accepted_is_refused_in_one_line(cli, tmp_path):
     assert not (tmp_path / "out").exists()
 
 
-def test_the_api_refuses_a_file_for_out_and_no_strategies(tmp_path):
+def test_the_api_refuses_a_file_for_out_and_no_policies(tmp_path):
     a_file = tmp_path / "a-file"
     a_file.write_text("")
     with pytest.raises(ConfigError, match="is a file"):
         fairclip.compare("demo", out=a_file)
     with pytest.raises(ConfigError, match="names no policy"):
-        fairclip.compare("demo", strategies=[])
+        fairclip.compare("demo", policies=[])
 
 
 def _arrays(n=40, features=3):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import warnings
 
 import pytest
@@ -138,3 +139,149 @@ def test_the_api_takes_old_keywords_with_a_deprecation_warning():
     old = pytest.warns(DeprecationWarning, match="backend= is the old name of executor=")
     with old, pytest.raises(ConfigError, match="executor must be local or ray"):
         fairclip.api.simulate_config(config, backend="mars")
+
+
+# ---- outputs: `policy` columns and `policies` entries; files written before still read -------------
+
+
+def _old_table(path) -> None:
+    """Rewrite the table at ``path`` as fairclip wrote it before issue 66: ``strategy`` for ``policy``."""
+    import pandas as pd
+
+    table = pd.read_csv(path, keep_default_na=False)
+    assert "policy" in table.columns and "strategy" not in table.columns
+    table.rename(columns={"policy": "strategy"}).to_csv(path, index=False)
+
+
+def _old_spec(path) -> None:
+    """Rewrite the stored specification at ``path`` with ``strategies`` for ``policies``, in place."""
+    spec = json.loads(path.read_text())
+    assert "policies" in spec and "strategies" not in spec
+    path.write_text(json.dumps({("strategies" if key == "policies" else key): v for key, v in spec.items()}))
+
+
+def test_a_compare_folder_says_policy_and_one_written_before_resumes_unchanged(tmp_path):
+    import pandas as pd
+
+    import fairclip
+
+    out = tmp_path / "sweep"
+    options = {"overrides": {"training.rounds": 2}, "progress": False}
+    fresh = fairclip.compare("demo", policies=["bounded"], epsilons=[4.0], out=out, **options)
+    for name in ("summary.csv", "statistics.csv"):
+        columns = list(pd.read_csv(out / name).columns)
+        assert "policy" in columns and "strategy" not in columns, name
+    assert "policy" in fresh.table.columns and "strategy" not in fresh.table.columns
+    assert set(fresh.table["policy"]) == {"none", "bounded"}
+    spec = json.loads((out / "sweep.json").read_text())
+    assert spec["policies"] == ["bounded"] and "strategies" not in spec
+    assert "strateg" not in (out / "report.md").read_text().lower()
+
+    # the same folder as fairclip wrote it before the rename
+    for name in ("summary.csv", "statistics.csv"):
+        _old_table(out / name)
+    _old_spec(out / "sweep.json")
+    stamps = {path.parent.name: path.stat().st_mtime_ns for path in out.glob("runs/*/summary.json")}
+    assert len(stamps) == 2
+    ran = []
+    resumed = fairclip.compare(out=out, mode="resume", on_run=lambda key, _: ran.append(key), progress=False)
+    assert ran == []  # every finished run is reused: the old specification is the same sweep
+    after = {path.parent.name: path.stat().st_mtime_ns for path in out.glob("runs/*/summary.json")}
+    assert after == stamps
+    pd.testing.assert_frame_equal(resumed.table, fresh.table)
+    assert "strategy" not in pd.read_csv(out / "summary.csv").columns
+    assert json.loads((out / "sweep.json").read_text())["policies"] == ["bounded"]
+    # --extend over an old folder adds to its stored policies, and runs only what it adds
+    _old_spec(out / "sweep.json")
+    more = {"policies": ["constant"], "out": out, "mode": "extend", "on_run": lambda key, _: ran.append(key)}
+    extended = fairclip.compare("demo", **more, **options)
+    assert [key.split("__")[0] for key in ran] == ["constant"]
+    assert json.loads((out / "sweep.json").read_text())["policies"] == ["bounded", "constant"]
+    assert set(extended.table["policy"]) == {"none", "bounded", "constant"}
+
+
+def test_every_reader_takes_the_old_column_and_entry_names(tmp_path):
+    import pandas as pd
+
+    from fairclip.sims.reproduce import reproduction as repro
+    from fairclip.sims.sweeps.folder import Mode, canonical_spec, read_table, settle
+
+    (tmp_path / "old.csv").write_text("strategy,seed\nbounded,0\n")
+    assert list(read_table(tmp_path / "old.csv").columns) == ["policy", "seed"]
+    (tmp_path / "both.csv").write_text("policy,strategy\nbounded,other\n")  # nothing is overwritten
+    both = read_table(tmp_path / "both.csv").to_dict("records")
+    assert both == [{"policy": "bounded", "strategy": "other"}]
+    assert canonical_spec({"command": "compare", "strategies": ["a"], "seeds": 1}, quiet=True) == {
+        "command": "compare",
+        "policies": ["a"],
+        "seeds": 1,
+    }
+
+    # a reproduction folder stored with `strategies` resumes as the same reproduction
+    values = {"seeds": 1, "full_grid": None, "grid_limit": None, "max_rounds": 1, "overrides": None}
+    folder = tmp_path / "reproduction"
+    folder.mkdir()
+    settle(folder, repro.reproduce_spec("zhao-dutch", **values, policies=["bounded"]), Mode.NEW)
+    _old_spec(folder / "sweep.json")
+    given = repro.reproduce_spec("zhao-dutch", **values, policies=["bounded"], explicit_only=True)
+    assert settle(folder, given, Mode.RESUME)["policies"] == ["bounded"]
+    _old_spec(folder / "sweep.json")
+    more = repro.reproduce_spec("zhao-dutch", **values, policies=["constant"])
+    assert settle(folder, more, Mode.EXTEND, merge=repro.merge_specs)["policies"] == ["bounded", "constant"]
+
+    # a tuning curve stored with `strategies` is continued with its policies
+    from fairclip.api import stored_tune_curve
+
+    curve = tmp_path / "curve"
+    curve.mkdir()
+    (curve / "tuning-curve.json").write_text(
+        json.dumps({"scenario": "demo", "strategies": ["constant"], "epsilons": [1.0], "grid": {}})
+    )
+    assert stored_tune_curve(curve)["policies"] == ["constant"]
+    assert pd.read_csv(tmp_path / "old.csv").columns[0] == "strategy"  # the file itself is kept
+
+
+def test_the_recorded_results_read_the_same_under_either_column_name(tmp_path):
+    """The committed ``results/`` keep the ``strategy`` columns they were written with; the
+    results tool reads them through the one helper, so renaming the column changes nothing."""
+    from tools import results
+
+    folders = sorted(p for p in results.RESULTS_DIR.iterdir() if (p / "fairest.csv").is_file())
+    if not folders:
+        pytest.skip("no results folder here (an installed copy): nothing recorded to check")
+    old, new = tmp_path / "old", tmp_path / "new"
+    for folder in folders:
+        for copy in (old, new):
+            shutil.copytree(folder, copy / folder.name)
+        header = (folder / "reproduction.csv").read_text().split("\n")[0].split(",")
+        assert "strategy" in header and "policy" not in header, "recorded before the rename"
+        for name in ("reproduction.csv", "per_seed.csv", "fairest.csv"):
+            if (folder / name).is_file():
+                text = (new / folder.name / name).read_text()
+                (new / folder.name / name).write_text(text.replace("strategy", "policy", 1))
+    for folder in folders:
+        shown = {
+            copy: results.setup_markdown(copy / folder.name).replace(str(copy), "") for copy in (old, new)
+        }
+        assert shown[old] == shown[new]
+        assert "| policy | ε (RDP / PRV) |" in shown[old] and "\n| `none` |" in shown[old]
+        assert results.agreement(old / folder.name) == results.agreement(new / folder.name)
+    page = results.claims_page(old).replace(str(old), "")
+    assert page == results.claims_page(new).replace(str(new), "")
+    assert "| ε | rank | policy |" in page and "| `" in page
+
+
+def test_a_setup_file_with_the_old_table_names_is_the_same_setup(tmp_path, monkeypatch):
+    from fairclip.sims.reproduce import setups
+
+    text = setups.builtin_setups()["xu-dutch"].read_text()
+    assert "[policies.constant]" in text and "{ policy = " in text
+    new = setups.load_setup("xu-dutch")
+    old_text = text.replace("[policies.", "[strategies.").replace("{ policy = ", "{ strategy = ")
+    (tmp_path / "xu-dutch.toml").write_text(old_text)
+    monkeypatch.setattr(setups, "SETUP_DIR", tmp_path)
+    assert setups.load_setup("xu-dutch") == new
+    assert [s.name for s in new.policies] == ["none", "constant", "reweight", "per-cohort"]
+    (tmp_path / "xu-dutch.toml").write_text(old_text + "\n[policies.extra]\npaper = {}\n")
+    with pytest.raises(ConfigError, match="not both"):
+        setups.load_setup("xu-dutch")

@@ -1,6 +1,6 @@
 """Issue 18, points 9, 10 and 12: the comparison's figures and report cannot be misread.
 
-One colour and one legend place per strategy in every figure, bands over seeds that say what
+One colour and one legend place per policy in every figure, bands over seeds that say what
 they are, the ε axis labelled with the ε values run, the mechanism plot (median update norm per
 cohort against the bound), a "best" named only where the lead is clear, and no empty
 accuracy-vs-ε figure for a sweep without target ε.
@@ -22,17 +22,17 @@ from fairclip.sims.sweeps import plots
 COHORTS = ("majority", "minority")
 
 
-def _sweep(strategies, epsilons, seeds=3, spent=None, rounds=6):
+def _sweep(policies, epsilons, seeds=3, spent=None, rounds=6):
     """A made-up finished sweep: (summary table, rounds by key, keys)."""
     rng = np.random.default_rng(0)
     rows, frames, keys = [], {}, {}
-    cells = [("none", math.inf)] + [(s, e) for s in strategies for e in epsilons]
-    for strategy, epsilon in cells:
+    cells = [("none", math.inf)] + [(s, e) for s in policies for e in epsilons]
+    for policy, epsilon in cells:
         for seed in range(seeds):
-            key = f"{strategy}__{epsilon}__{seed}"
-            keys[key] = (strategy, epsilon)
+            key = f"{policy}__{epsilon}__{seed}"
+            keys[key] = (policy, epsilon)
             frame = {"round": np.arange(1, rounds + 1)}
-            frame["clip_bound"] = np.inf if strategy == "none" else 1.0 + 0.1 * rng.random(rounds)
+            frame["clip_bound"] = np.inf if policy == "none" else 1.0 + 0.1 * rng.random(rounds)
             for index, cohort in enumerate(COHORTS):
                 frame[f"{cohort}/accuracy"] = 0.5 + 0.05 * np.arange(rounds) + 0.01 * rng.random(rounds)
                 frame[f"{cohort}/median_norm"] = 0.5 + index + 0.1 * rng.random(rounds)
@@ -40,10 +40,10 @@ def _sweep(strategies, epsilons, seeds=3, spent=None, rounds=6):
             for cohort in COHORTS:
                 rows.append(
                     {
-                        "strategy": strategy,
+                        "policy": policy,
                         "target_epsilon": epsilon,
                         "epsilon": math.inf
-                        if strategy == "none"
+                        if policy == "none"
                         else (spent if spent is not None else epsilon),
                         "seed": seed,
                         "cohort": cohort,
@@ -85,21 +85,21 @@ def _legend(axis) -> list[str]:
     return [text.get_text() for text in axis.get_legend().get_texts()]
 
 
-def test_a_strategy_has_one_colour_and_place_whichever_strategies_run():
-    alone = plots.strategy_styles(["bounded", "none"])
-    many = plots.strategy_styles(["none", "soft", "bounded", "constant", "adaptive"])
+def test_a_policy_has_one_colour_and_place_whichever_policies_run():
+    alone = plots.policy_styles(["bounded", "none"])
+    many = plots.policy_styles(["none", "soft", "bounded", "constant", "adaptive"])
     assert alone["bounded"] == many["bounded"]
     assert list(many) == ["none", "constant", "adaptive", "bounded", "soft"]
     assert alone["none"].colour == "black" and alone["none"].linestyle == "--"
-    mine = plots.strategy_styles(["my-policy", "constant"])
-    builtin_colours = {plots.strategy_styles([name])[name].colour for name in plots.POLICIES}
+    mine = plots.policy_styles(["my-policy", "constant"])
+    builtin_colours = {plots.policy_styles([name])[name].colour for name in plots.POLICIES}
     assert mine["my-policy"].colour not in builtin_colours and list(mine) == ["constant", "my-policy"]
 
 
-def test_every_figure_draws_a_strategy_in_the_same_colour_and_legend_order(figures, tmp_path):
+def test_every_figure_draws_a_policy_in_the_same_colour_and_legend_order(figures, tmp_path):
     table, rounds, keys = _sweep(["bounded", "adaptive", "constant"], [2.0, 8.0])
     plots.write_plots(tmp_path, table, rounds, keys)
-    styles = plots.strategy_styles(["constant", "adaptive", "bounded", "none"])
+    styles = plots.policy_styles(["constant", "adaptive", "bounded", "none"])
     for name in (plots.ACCURACY_VS_EPSILON, plots.CLIP_BOUND_ROUNDS, plots.COHORT_ACCURACY_ROUNDS):
         for label, colours in _lines(figures[name]).items():
             if label in styles:
@@ -175,14 +175,14 @@ def test_without_any_finite_epsilon_the_plot_is_left_out_and_the_report_says_why
 def _per_run(scores: dict[str, list[float]]) -> pd.DataFrame:
     return pd.DataFrame(
         [
-            {"strategy": name, "seed": seed, "worst_cohort_accuracy": value}
+            {"policy": name, "seed": seed, "worst_cohort_accuracy": value}
             for name, values in scores.items()
             for seed, value in enumerate(values)
         ]
     )
 
 
-def test_a_best_strategy_is_named_only_where_its_lead_is_clear():
+def test_a_best_policy_is_named_only_where_its_lead_is_clear():
     # The issue's case: 0.796 ± 0.015 against 0.790 ± 0.014 is a tie.
     tied = _per_run({"constant": [0.78, 0.826, 0.782], "bounded": [0.80, 0.762, 0.808]})
     verdict = best_for_worst_cohort(tied, seeds=3)
@@ -190,7 +190,7 @@ def test_a_best_strategy_is_named_only_where_its_lead_is_clear():
     assert "**" not in verdict
     clear = _per_run({"constant": [0.80, 0.81, 0.79], "adaptive": [0.58, 0.60, 0.57]})
     assert best_for_worst_cohort(clear, seeds=3).startswith(
-        "Best strategy for the worst cohort: **`constant`**"
+        "Best policy for the worst cohort: **`constant`**"
     )
     # Small but consistent on every seed (paired): clear; the same means, inconsistent: tied.
     paired = _per_run({"a": [0.70, 0.80, 0.90], "b": [0.69, 0.79, 0.89]})
@@ -199,17 +199,17 @@ def test_a_best_strategy_is_named_only_where_its_lead_is_clear():
     assert best_for_worst_cohort(shuffled, seeds=3).startswith("No clear best")
 
 
-def test_a_strategy_alone_is_not_named_best():
+def test_a_policy_alone_is_not_named_best():
     verdict = best_for_worst_cohort(_per_run({"bounded": [0.7, 0.8, 0.75]}), seeds=3)
     assert verdict.startswith("Only `bounded` ran here") and "**" not in verdict
 
 
 def test_one_seed_names_no_best():
     verdict = best_for_worst_cohort(_per_run({"constant": [0.8], "adaptive": [0.5]}), seeds=1)
-    assert "no strategy is named best" in verdict and "**" not in verdict
+    assert "no policy is named best" in verdict and "**" not in verdict
 
 
-def test_the_report_lists_strategies_in_the_legend_order():
+def test_the_report_lists_policies_in_the_legend_order():
     table, _, _ = _sweep(["bounded", "constant"], [2.0])
     report = markdown_report(table, "t")
     assert report.index("`constant` |") < report.index("`bounded` |") and report.index(
@@ -218,14 +218,14 @@ def test_the_report_lists_strategies_in_the_legend_order():
 
 
 def test_a_line_drawn_on_another_says_so_and_the_panels_share_their_y_axis(figures, tmp_path):
-    """Issue 67: two strategies with identical results hid each other without a word, and panels
+    """Issue 67: two policies with identical results hid each other without a word, and panels
     of one figure had their own y scales without saying so."""
     table, rounds, keys = _sweep(["constant", "adaptive"], [2.0])
-    for key, (strategy, _) in keys.items():  # adaptive's runs copy constant's, seed by seed
-        if strategy == "adaptive":
+    for key, (policy, _) in keys.items():  # adaptive's runs copy constant's, seed by seed
+        if policy == "adaptive":
             rounds[key] = rounds[key.replace("adaptive", "constant")].copy()
-    copied = table["strategy"] == "adaptive"
-    table.loc[copied, "accuracy"] = table.loc[table["strategy"] == "constant", "accuracy"].to_numpy()
+    copied = table["policy"] == "adaptive"
+    table.loc[copied, "accuracy"] = table.loc[table["policy"] == "constant", "accuracy"].to_numpy()
     plots.write_plots(tmp_path, table, rounds, keys)
     for name in (plots.CLIP_BOUND_ROUNDS, plots.COHORT_ACCURACY_ROUNDS, plots.ACCURACY_VS_EPSILON):
         figure = figures[name]
@@ -238,7 +238,7 @@ def test_a_line_drawn_on_another_says_so_and_the_panels_share_their_y_axis(figur
     assert not any("same as" in label for label in _legend(figures[plots.COHORT_ACCURACY_ROUNDS].axes[0]))
 
 
-@pytest.mark.parametrize("cohort_name", ["seed", "strategy", "target_epsilon"])
+@pytest.mark.parametrize("cohort_name", ["seed", "policy", "target_epsilon"])
 def test_a_cohort_named_like_a_column_of_the_report_keeps_its_own_column(cohort_name):
     """Issue 67: a cohort named like one of the report's keys took that key's column."""
     from fairclip.sims.compare.report import per_run_quantities
@@ -247,7 +247,7 @@ def test_a_cohort_named_like_a_column_of_the_report_keeps_its_own_column(cohort_
     table["cohort"] = table["cohort"].replace({"minority": cohort_name})
     per_run = per_run_quantities(table)
     assert f"{cohort_name} accuracy" in per_run.columns and "majority accuracy" in per_run.columns
-    assert sorted(per_run["seed"].unique()) == [0, 1, 2] and set(per_run["strategy"]) == {"none", "constant"}
-    minority = table[(table["cohort"] == cohort_name) & (table["strategy"] == "constant")]
-    mine = per_run[per_run["strategy"] == "constant"].sort_values("seed")
+    assert sorted(per_run["seed"].unique()) == [0, 1, 2] and set(per_run["policy"]) == {"none", "constant"}
+    minority = table[(table["cohort"] == cohort_name) & (table["policy"] == "constant")]
+    mine = per_run[per_run["policy"] == "constant"].sort_values("seed")
     np.testing.assert_allclose(mine[f"{cohort_name} accuracy"], minority.sort_values("seed")["accuracy"])

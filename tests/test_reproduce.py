@@ -80,21 +80,21 @@ def test_every_setup_runs_a_few_steps(ray_session, cli, tmp_path, name, request)
         # as their notes advise: one run at a time, two threads each (ResNet-18's 64 block sums
         # of 11.2 M float64 take 5.7 GB a run)
         args += ["--workers", "2"]
-    strategies = [s.name for s in setup.strategies]
+    policies = [s.name for s in setup.policies]
     if resnet:
         # ResNet-18's runs cost 20 s each even at one round of 16 examples: its plumbing (the
         # model, its memory, its grid and its three epsilons) is checked with the main method
         # alone; every policy runs these steps on the other setups, whose code path is the same
-        strategies = ["bounded"]
+        policies = ["bounded"]
         args += ["--policies", "bounded"]
     status, stdout, err = cli(*args)
     assert status == 0, err
     assert "wall time" in stdout
     table = pd.read_csv(out / "reproduction.csv", keep_default_na=False)
     assert list(table.columns) == tables.COLUMNS
-    assert sorted(set(table["strategy"])) == sorted(strategies)
-    assert len(table) == len(strategies) * len(setup.epsilons) * len(setup.metrics)
-    absolute = table["strategy"] == setup.relative_to  # a reference's own rows: absolute values
+    assert sorted(set(table["policy"])) == sorted(policies)
+    assert len(table) == len(policies) * len(setup.epsilons) * len(setup.metrics)
+    absolute = table["policy"] == setup.relative_to  # a reference's own rows: absolute values
     sources = {f"{cohort}/{metric}" for cohort, metric in setup.metrics.values()}
     assert set(table.loc[~absolute, "metric"]) == set(setup.metrics)
     assert set(table.loc[absolute, "metric"]) == (sources if setup.relative_to else set())
@@ -134,8 +134,8 @@ def test_sample_level_mapping():
     full = setup_files.load_setup("zhao-adult")
     settings = planning.sample_level_settings(full, 22400, None)
     assert settings["federation.sample_rate"] == 1.0 and settings["training.rounds"] == 40
-    assert len(planning.grid_points(full, full.strategies[1], full=True, limit=None)) == 200
-    assert len(planning.grid_points(full, full.strategies[1], full=False, limit=None)) == 20
+    assert len(planning.grid_points(full, full.policies[1], full=True, limit=None)) == 200
+    assert len(planning.grid_points(full, full.policies[1], full=False, limit=None)) == 20
 
 
 def test_flagging_on_constructed_numbers():
@@ -155,22 +155,22 @@ def test_flagging_on_constructed_numbers():
 def test_table_rows_flag_constructed_summaries():
     setup = setup_files.load_setup("esipova-dutch")
     runs, summaries = [], {}
-    for strategy, male in (("none", 0.799), ("constant", 0.70)):
+    for policy, male in (("none", 0.799), ("constant", 0.70)):
         for seed in (0, 1):
-            key = f"{strategy}-{seed}"
-            runs.append(setup_files.Run(key, strategy, None, seed, {}))
+            key = f"{policy}-{seed}"
+            runs.append(setup_files.Run(key, policy, None, seed, {}))
             cohorts = {
                 "male": {"accuracy": male + 0.001 * seed, "train_loss": 0.52},
                 "female": {"accuracy": 0.865, "train_loss": 0.45},
             }
-            sigma = 0.0 if strategy == "none" else 1.0
+            sigma = 0.0 if policy == "none" else 1.0
             claim = {"effective_noise_multiplier": sigma, "sample_rate": 0.005, "rounds": 400, "delta": 1e-6}
             summaries[key] = {
-                "epsilon": "inf" if strategy == "none" else 2.0,
+                "epsilon": "inf" if policy == "none" else 2.0,
                 "cohorts": cohorts,
                 "privacy": claim,
             }
-    rows = {(r["strategy"], r["metric"]): r for r in tables.table_rows(setup, runs, summaries)}
+    rows = {(r["policy"], r["metric"]): r for r in tables.table_rows(setup, runs, summaries)}
     assert not rows[("none", "accuracy_male")]["outside"]
     assert rows[("constant", "accuracy_male")]["outside"]  # 0.70 vs the paper's 0.760
     assert not rows[("constant", "accuracy_female")]["outside"]
@@ -205,18 +205,18 @@ def test_table_rows_flag_constructed_summaries():
         calibrate(0.1, 1.0, 40, 1e-5, "rdp", releases_reports=False)
 
 
-def test_a_non_private_strategy_is_shown_at_infinite_epsilon_beside_a_target():
+def test_a_non_private_policy_is_shown_at_infinite_epsilon_beside_a_target():
     """In a setup with a target ε (softadaclip-adult: 8), the non-private ``none`` runs are not
     at that ε: their rows, and the list of flags, say ε inf (they used to say 8.0)."""
-    setup = setup_files.select_strategies(setup_files.load_setup("softadaclip-adult"), ["none", "dpsgd-c0.1"])
+    setup = setup_files.select_policies(setup_files.load_setup("softadaclip-adult"), ["none", "dpsgd-c0.1"])
     runs, summaries = [], {}
-    for strategy in ("none", "dpsgd-c0.1"):
+    for policy in ("none", "dpsgd-c0.1"):
         for seed in (0, 1):
-            key = f"{strategy}-{seed}"
-            runs.append(setup_files.Run(key, strategy, 8.0, seed, {}))
-            sigma = 0.0 if strategy == "none" else 1.0
+            key = f"{policy}-{seed}"
+            runs.append(setup_files.Run(key, policy, 8.0, seed, {}))
+            sigma = 0.0 if policy == "none" else 1.0
             summaries[key] = {
-                "epsilon": "inf" if strategy == "none" else 7.99,
+                "epsilon": "inf" if policy == "none" else 7.99,
                 "overall": {"accuracy": 0.5, "f1": 0.5, "loss": 0.6, "cohort_loss_gap": 0.1},
                 "cohorts": {
                     "male": {"accuracy": 0.5, "loss": 0.65},
@@ -230,7 +230,7 @@ def test_a_non_private_strategy_is_shown_at_infinite_epsilon_beside_a_target():
                 },
             }
     rows = tables.table_rows(setup, runs, summaries)
-    assert {(r["strategy"], r["epsilon"]) for r in rows} == {("none", "inf"), ("dpsgd-c0.1", 8.0)}
+    assert {(r["policy"], r["epsilon"]) for r in rows} == {("none", "inf"), ("dpsgd-c0.1", 8.0)}
     report = tables.markdown(setup, rows, 1.0, [])
     assert "| `none` | inf | inf / inf | accuracy |" in report
     assert "`none` accuracy (ε inf)" in report and "`dpsgd-c0.1` accuracy (ε 8.0)" in report
@@ -245,7 +245,7 @@ def test_resume_reuses_finished_runs_and_refuses_other_settings(ray_session, cli
     status, _stdout, err = cli(*args)
     assert status == 0, err
     stamps = {path.parent.name: path.stat().st_mtime_ns for path in out.glob("runs/*/summary.json")}
-    assert len(stamps) == len(setup.strategies)
+    assert len(stamps) == len(setup.policies)
     listed = json.loads((out / "runs.json").read_text())  # the runs `results record` counts
     assert listed["grid"] == [] and sorted(listed["final"]) == sorted(stamps)
     table = (out / "reproduction.csv").read_text()
@@ -286,7 +286,7 @@ def test_the_api_runs_here_or_on_ray_with_the_same_numbers(ray_session, cli, tmp
         here = fairclip.reproduce("esipova-dutch", out=tmp_path / "here", **smoke)
     assert isinstance(here, fairclip.Reproduction) and here.name == "esipova-dutch"
     assert list(here.table.columns) == tables.COLUMNS
-    assert len(here.table) == len(setup.strategies) * len(setup.metrics) and here.wall_seconds > 0
+    assert len(here.table) == len(setup.policies) * len(setup.metrics) and here.wall_seconds > 0
     on_file = pd.read_csv(here.folder / "reproduction.csv", keep_default_na=False)
     assert list(on_file["fairclip_mean"].astype(float)) == list(here.table["fairclip_mean"].astype(float))
 
@@ -328,7 +328,7 @@ def test_kept_progress_continues_from_a_fresh_folder(ray_session, cli, tmp_path)
     (out / "runs" / runs[0] / "summary.json").unlink()  # as if that run were still running
 
     entry = results.keep(out, tmp_path / "kept")
-    assert entry["finished_runs"] == len(runs) - 1 == len(setup.strategies) - 1
+    assert entry["finished_runs"] == len(runs) - 1 == len(setup.policies) - 1
     assert entry["setup"] == "esipova-dutch" and entry["compute_seconds"] > 0
     kept = sorted(
         str(p.relative_to(tmp_path / "kept")) for p in (tmp_path / "kept").rglob("*") if p.is_file()
@@ -370,7 +370,7 @@ def test_kept_progress_continues_from_a_fresh_folder(ray_session, cli, tmp_path)
 def test_markdown_says_what_was_compared():
     def row(paper, outside):
         return {
-            "strategy": "constant",
+            "policy": "constant",
             "epsilon": 2.0,
             "epsilon_rdp": 2.1,
             "epsilon_prv": 1.9,
@@ -394,17 +394,17 @@ def test_markdown_says_what_was_compared():
 
 
 def test_extend_keeps_the_stored_options_it_is_not_given(cli, tmp_path):
-    """`--extend --strategies X` adds X to the stored reproduction: its seeds and smoke options,
-    not their defaults (it used to add a second seed of every strategy to a one-seed folder), and
-    `--extend --seeds N` adds seeds to the stored strategies, not to all of the setup's. So runs
-    made in two folders, one strategy each (on two machines, say), put together and extended
+    """`--extend --policies X` adds X to the stored reproduction: its seeds and smoke options,
+    not their defaults (it used to add a second seed of every policy to a one-seed folder), and
+    `--extend --seeds N` adds seeds to the stored policies, not to all of the setup's. So runs
+    made in two folders, one policy each (on two machines, say), put together and extended
     give the table of one folder that ran both."""
     skip_without_data(setup_files.load_setup("zhao-dutch"))
     local = ["--backend", "local", "--data-dir", str(DATA_DIR)]
     smoke = ["zhao-dutch", "--seeds", "1", "--grid-limit", "1", "--max-rounds", "1", *local]
     folders = {"constant": "constant", "adaptive": "adaptive", "both": "constant,adaptive"}
-    for folder, strategies in folders.items():
-        status, _, err = cli("reproduce", *smoke, "--strategies", strategies, "--out", str(tmp_path / folder))
+    for folder, policies in folders.items():
+        status, _, err = cli("reproduce", *smoke, "--policies", policies, "--out", str(tmp_path / folder))
         assert status == 0, err
     merged = tmp_path / "constant"
     for run in (tmp_path / "adaptive" / "runs").iterdir():
@@ -412,20 +412,20 @@ def test_extend_keeps_the_stored_options_it_is_not_given(cli, tmp_path):
     runs = {path.parent.name for path in merged.glob("runs/*/summary.json")}
 
     extend = ["reproduce", "--extend", "--out", str(merged), *local]
-    status, stdout, err = cli(*extend, "--strategies", "adaptive")
+    status, stdout, err = cli(*extend, "--policies", "adaptive")
     assert status == 0, err
     assert f"Resumed: {len(runs)} finished runs in this folder were reused" in stdout
     spec = json.loads((merged / "sweep.json").read_text())
     assert spec == json.loads((tmp_path / "both" / "sweep.json").read_text())
-    assert (spec["seeds"], spec["max_rounds"], spec["strategies"]) == (1, 1, ["constant", "adaptive"])
+    assert (spec["seeds"], spec["max_rounds"], spec["policies"]) == (1, 1, ["constant", "adaptive"])
     assert (merged / "reproduction.csv").read_text() == (tmp_path / "both" / "reproduction.csv").read_text()
 
     status, _, err = cli(*extend, "--seeds", "2")
     assert status == 0, err
     spec = json.loads((merged / "sweep.json").read_text())
-    assert (spec["seeds"], spec["max_rounds"], spec["strategies"]) == (2, 1, ["constant", "adaptive"])
+    assert (spec["seeds"], spec["max_rounds"], spec["policies"]) == (2, 1, ["constant", "adaptive"])
     table = pd.read_csv(merged / "reproduction.csv")
-    assert set(table["strategy"]) == {"constant", "adaptive"} and set(table["seeds"]) == {2}
+    assert set(table["policy"]) == {"constant", "adaptive"} and set(table["seeds"]) == {2}
     added = {path.parent.name for path in merged.glob("runs/*/summary.json")} - runs
     assert {name.split("__")[0] for name in added} == {"constant", "adaptive"}  # the grid stays seed 0's
     assert all(name.endswith("__seed-1") for name in added)
@@ -466,27 +466,27 @@ def test_a_reproduction_is_stored_and_resumed_extended_or_replaced(tmp_path):
     assert sweep_folder.stored_spec(tmp_path) == replaced
 
 
-def test_strategies_run_a_subset_and_extend_adds_the_rest(ray_session, cli, tmp_path):
-    """Issue 20, point 3: `--strategies` runs a subset of a setup (named in the report), a
-    strategy the setup lacks is one line and exit 2 before any work, and `--extend` adds
-    strategies while reusing the finished runs."""
+def test_policies_run_a_subset_and_extend_adds_the_rest(ray_session, cli, tmp_path):
+    """Issue 20, point 3: `--policies` runs a subset of a setup (named in the report), a
+    policy the setup lacks is one line and exit 2 before any work, and `--extend` adds
+    policies while reusing the finished runs."""
     setup = setup_files.load_setup("esipova-dutch")
     skip_without_data(setup)
     out = tmp_path / "dutch"
     args = ["reproduce", "esipova-dutch", "--seeds", "1", "--max-rounds", "1", "--out", str(out)]
     args += ["--data-dir", str(DATA_DIR)]
 
-    status, _stdout, err = cli(*args, "--strategies", "constant,bounded")
+    status, _stdout, err = cli(*args, "--policies", "constant,bounded")
     assert status == 2 and err.strip().count("\n") == 0
     assert "has no policy 'bounded'" in err and "global-adapt" in err
     assert not out.exists()  # refused before any work
 
-    status, stdout, err = cli(*args, "--strategies", "none, global")
+    status, stdout, err = cli(*args, "--policies", "none, global")
     assert status == 0, err
     table = pd.read_csv(out / "reproduction.csv", keep_default_na=False)
-    assert sorted(set(table["strategy"])) == ["global", "none"]
+    assert sorted(set(table["policy"])) == ["global", "none"]
     assert len(table) == 2 * len(setup.metrics)
-    assert "Strategies: none, global of the setup's" in stdout
+    assert "Policies: none, global of the setup's" in stdout
     # stderr is no terminal here: one plain progress line per finished run, the last with eta 0
     lines = re.findall(r"^reproduce esipova-dutch: (\d)/2 runs done \((\w+)__.*\), .* eta (.*)$", err, re.M)
     assert [done for done, _key, _eta in lines] == ["1", "2"], err
@@ -494,16 +494,16 @@ def test_strategies_run_a_subset_and_extend_adds_the_rest(ray_session, cli, tmp_
     stamps = {path.parent.name: path.stat().st_mtime_ns for path in out.glob("runs/*/summary.json")}
     assert len(stamps) == 2
 
-    status, stdout, err = cli(*args, "--strategies", "constant", "--extend")
+    status, stdout, err = cli(*args, "--policies", "constant", "--extend")
     assert status == 0, err
     table = pd.read_csv(out / "reproduction.csv", keep_default_na=False)
-    assert sorted(set(table["strategy"])) == ["constant", "global", "none"]
+    assert sorted(set(table["policy"])) == ["constant", "global", "none"]
     assert "Resumed: 2 finished runs in this folder were reused" in stdout
     after = {path.parent.name: path.stat().st_mtime_ns for path in out.glob("runs/*/summary.json")}
     assert len(after) == 3 and all(after[key] == stamps[key] for key in stamps)
 
 
-def test_a_strategy_subset_is_part_of_the_stored_reproduction(tmp_path):
+def test_a_policy_subset_is_part_of_the_stored_reproduction(tmp_path):
     from fairclip.scenarios.errors import ConfigError
     from fairclip.sims.sweeps.folder import Mode, settle
 
@@ -512,17 +512,17 @@ def test_a_strategy_subset_is_part_of_the_stored_reproduction(tmp_path):
         values.update(options)
         return repro.reproduce_spec("zhao-dutch", **values, explicit_only=explicit_only)
 
-    assert "strategies" not in spec()  # all of them, as folders stored before the option
-    first = settle(tmp_path, spec(strategies=["bounded"]), Mode.NEW)
-    assert first["strategies"] == ["bounded"]
-    with pytest.raises(ConfigError, match="strategies differ"):
-        settle(tmp_path, spec(explicit_only=True, strategies=["constant"]), Mode.RESUME)
-    more = settle(tmp_path, spec(strategies=["constant"]), Mode.EXTEND, merge=repro.merge_specs)
-    assert more["strategies"] == ["bounded", "constant"]
+    assert "policies" not in spec()  # all of them, as folders stored before the option
+    first = settle(tmp_path, spec(policies=["bounded"]), Mode.NEW)
+    assert first["policies"] == ["bounded"]
+    with pytest.raises(ConfigError, match="policies differ"):
+        settle(tmp_path, spec(explicit_only=True, policies=["constant"]), Mode.RESUME)
+    more = settle(tmp_path, spec(policies=["constant"]), Mode.EXTEND, merge=repro.merge_specs)
+    assert more["policies"] == ["bounded", "constant"]
     everything = settle(tmp_path, spec(), Mode.EXTEND, merge=repro.merge_specs)
-    assert "strategies" not in everything
+    assert "policies" not in everything
     with pytest.raises(ConfigError, match="has no policy 'none'"):
-        spec(strategies=["none"])
+        spec(policies=["none"])
 
 
 def test_esipova_setups_run_the_authors_models_and_count_noise():
@@ -537,7 +537,7 @@ def test_esipova_setups_run_the_authors_models_and_count_noise():
     for name, model in models.items():
         setup = setup_files.load_setup(name)
         assert setup.settings["scenario.model"] == model, name
-        (adapt,) = [s for s in setup.strategies if s.name == "global-adapt"]
+        (adapt,) = [s for s in setup.policies if s.name == "global-adapt"]
         assert adapt.settings["privacy.count_noise_multiplier"] == 10.0, name
         assert "privacy.count_noise_multiplier" not in setup.settings, name
 
@@ -613,11 +613,11 @@ def test_changes_against_the_reference_are_paired_by_seed():
         ("per-cohort", 0): (0.83, 0.79, 0.875),
         ("per-cohort", 1): (0.79, 0.75, 0.835),
     }
-    for (strategy, seed), (overall, male, female) in values.items():
-        key = f"{strategy}-{seed}"
-        runs.append(setup_files.Run(key, strategy, None, seed, {}))
-        summaries[key] = _summary(overall, male, female, 0.0 if strategy == "none" else 1.0)
-    rows = {(r["strategy"], r["metric"]): r for r in tables.table_rows(setup, runs, summaries)}
+    for (policy, seed), (overall, male, female) in values.items():
+        key = f"{policy}-{seed}"
+        runs.append(setup_files.Run(key, policy, None, seed, {}))
+        summaries[key] = _summary(overall, male, female, 0.0 if policy == "none" else 1.0)
+    rows = {(r["policy"], r["metric"]): r for r in tables.table_rows(setup, runs, summaries)}
     total = rows[("constant", "accuracy_change_total")]
     assert total["fairclip_mean"] == pytest.approx(-0.035)  # (-0.04 - 0.03) / 2, paired
     assert total["fairclip_stderr"] == pytest.approx(0.005)  # s.e. of the differences, not of levels
@@ -631,24 +631,24 @@ def test_changes_against_the_reference_are_paired_by_seed():
     # a change needs the reference's run of the same seed
     with pytest.raises(ConfigError, match="seeds \\[1\\]"):
         tables.table_rows(setup, [r for r in runs if r.key != "none-1"], summaries)
-    # a subset of strategies keeps the reference
-    kept = setup_files.select_strategies(setup, ["constant"])
-    assert [s.name for s in kept.strategies] == ["none", "constant"]
+    # a subset of policies keeps the reference
+    kept = setup_files.select_policies(setup, ["constant"])
+    assert [s.name for s in kept.policies] == ["none", "constant"]
 
 
-def test_reproduce_reports_paired_tests_between_strategies_of_the_same_seeds(tmp_path):
+def test_reproduce_reports_paired_tests_between_policies_of_the_same_seeds(tmp_path):
     """Issue 22: the reproduction's report says which differences are significant at 5 %."""
     setup = setup_files.load_setup("xu-adult-balanced")
     runs, summaries = [], {}
     # constant is 0.04 ± 0.002 below per-cohort on every seed (male), and level with it (female,
     # ± noise); differences equal on every seed would have an undefined t-test (statistics.py)
     for seed, (base, gap) in enumerate(((0.80, 0.040), (0.76, 0.042), (0.78, 0.038))):
-        for strategy, shift, female in (
+        for policy, shift, female in (
             ("per-cohort", 0.0, 0.86),
             ("constant", -gap, 0.86 + (-1) ** seed * 0.01),
         ):
-            key = f"{strategy}-{seed}"
-            runs.append(setup_files.Run(key, strategy, None, seed, {}))
+            key = f"{policy}-{seed}"
+            runs.append(setup_files.Run(key, policy, None, seed, {}))
             summaries[key] = _summary(base + shift, base + shift, female, 1.0)
     tests = tables.paired_rows(setup, runs, summaries)
     by_metric = {t["quantity"]: t for t in tests}
@@ -659,7 +659,7 @@ def test_reproduce_reports_paired_tests_between_strategies_of_the_same_seeds(tmp
     female = by_metric["accuracy_change_female"]
     assert not female["significant"]
     text = tables.markdown(setup, [], 1.0, [], tests)
-    assert "## Paired tests between strategies" in text
+    assert "## Paired tests between policies" in text
     assert "`per-cohort` − `constant` | 3 | +0.0400" in text and "**significant**" in text
     tables.write_outputs(tmp_path, setup, [], 1.0, [], tests)
     stored = pd.read_csv(tmp_path / "paired_tests.csv")
@@ -686,17 +686,17 @@ def test_seed_004_setups_are_its_table_5():
         assert setup.settings["scenario.include_protected"] is False  # unprotected attributes only
         assert setup.settings["privacy.delta"] == 1e-6  # section 6.1
         assert setup.relative_to == "none" and setup.batch_size == 256 and setup.epochs == 20
-        by_name = {s.name: s for s in setup.strategies}
+        by_name = {s.name: s for s in setup.policies}
         assert by_name["constant"].settings["policy.initial_bound"] == 0.5
         # lr = 1/sqrt(T), T = ceil(20 N / 256) over the 80 % training rows
         train = rows - round(0.2 * rows)
         steps = math.ceil(20 * train / 256)
         assert setup.settings["training.server_lr"] == pytest.approx(1 / math.sqrt(steps), abs=1e-6)
-        _check_seed_004_strategies(setup, sigma=1.0, sample_rate=256 / train, steps=steps)
-    dutch = {s.name: s for s in setup_files.load_setup("xu-dutch").strategies}
+        _check_seed_004_policies(setup, sigma=1.0, sample_rate=256 / train, steps=steps)
+    dutch = {s.name: s for s in setup_files.load_setup("xu-dutch").policies}
     # seed 004's "male" Dutch rows are fairclip's female rows: its columns are swapped here
     assert dutch["constant"].paper[""]["accuracy_change_female"] == -0.1534
-    unbalanced = {s.name: s for s in setup_files.load_setup("xu-dutch-unbalanced").strategies}
+    unbalanced = {s.name: s for s in setup_files.load_setup("xu-dutch-unbalanced").policies}
     assert unbalanced["reweight"].paper[""]["accuracy_change_male"] == 0.025  # the paper's women
 
 
@@ -710,51 +710,49 @@ def test_seed_004_mnist_setups_are_its_tables_3_and_4():
         assert setup.settings["training.server_lr"] == 0.01
         assert setup.settings["privacy.delta"] == 1e-6
         assert setup.batch_size == 256 and setup.epochs == 60
-        _check_seed_004_strategies(
-            setup, sigma=0.8, sample_rate=256 / train, steps=math.ceil(60 * train / 256)
-        )
-    bounds = {s.name: s for s in setup_files.load_setup("xu-mnist-bounds").strategies}
-    mnist = {s.name: s for s in setup_files.load_setup("xu-mnist").strategies}
+        _check_seed_004_policies(setup, sigma=0.8, sample_rate=256 / train, steps=math.ceil(60 * train / 256))
+    bounds = {s.name: s for s in setup_files.load_setup("xu-mnist-bounds").policies}
+    mnist = {s.name: s for s in setup_files.load_setup("xu-mnist").policies}
     # the runs shared with xu-mnist have its configurations exactly
     assert bounds["per-cohort-c1"].settings == mnist["per-cohort"].settings
     assert bounds["constant-c1"].settings == mnist["constant"].settings
     assert [s for s in bounds if s.startswith("per-cohort")] == ["per-cohort-c1"]  # Table 4's only DPSGD-F
 
 
-def _check_seed_004_strategies(setup, sigma: float, sample_rate: float, steps: int) -> None:
+def _check_seed_004_policies(setup, sigma: float, sample_rate: float, steps: int) -> None:
     """DPSGD-F is Algorithm 2 as written, the naive baseline Algorithm 3 with the batch's own
     counts, and both stop at the epsilon DP-SGD spends (section 6.1): a budget at most DP-SGD's
     epsilon and within 1e-4 of it; every paper value of a setup is a claim's or a row's."""
     from fairclip.strategies.accounting import epsilon
 
     dpsgd = epsilon(sigma, sample_rate, steps, 1e-6, "rdp")
-    for strategy in setup.strategies:
-        settings = strategy.settings
-        assert strategy.paper[""], f"{setup.name}: {strategy.name} has no paper values"
-        if strategy.policy_name == "per-cohort":
+    for policy in setup.policies:
+        settings = policy.settings
+        assert policy.paper[""], f"{setup.name}: {policy.name} has no paper values"
+        if policy.policy_name == "per-cohort":
             assert settings["policy.same_round"] is True and settings["policy.rule"] == "xu"
             assert settings["policy.noise_bound"] == "max"
-        if strategy.policy_name == "reweight":
+        if policy.policy_name == "reweight":
             assert settings["policy.same_round"] is True
-        if strategy.policy_name in ("per-cohort", "reweight"):
+        if policy.policy_name in ("per-cohort", "reweight"):
             assert dpsgd - 1e-4 <= settings["privacy.epsilon_budget"] <= dpsgd, (setup.name, dpsgd)
         else:
             assert "privacy.epsilon_budget" not in settings
 
 
 def test_a_setup_runs_a_policy_variant_under_its_own_label(tmp_path):
-    """Seed 003's Table 1 runs ``constant`` three ways: a strategy table may name the policy it
+    """Seed 003's Table 1 runs ``constant`` three ways: a policy table may name the policy it
     runs (``policy``) under a label of its own, which keys its runs and rows."""
     setup = setup_files.load_setup("esipova-clipping-errors")
-    assert [(s.name, s.policy_name) for s in setup.strategies] == [
+    assert [(s.name, s.policy_name) for s in setup.policies] == [
         ("none", "none"),
         ("constant", "constant"),
         ("magnitude-error-only", "constant"),
         ("direction-error-only", "constant"),
     ]
     planner = planning.Planner(setup, None, [], max_rounds=3, examples=lambda *_: 1000)
-    runs = {run.strategy: run for run in planner.final_runs(1, {})}
-    assert set(runs) == {s.name for s in setup.strategies}
+    runs = {run.policy: run for run in planner.final_runs(1, {})}
+    assert set(runs) == {s.name for s in setup.policies}
     assert runs["magnitude-error-only"].key == "magnitude-error-only__eps-none__seed-0"
     errors = {name: validate(run.raw).training.clipping_error for name, run in runs.items()}
     assert errors == {
@@ -767,9 +765,9 @@ def test_a_setup_runs_a_policy_variant_under_its_own_label(tmp_path):
     assert all(validate(run.raw).privacy.noise_multiplier == 0 for run in runs.values())
     # a label that would break the run keys, and a policy that is no string, are refused
     with pytest.raises(ConfigError, match="may not contain '__'"):
-        setup_files._strategy("a__b", {}, "reproduction x")
-    with pytest.raises(ConfigError, match="policy must name a strategy"):
-        setup_files._strategy("variant", {"policy": 3}, "reproduction x")
+        setup_files._policy("a__b", {}, "reproduction x")
+    with pytest.raises(ConfigError, match="policy must name a policy"):
+        setup_files._policy("variant", {"policy": 3}, "reproduction x")
 
 
 def test_a_lower_bound_above_the_initial_bound_raises_the_initial_bound():
@@ -781,7 +779,7 @@ def test_a_lower_bound_above_the_initial_bound_raises_the_initial_bound():
     bounds = set()
     for run in planner.grid_runs(full=False, limit=None):
         params = validate(run.raw).policy.params
-        bounds.add((run.strategy, params.get("lower_bound"), params["initial_bound"]))
+        bounds.add((run.policy, params.get("lower_bound"), params["initial_bound"]))
     assert bounds == {
         ("constant", None, 0.216),
         ("constant", None, 3.18),
@@ -791,16 +789,16 @@ def test_a_lower_bound_above_the_initial_bound_raises_the_initial_bound():
     }
 
 
-def _galli_planner(*strategies: str) -> planning.Planner:
+def _galli_planner(*policies: str) -> planning.Planner:
     """galli-mnist (budget per grid) planned on MNIST's 60,000 training rows: q = 512/60,000,
     T = 1,172 rounds for grid and final runs alike."""
-    setup = setup_files.select_strategies(setup_files.load_setup("galli-mnist"), list(strategies) or None)
+    setup = setup_files.select_policies(setup_files.load_setup("galli-mnist"), list(policies) or None)
     return planning.Planner(setup, None, [], None, examples=lambda *_: 60_000)
 
 
 def test_a_per_grid_budget_gives_each_run_of_a_search_its_share_of_the_target():
-    """Seed 002 spends each target ε on a strategy's whole grid search (Mohapatra et al.'s
-    per-grid budget): every run of a strategy with k grid points, its final runs included, is
+    """Seed 002 spends each target ε on a policy's whole grid search (Mohapatra et al.'s
+    per-grid budget): every run of a policy with k grid points, its final runs included, is
     calibrated so that k such runs compose to ε. online searches 5 learning rates, fixed and
     fixed-quantile 25 points, so their runs get less than online's, and far less than ε."""
     from fairclip.strategies.accounting import calibrate_effective, epsilon
@@ -815,9 +813,9 @@ def test_a_per_grid_budget_gives_each_run_of_a_search_its_share_of_the_target():
     for run in grid + finals:
         config = validate(run.raw)
         assert (config.federation.sample_rate, config.training.rounds) == (q, rounds)
-        assert run.search_runs == sizes[run.strategy]
+        assert run.search_runs == sizes[run.policy]
         share = config.privacy.target_epsilon
-        assert shares.setdefault((run.strategy, run.target_epsilon), share) == share  # grid and finals alike
+        assert shares.setdefault((run.policy, run.target_epsilon), share) == share  # grid and finals alike
         sigma = calibrate_effective(share, q, rounds, delta, "rdp")  # what the run calibrates
         whole = epsilon(sigma, q, run.search_runs * rounds, delta, "rdp")
         assert 0.99 * run.target_epsilon <= whole <= run.target_epsilon
@@ -835,8 +833,8 @@ def test_a_per_grid_budget_gives_each_run_of_a_search_its_share_of_the_target():
     # a smaller grid is a smaller search: k follows the grid last planned, final runs included
     assert planning.per_run_epsilon(3.0, 1, q, rounds, delta, "rdp") == 3.0
     small = planner.grid_runs(full=False, limit=2)
-    assert {run.strategy: run.search_runs for run in small} == {"online": 2, "fixed": 4, "fixed-quantile": 4}
-    assert {run.strategy: run.search_runs for run in planner.final_runs(1, {})} == {
+    assert {run.policy: run.search_runs for run in small} == {"online": 2, "fixed": 4, "fixed-quantile": 4}
+    assert {run.policy: run.search_runs for run in planner.final_runs(1, {})} == {
         "online": 2,
         "fixed": 4,
         "fixed-quantile": 4,
@@ -861,13 +859,11 @@ def test_a_per_grid_rows_report_the_epsilon_of_the_whole_search():
         sigma = calibrate_effective(share, q, rounds, 1e-5, "rdp")
         claim = {"effective_noise_multiplier": sigma, "sample_rate": q, "rounds": rounds, "delta": 1e-5}
         summaries[run.key] = {"epsilon": share, "overall": {"accuracy": 0.9}, "privacy": claim}
-    rows = {
-        (row["strategy"], row["epsilon"]): row for row in tables.table_rows(planner.setup, runs, summaries)
-    }
-    for strategy, k in (("online", 5), ("fixed", 25)):
+    rows = {(row["policy"], row["epsilon"]): row for row in tables.table_rows(planner.setup, runs, summaries)}
+    for policy, k in (("online", 5), ("fixed", 25)):
         for target in (3.0, 9.0):
-            row = rows[strategy, target]
-            run = next(r for r in runs if r.strategy == strategy and r.target_epsilon == target)
+            row = rows[policy, target]
+            run = next(r for r in runs if r.policy == policy and r.target_epsilon == target)
             claim = summaries[run.key]["privacy"]
             sigma, q, rounds = claim["effective_noise_multiplier"], claim["sample_rate"], claim["rounds"]
             assert row["epsilon_rdp"] == float(f"{epsilon(sigma, q, k * rounds, 1e-5, 'rdp'):.4g}")
@@ -910,23 +906,23 @@ def test_grid_runs_evaluate_after_their_last_round_only():
     } == {5}
 
 
-def test_set_wins_over_the_strategy_settings_and_refuses_what_each_run_sets():
-    """``--set`` is applied on top of every run's strategy settings (``global``'s server lr and Z
-    are strategy settings of esipova-adult, and were silently kept before); keys the reproduction
+def test_set_wins_over_the_policy_settings_and_refuses_what_each_run_sets():
+    """``--set`` is applied on top of every run's policy settings (``global``'s server lr and Z
+    are policy settings of esipova-adult, and were silently kept before); keys the reproduction
     sets per run, or that a grid varies, are refused rather than half applied."""
     from fairclip.scenarios.errors import ConfigError
 
-    def planner(name: str, *overrides: str, strategies: list[str] | None = None) -> planning.Planner:
-        setup = setup_files.select_strategies(setup_files.load_setup(name), strategies)
+    def planner(name: str, *overrides: str, policies: list[str] | None = None) -> planning.Planner:
+        setup = setup_files.select_policies(setup_files.load_setup(name), policies)
         return planning.Planner(setup, None, list(overrides), None, examples=lambda *_: 28_000)
 
     sets = ("training.server_lr=0.5", "policy.scale_threshold=100", "seed=7")
-    runs = planner("esipova-adult", *sets, strategies=["global", "global-adapt"]).final_runs(2, {})
-    by_strategy = {run.strategy: validate(run.raw) for run in runs if run.seed == 7}
-    assert sorted(run.seed for run in runs if run.strategy == "global") == [7, 8]
-    assert {config.training.server_lr for config in by_strategy.values()} == {0.5}
-    assert {config.policy.params["scale_threshold"] for config in by_strategy.values()} == {100}
-    default = {run.strategy: validate(run.raw) for run in planner("esipova-adult").final_runs(1, {})}
+    runs = planner("esipova-adult", *sets, policies=["global", "global-adapt"]).final_runs(2, {})
+    by_policy = {run.policy: validate(run.raw) for run in runs if run.seed == 7}
+    assert sorted(run.seed for run in runs if run.policy == "global") == [7, 8]
+    assert {config.training.server_lr for config in by_policy.values()} == {0.5}
+    assert {config.policy.params["scale_threshold"] for config in by_policy.values()} == {100}
+    default = {run.policy: validate(run.raw) for run in planner("esipova-adult").final_runs(1, {})}
     assert default["global"].training.server_lr == 0.2 and default["none"].training.server_lr == 0.01
     assert default["global"].policy.params["scale_threshold"] == 50
 
@@ -934,7 +930,7 @@ def test_set_wins_over_the_strategy_settings_and_refuses_what_each_run_sets():
         ("esipova-adult", "training.rounds=3"): "sets it for each run",
         ("esipova-adult", "policy.name=constant"): "--policies",
         ("zhao-skewed-mnist", "training.server_lr=1"): "the setup's grid varies it",
-        ("zhao-skewed-mnist", "policy.lower_bound=1"): "strategy bounded's grid varies it",
+        ("zhao-skewed-mnist", "policy.lower_bound=1"): "policy bounded's grid varies it",
         ("zhao-skewed-mnist", "privacy.target_epsilon=3"): "target epsilons",
         ("galli-mnist", "privacy.noise_multiplier=2"): "target epsilons",
     }
@@ -943,7 +939,7 @@ def test_set_wins_over_the_strategy_settings_and_refuses_what_each_run_sets():
             planner(name, assignment)
     # global's settings set policy.scale_threshold directly, which wins over global's own table
     with pytest.raises(ConfigError, match=re.escape("set policy.scale_threshold")):
-        planner("esipova-adult", "policy.global.scale_threshold=100", strategies=["global"]).final_runs(1, {})
+        planner("esipova-adult", "policy.global.scale_threshold=100", policies=["global"]).final_runs(1, {})
 
 
 def test_a_setup_with_a_grid_splits_every_seeds_rows_as_its_first_seed_does(tmp_path, monkeypatch):
@@ -971,14 +967,14 @@ def test_a_setup_with_a_grid_splits_every_seeds_rows_as_its_first_seed_does(tmp_
     assert {
         validate(run.raw).scenario.split_seed for run in runs("esipova-adult", "scenario.split_seed=1")
     } == {1}
-    # a setup whose only grids are strategies' splits every run alike, whichever strategies run
+    # a setup whose only grids are policies' splits every run alike, whichever policies run
     text = setup_files.builtin_setups()["zhao-adult"].read_text()
     for table in ("[grid]", "[full_grid]"):
         start = text.index(table + "\n")
         text = text[:start] + text[text.index("\n\n", start) + 2 :]
     (tmp_path / "zhao-adult.toml").write_text(text)
     monkeypatch.setattr(setup_files, "SETUP_DIR", tmp_path)
-    only_adaptive = setup_files.select_strategies(setup_files.load_setup("zhao-adult"), ["adaptive"])
+    only_adaptive = setup_files.select_policies(setup_files.load_setup("zhao-adult"), ["adaptive"])
     assert not only_adaptive.has_grid and only_adaptive.selects
     planner = planning.Planner(only_adaptive, None, [], None, examples=lambda *_: 28_000)
     assert {validate(run.raw).scenario.split_seed for run in planner.final_runs(2, {})} == {0}
@@ -995,11 +991,11 @@ def test_a_refused_set_fails_before_the_output_folder_is_written(cli, tmp_path):
     assert not out.exists()
 
 
-def test_a_strategys_final_runs_start_once_its_own_grid_has_finished(ray_session, tmp_path, monkeypatch):
-    """A strategy's final runs at an ε are queued as soon as its grid runs there have finished,
+def test_a_policys_final_runs_start_once_its_own_grid_has_finished(ray_session, tmp_path, monkeypatch):
+    """A policy's final runs at an ε are queued as soon as its grid runs there have finished,
     while other grid runs still run: the tail of the grid leaves no core idle. Continued with
-    one strategy's grid finished, the grid runs still to compute are queued before that
-    strategy's final runs; the table and the chosen points are the uninterrupted run's."""
+    one policy's grid finished, the grid runs still to compute are queued before that
+    policy's final runs; the table and the chosen points are the uninterrupted run's."""
     from fairclip.sims.reproduce import planning  # where the runs are handed to the executors
 
     setup = setup_files.load_setup("zhao-dutch")
@@ -1017,7 +1013,7 @@ def test_a_strategys_final_runs_start_once_its_own_grid_has_finished(ray_session
     out = tmp_path / "dutch"
     rows, _wall = repro.reproduce("zhao-dutch", out=out, **smoke)
     grid = [key for key, _queued in queued_at_each_result if key.startswith("grid__")]
-    assert len(grid) == len(queued_at_each_result) // 2 == len(setup.strategies) * len(setup.epsilons)
+    assert len(grid) == len(queued_at_each_result) // 2 == len(setup.policies) * len(setup.epsilons)
     first_final_queued = next(
         index
         for index, (_key, queued) in enumerate(queued_at_each_result)
@@ -1052,12 +1048,12 @@ def test_a_strategys_final_runs_start_once_its_own_grid_has_finished(ray_session
     [
         ("[settings]", '"scenario.evaluate_on" = "validation"'),
         ("[settings]", '"training.rounds" = 3'),
-        ("[strategies.constant]", 'settings = { "scenario.evaluate_on" = "validation" }'),
+        ("[policies.constant]", 'settings = { "scenario.evaluate_on" = "validation" }'),
         ("[settings]", '"scenario.split_seed" = 1'),
     ],
 )
 def test_a_setup_may_not_set_what_the_reproduction_sets_for_each_run(tmp_path, monkeypatch, table, line):
-    """A setup (or one of its strategies) that set ``scenario.evaluate_on`` would have had its
+    """A setup (or one of its policies) that set ``scenario.evaluate_on`` would have had its
     final runs scored on the validation split; one that set ``training.rounds`` saw it replaced
     by the setup's epochs. Both are refused in one line, naming where."""
     from fairclip.scenarios.errors import ConfigError
@@ -1074,22 +1070,22 @@ def test_a_setup_may_not_set_what_the_reproduction_sets_for_each_run(tmp_path, m
         setup_files.load_setup("zhao-adult")
 
 
-def test_a_strategy_may_train_with_its_own_epochs_and_batch_size(tmp_path, monkeypatch):
+def test_a_policy_may_train_with_its_own_epochs_and_batch_size(tmp_path, monkeypatch):
     """Seed 001 trains its non-private model 15 epochs in batches of 32 and its private ones 30
     epochs in batches of 128: the ``none`` runs get q = 32/N and 15·N/32 rounds, the others the
     setup's."""
     setup = setup_files.load_setup("softadaclip-adult")
-    none = next(s for s in setup.strategies if s.name == "none")
-    dpsgd = next(s for s in setup.strategies if s.name == "dpsgd-c0.1")
+    none = next(s for s in setup.policies if s.name == "none")
+    dpsgd = next(s for s in setup.policies if s.name == "dpsgd-c0.1")
     assert (none.epochs, none.batch_size) == (15, 32) and (dpsgd.epochs, dpsgd.batch_size) == (None, None)
-    assert planning.sample_level_settings(setup, 22_400, None, strategy=none) == {
+    assert planning.sample_level_settings(setup, 22_400, None, policy=none) == {
         "federation.num_clients": 22_400,
         "federation.sample_rate": 32 / 22_400,
         "training.rounds": 10_500,
     }
-    assert planning.sample_level_settings(setup, 22_400, None, strategy=dpsgd)["training.rounds"] == 5_250
+    assert planning.sample_level_settings(setup, 22_400, None, policy=dpsgd)["training.rounds"] == 5_250
     planner = planning.Planner(setup, None, [], None, examples=lambda *_: 22_400)
-    by_name = {run.strategy: validate(run.raw) for run in planner.final_runs(1, {})}
+    by_name = {run.policy: validate(run.raw) for run in planner.final_runs(1, {})}
     assert by_name["none"].training.rounds == 10_500 and by_name["none"].training.server_lr == 3e-4
     assert by_name["dpsgd-c0.1"].training.rounds == 5_250 and by_name["dpsgd-c0.1"].training.server_lr == 3e-3
     text = setup_files.builtin_setups()["softadaclip-adult"].read_text()
@@ -1098,24 +1094,24 @@ def test_a_strategy_may_train_with_its_own_epochs_and_batch_size(tmp_path, monke
             text.replace("batch_size = 32\n", f"batch_size = {bad}\n")
         )
         monkeypatch.setattr(setup_files, "SETUP_DIR", tmp_path)
-        with pytest.raises(ConfigError, match=r"strategies.none.batch_size must be a positive integer"):
+        with pytest.raises(ConfigError, match=r"policies.none.batch_size must be a positive integer"):
             setup_files.load_setup("softadaclip-adult")
 
 
 def test_seed_001_selects_its_bound_learning_rate_by_validation_f1_and_runs_no_idle_grid():
     """The paper gives no η_C: adaptive and soft choose it on the validation split by F1 (the
-    paper's validation criterion); the strategies without grid axes get no validation run."""
+    paper's validation criterion); the policies without grid axes get no validation run."""
     setup = setup_files.load_setup("softadaclip-adult")
     assert setup.select_by == "f1" and setup.selects
     planner = planning.Planner(setup, None, [], None, examples=lambda *_: 22_400)
     grid = planner.grid_runs(False, None)
-    assert {run.strategy for run in grid} == {
+    assert {run.policy for run in grid} == {
         f"{p}-c{c}" for p in ("adaptive", "soft") for c in (0.01, 0.05, 0.1)
     }
     assert len(grid) == 18 and {run.grid_point["policy.bound_lr"] for run in grid} == {0.02, 0.2, 2.0}
     assert all(validate(run.raw).scenario.evaluate_on == "validation" for run in grid)
     ungridded = planner.ungridded_runs(2, False)
-    assert {run.strategy for run in ungridded} == {"none"} | {
+    assert {run.policy for run in ungridded} == {"none"} | {
         f"{p}-c{c}" for p in ("dpsgd", "fixedsoft") for c in (0.01, 0.05, 0.1)
     }
     assert len(ungridded) == 14 and all(validate(run.raw).scenario.split_seed == 0 for run in ungridded)
@@ -1128,9 +1124,9 @@ def test_seed_001_selects_its_bound_learning_rate_by_validation_f1_and_runs_no_i
         "p1": {"overall": {"accuracy": 0.83, "f1": 0.61}},
     }
     assert planning.choose(runs, summaries, "f1")[("soft-c0.1", 8.0)] == {"policy.bound_lr": 2.0}
-    for strategy in setup.strategies:  # the paper's count (Algorithm 2, line 10): norms above C itself
-        params = validate(planner.final_runs_of(strategy, 8.0, 1, {})[0].raw).policy.params
-        if strategy.policy_name in ("adaptive", "soft"):
+    for policy in setup.policies:  # the paper's count (Algorithm 2, line 10): norms above C itself
+        params = validate(planner.final_runs_of(policy, 8.0, 1, {})[0].raw).policy.params
+        if policy.policy_name in ("adaptive", "soft"):
             assert params["threshold_multiplier"] == 1.0 and params["target_quantile"] == 0.5
-        if strategy.name.startswith("fixedsoft"):
+        if policy.name.startswith("fixedsoft"):
             assert params["adaptive"] is False

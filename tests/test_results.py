@@ -11,6 +11,7 @@ import pytest
 
 from fairclip.atomic import write_csv
 from fairclip.sims.reproduce.tables import COLUMNS
+from fairclip.sims.sweeps.folder import read_table
 from tools import results
 
 
@@ -72,23 +73,23 @@ def test_every_recorded_paired_test_shows_the_interval_of_its_own_t_test():
             outside = test["interval_low"] > 0 or test["interval_high"] < 0
             assert outside == (test["p_value"] < 0.05) == test["significant"], where
         report = (folder / "reproduction.md").read_text()
-        assert "\n".join(paired_lines(tests)) in report, f"{folder.name}: the paired section is stale"
+        section = "\n".join(paired_lines(tests))
+        recorded_before = section.replace("between policies", "between strategies", 1)  # issue 66
+        assert section in report or recorded_before in report, f"{folder.name}: the paired section is stale"
 
 
 def test_no_recorded_non_private_row_stands_under_a_finite_epsilon():
     """A row whose runs spent ε = inf (no noise) shows ε inf in the table and in the report,
-    not the target ε of the strategies beside it (softadaclip's ``none`` rows said 8.0)."""
-    import pandas as pd
-
+    not the target ε of the policies beside it (softadaclip's ``none`` rows said 8.0)."""
     folders = sorted(p for p in results.RESULTS_DIR.iterdir() if (p / "reproduction.csv").is_file())
     if not folders:
         pytest.skip("no results folder here (an installed copy): nothing recorded to check")
     for folder in folders:
-        table = pd.read_csv(folder / "reproduction.csv", dtype=str, keep_default_na=False)
+        table = read_table(folder / "reproduction.csv", dtype=str, keep_default_na=False)  # old: strategy
         report = (folder / "reproduction.md").read_text()
         for row in table[table["epsilon_rdp"] == "inf"].itertuples():
-            assert row.epsilon == "inf", f"{folder.name}: {row.strategy} {row.metric}"
-            assert f"| `{row.strategy}` | inf | inf / inf | {row.metric} |" in report, folder.name
+            assert row.epsilon == "inf", f"{folder.name}: {row.policy} {row.metric}"
+            assert f"| `{row.policy}` | inf | inf / inf | {row.metric} |" in report, folder.name
 
 
 def test_kept_runs_are_committed_beside_their_progress():
@@ -114,12 +115,12 @@ def test_kept_runs_are_committed_beside_their_progress():
 def _finished(out: Path) -> None:
     rows = [
         {
-            "setup": "xu-dutch", "strategy": "constant", "epsilon": 1.98, "epsilon_rdp": 1.98,
+            "setup": "xu-dutch", "policy": "constant", "epsilon": 1.98, "epsilon_rdp": 1.98,
             "epsilon_prv": 1.2, "metric": "accuracy_change_total", "paper": -0.1, "paper_stderr": "",
             "fairclip_mean": -0.03, "fairclip_stderr": 0.004, "seeds": 3, "outside": True,
         },
         {
-            "setup": "xu-dutch", "strategy": "none", "epsilon": "inf", "epsilon_rdp": "inf",
+            "setup": "xu-dutch", "policy": "none", "epsilon": "inf", "epsilon_rdp": "inf",
             "epsilon_prv": "inf", "metric": "overall/accuracy", "paper": "", "paper_stderr": "",
             "fairclip_mean": 0.81, "fairclip_stderr": 0.002, "seeds": 3, "outside": False,
         },

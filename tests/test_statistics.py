@@ -76,15 +76,15 @@ def test_a_paired_interval_leaves_out_zero_exactly_where_the_test_is_significant
 def _runs(values: dict[str, list[float]]) -> pd.DataFrame:
     return pd.DataFrame(
         [
-            {"strategy": strategy, "seed": seed, "q": value}
-            for strategy, series in values.items()
+            {"policy": policy, "seed": seed, "q": value}
+            for policy, series in values.items()
             for seed, value in enumerate(series)
         ]
     )
 
 
 def test_paired_test_uses_the_pairs_not_the_levels():
-    """Seeds that move both strategies together: a consistent small lead is significant when
+    """Seeds that move both policies together: a consistent small lead is significant when
     paired, though the levels' spread dwarfs it."""
     per_run = _runs({"a": [0.70, 0.80, 0.90, 0.75], "b": [0.69, 0.79, 0.89, 0.745]})
     (test,) = statistics.paired_tests(per_run, "q")
@@ -115,7 +115,7 @@ def test_summary_and_test_rows_group_by_target_epsilon():
             for eps in (1.0, 8.0)
         ]
     )
-    summary = statistics.summary_rows(per_run, ["q"], ["target_epsilon", "strategy"])
+    summary = statistics.summary_rows(per_run, ["q"], ["target_epsilon", "policy"])
     assert len(summary) == 4
     first = summary[0]
     assert first["quantity"] == "q" and first["seeds"] == 3

@@ -311,15 +311,15 @@ def test_resume_moves_a_folder_of_the_old_layout_into_not_dp_protected(tmp_path)
         ),
         (
             [
-                *("--grid", "training.client_lr=0.1", "--strategies", "constant", "--epsilons", "1"),
+                *("--grid", "training.client_lr=0.1", "--policies", "constant", "--epsilons", "1"),
                 *("--set", "privacy.target_epsilon=3"),
             ],
             "the curve sets it for each search",
         ),
         (["--grid", "training.client_lr=0.1", "--distribution", "tnb", "--gamma", "2"], "gamma"),
-        (["--grid", "training.client_lr=0.1", "--strategies", "constant"], "go together"),
+        (["--grid", "training.client_lr=0.1", "--policies", "constant"], "go together"),
         (
-            ["--grid", "training.client_lr=0.1", "--strategies", "constant", "--epsilons", "1,x"],
+            ["--grid", "training.client_lr=0.1", "--policies", "constant", "--epsilons", "1,x"],
             "not a number",
         ),
     ],
@@ -352,8 +352,8 @@ def test_tune_command_prints_the_report(tmp_path, capsys):
     assert plan["result"]["trials_run"] == len(plan["trial_points"])
 
 
-def test_a_strategy_searches_only_its_own_and_the_shared_keys():
-    from fairclip.sims.tune.curve import strategy_grid
+def test_a_policy_searches_only_its_own_and_the_shared_keys():
+    from fairclip.sims.tune.curve import policy_grid
 
     grid = {
         "training.client_lr": [0.1],
@@ -361,34 +361,34 @@ def test_a_strategy_searches_only_its_own_and_the_shared_keys():
         "policy.constant.initial_bound": [1.0],
         "policy.initial_bound": [2.0],
     }
-    assert strategy_grid(grid, "constant") == {
+    assert policy_grid(grid, "constant") == {
         "training.client_lr": [0.1],
         "policy.constant.initial_bound": [1.0],
         "policy.initial_bound": [2.0],
     }
-    assert "policy.bounded.lower_bound" in strategy_grid(grid, "bounded")
+    assert "policy.bounded.lower_bound" in policy_grid(grid, "bounded")
     assert grid_points({}) == [{}]  # no grid: the configuration as given, among seeds
 
 
-def test_tuning_curve_runs_one_search_per_strategy_and_epsilon(tmp_path):
+def test_tuning_curve_runs_one_search_per_policy_and_epsilon(tmp_path):
     out = tmp_path / "curve"
     grid = {"training.client_lr": [0.2, 0.5], "policy.bounded.lower_bound": [0.1, 0.5]}
     options = dict(overrides={"training.rounds": 3}, grid_baseline=False, distribution="poisson", mu=2.0)
     with pytest.raises(ConfigError, match="lower_bound"):  # bounded's bad point refused before constant runs
         bad = {**grid, "policy.bounded.lower_bound": [-1.0]}
         fairclip.tune_curve(
-            "demo", strategies=["constant", "bounded"], epsilons=[2.0], grid=bad, out=out, **options
+            "demo", policies=["constant", "bounded"], epsilons=[2.0], grid=bad, out=out, **options
         )
     assert not out.exists()
     table = fairclip.tune_curve(
-        "demo", strategies=["constant", "bounded"], epsilons=[1.0, 4.0], grid=grid, out=out, **options
+        "demo", policies=["constant", "bounded"], epsilons=[1.0, 4.0], grid=grid, out=out, **options
     )
-    assert list(zip(table["strategy"], table["target_epsilon"], strict=True)) == [
+    assert list(zip(table["policy"], table["target_epsilon"], strict=True)) == [
         ("constant", 1.0), ("constant", 4.0), ("bounded", 1.0), ("bounded", 4.0),
     ]  # fmt: skip
     stored = pd.read_csv(out / INTERNAL / "curve.csv")
     pd.testing.assert_frame_equal(stored, table, check_dtype=False)
-    public = ["strategy", "target_epsilon", "epsilon_search", "epsilon_trial_rdp", "dp_search_macro_accuracy"]
+    public = ["policy", "target_epsilon", "epsilon_search", "epsilon_trial_rdp", "dp_search_macro_accuracy"]
     pd.testing.assert_frame_equal(pd.read_csv(out / "curve.csv"), table[public], check_dtype=False)
     for folder in (out, out / INTERNAL):
         assert (folder / "tuning_curve.png").stat().st_size > 0
@@ -397,8 +397,8 @@ def test_tuning_curve_runs_one_search_per_strategy_and_epsilon(tmp_path):
     assert "grid_epsilon_run" in (out / INTERNAL / "report.md").read_text()
     assert (out / INTERNAL / "README.txt").read_text().startswith("NOT DP-PROTECTED")
     # a larger target ε costs more in the whole search; constant never searched bounded's key
-    for strategy in ("constant", "bounded"):
-        mine = table[table["strategy"] == strategy]
+    for policy in ("constant", "bounded"):
+        mine = table[table["policy"] == policy]
         assert mine["epsilon_search"].is_monotonic_increasing
     constant = json.loads((out / "constant__eps-1" / "tuning.json").read_text())
     assert constant["grid"] == {"training.client_lr": [0.2, 0.5]}
@@ -408,7 +408,7 @@ def test_tuning_curve_runs_one_search_per_strategy_and_epsilon(tmp_path):
     # resume: every search comes back from its folder
     again = fairclip.tune_curve(
         "demo",
-        strategies=["constant", "bounded"],
+        policies=["constant", "bounded"],
         epsilons=[1.0, 4.0],
         grid=grid,
         out=out,
@@ -421,10 +421,10 @@ def test_tuning_curve_runs_one_search_per_strategy_and_epsilon(tmp_path):
     for name in ("curve.csv", "report.md", "tuning_curve.png"):
         shutil.copy(out / INTERNAL / name, out / name)
     shutil.rmtree(out / INTERNAL)
-    for key in table["strategy"] + "__eps-" + table["target_epsilon"].map("{:g}".format):
+    for key in table["policy"] + "__eps-" + table["target_epsilon"].map("{:g}".format):
         _to_old_layout(out / key)
     moved = fairclip.tune_curve(
-        "demo", strategies=["constant", "bounded"], epsilons=[1.0, 4.0], grid=grid, out=out, resume=True,
+        "demo", policies=["constant", "bounded"], epsilons=[1.0, 4.0], grid=grid, out=out, resume=True,
         **options,
     )  # fmt: skip
     pd.testing.assert_frame_equal(moved, table)
@@ -490,8 +490,8 @@ def test_a_search_a_curve_and_a_sweep_never_share_a_folder(cli, tmp_path, comman
     tune = ["--grid", "training.client_lr=0.1", "--backend", "local"]
     args = {
         "tune": ["tune", "--scenario", "demo", *tune],
-        "tune-curve": ["tune", "--scenario", "demo", *tune, "--strategies", "constant", "--epsilons", "1"],
-        "compare": ["compare", "--scenario", "demo", "--strategies", "constant"],
+        "tune-curve": ["tune", "--scenario", "demo", *tune, "--policies", "constant", "--epsilons", "1"],
+        "compare": ["compare", "--scenario", "demo", "--policies", "constant"],
         "reproduce": ["reproduce", "zhao-adult"],
         "reproduce-unnamed": ["reproduce"],  # --resume takes the setup from the folder
     }[name]

@@ -41,6 +41,7 @@ from fairclip.sims.reproduce.claims import claims_markdown, fairest_markdown
 from fairclip.sims.reproduce.reproduction import RUN_KEYS_FILE, merge_specs
 from fairclip.sims.reproduce.setups import builtin_setups, load_setup
 from fairclip.sims.reproduce.tables import POINTS, notes_line, tolerance
+from fairclip.sims.sweeps.folder import canonical_spec, read_table
 
 REPOSITORY = Path(__file__).resolve().parents[1]
 RESULTS_DIR = REPOSITORY / "results" / "reproductions"
@@ -61,10 +62,14 @@ def record(out: Path, dest: Path, command: str) -> dict[str, Any]:
     missing = [name for name in FILES if not (out / name).is_file()]
     if missing:
         raise FileNotFoundError(f"{out} holds no {missing[0]}: the reproduction has not finished")
-    spec = json.loads((out / "sweep.json").read_text()) if (out / "sweep.json").is_file() else {}
+    spec = (
+        canonical_spec(json.loads((out / "sweep.json").read_text()), quiet=True)
+        if (out / "sweep.json").is_file()
+        else {}
+    )
     refuse_smoke_run(out, spec)
     summaries = [json.loads(path.read_text()) for path in _summary_paths(out)]
-    table = pd.read_csv(out / "reproduction.csv", keep_default_na=False)
+    table = read_table(out / "reproduction.csv", keep_default_na=False)
     started = [s["provenance"]["started"] for s in summaries if "provenance" in s]
     runs = _runs_provenance(summaries)
     entry = {
@@ -183,21 +188,21 @@ def keep(out: Path, dest: Path) -> dict[str, Any]:
     write ``progress.json``; return it. ``dest`` is replaced by the latest state (``out``'s
     reproduction may have been extended since, ``--extend``), but never with fewer finished runs
     or another specification: a ``dest`` that holds a run ``out`` has not finished, another
-    reproduction (or more seeds or strategies than ``out``'s), or anything but a kept reproduction,
+    reproduction (or more seeds or policies than ``out``'s), or anything but a kept reproduction,
     is refused (ValueError) and left as it is."""
     out, dest = Path(out), Path(dest)
     if not (out / "sweep.json").is_file():
         raise FileNotFoundError(f"{out} holds no sweep.json: it is not a reproduction folder")
-    spec = json.loads((out / "sweep.json").read_text())
+    spec = canonical_spec(json.loads((out / "sweep.json").read_text()), quiet=True)
     if spec.get("command") != "reproduce":
         raise ValueError(f"{out} holds a {spec.get('command')!r} sweep, not a reproduction")
     finished = sorted((out / "runs").glob("*/summary.json"))
     if dest.is_dir() and any(dest.iterdir()) and not (dest / "sweep.json").is_file():
         raise ValueError(f"{dest} holds something other than a kept reproduction: it is not replaced")
     if (dest / "sweep.json").is_file():
-        if not _continues(json.loads((dest / "sweep.json").read_text()), spec):
+        if not _continues(canonical_spec(json.loads((dest / "sweep.json").read_text()), quiet=True), spec):
             raise ValueError(
-                f"{dest} keeps another reproduction than {out} (or more seeds or strategies of it); "
+                f"{dest} keeps another reproduction than {out} (or more seeds or policies of it); "
                 "delete it first to replace it"
             )
         kept = {path.parent.name for path in dest.glob("runs/*/summary.json")}
@@ -228,7 +233,7 @@ def keep(out: Path, dest: Path) -> dict[str, Any]:
 
 def _continues(kept: dict[str, Any], spec: dict[str, Any]) -> bool:
     """Whether the reproduction ``spec`` is the kept one ``kept``, or that one extended
-    (``fairclip reproduce --extend``: more seeds or strategies, nothing else changed)."""
+    (``fairclip reproduce --extend``: more seeds or policies, nothing else changed)."""
 
     if kept == spec:
         return True
@@ -251,7 +256,7 @@ def _number(value: Any, digits: int = 4) -> str:
 def setup_markdown(folder: Path) -> str:
     """One recorded setup: its title line, how it was run, and its table."""
     entry = json.loads((folder / "record.json").read_text())
-    table = pd.read_csv(folder / "reproduction.csv", keep_default_na=False)
+    table = read_table(folder / "reproduction.csv", keep_default_na=False)
     machines = entry.get("machines") or [{"machine": entry["machine"]}]
     minutes = f"{entry['compute_seconds'] / 60:.0f} min of run time"
     if len(machines) == 1:
@@ -262,7 +267,7 @@ def setup_markdown(folder: Path) -> str:
         f"**{entry['setup']}** ({entry['seeds']} seeds, {entry['runs']} runs, {where}, "
         f"recorded at commit {str(entry['recorded_at_commit'])[:7]}): `{entry['command']}`",
         "",
-        "| strategy | ε (RDP / PRV) | metric | paper | fairclip (mean ± s.e.) | |",
+        "| policy | ε (RDP / PRV) | metric | paper | fairclip (mean ± s.e.) | |",
         "|---|---|---|---:|---:|---|",
     ]
     paper_values = table["paper"].astype(str) != ""
@@ -271,7 +276,7 @@ def setup_markdown(folder: Path) -> str:
         mean = _number(row["fairclip_mean"]) + ("" if error == "" else f" ± {float(error):.4f}")
         outside = str(row["outside"]) == "True"
         lines.append(
-            f"| `{row['strategy']}` | {row['epsilon_rdp']} / {row['epsilon_prv']} | {row['metric']} | "
+            f"| `{row['policy']}` | {row['epsilon_rdp']} / {row['epsilon_prv']} | {row['metric']} | "
             f"{_number(row['paper'])} | {mean} | {'outside' if outside else ''} |"
         )
     if not paper_values.any():
@@ -348,9 +353,9 @@ def agreement(folder: Path) -> dict[str, int]:
     how many lie within ± 2 combined standard errors (where both sides have one) and within ± 2
     points. A record tabulated before ``paper_stderr`` was a column takes the setup file's."""
 
-    table = pd.read_csv(folder / "reproduction.csv", keep_default_na=False)
+    table = read_table(folder / "reproduction.csv", keep_default_na=False)
     setup = load_setup(json.loads((folder / "record.json").read_text())["setup"])
-    errors = {s.name: s.paper_stderr for s in setup.strategies}
+    errors = {s.name: s.paper_stderr for s in setup.policies}
     counts = {"published": 0, "with_stderr": 0, "within_combined": 0, "within_points": 0}
     for _, row in table[table["paper"].astype(str) != ""].iterrows():
         paper, mean = float(row["paper"]), float(row["fairclip_mean"])
@@ -358,7 +363,7 @@ def agreement(folder: Path) -> dict[str, int]:
             paper_se = float(row["paper_stderr"]) if str(row["paper_stderr"]) != "" else None
         else:
             text = "" if setup.epsilons == [None] else f"{float(row['epsilon']):g}"
-            paper_se = errors.get(row["strategy"], {}).get(text, {}).get(row["metric"])
+            paper_se = errors.get(row["policy"], {}).get(text, {}).get(row["metric"])
         se = float(row["fairclip_stderr"]) if str(row["fairclip_stderr"]) != "" else float("nan")
         counts["published"] += 1
         counts["with_stderr"] += paper_se is not None
@@ -383,14 +388,14 @@ def claims_page(results: Path = RESULTS_DIR) -> str:
         setup = load_setup(name)
         folder = folders.get(name)
         if folder is not None and (folder / "claims.csv").is_file():
-            tested += pd.read_csv(folder / "claims.csv", keep_default_na=False).to_dict("records")
+            tested += read_table(folder / "claims.csv", keep_default_na=False).to_dict("records")
         else:
             pending += [
                 f"| {name} | {c.claim} ({c.source}; `{c.first.label()}` − `{c.second.label()}`) | {c.paper} |"
                 for c in setup.claims
             ]
         if folder is not None and (folder / "fairest.csv").is_file():
-            fairest += pd.read_csv(folder / "fairest.csv", keep_default_na=False).to_dict("records")
+            fairest += read_table(folder / "fairest.csv", keep_default_na=False).to_dict("records")
         if folder is not None:
             for key, value in agreement(folder).items():
                 totals[key] += value

@@ -8,7 +8,7 @@ Across runs (seeds 003/004), for cohort k against the `none` reference of the sa
 
 Every figure is a mean over seeds of numbers measured in the runs, with its 95 % Student t
 interval over the seeds (:mod:`fairclip.sims.sweeps.statistics`); ``statistics.csv`` holds
-each mean with its standard error and interval, and ``paired_tests.csv`` every pair of strategies
+each mean with its standard error and interval, and ``paired_tests.csv`` every pair of policies
 compared on the same seeds (paired t-test, significant at 5 % or not), which ``report.md``
 summarises. Binary tasks whose cohorts partition the test set add Fairlearn's group metrics of
 the final model (TPR and FPR per cohort, demographic-parity and equalized-odds differences).
@@ -24,10 +24,10 @@ from scipy import stats
 
 from fairclip.atomic import atomic_write_text, write_csv
 from fairclip.sims.sweeps import statistics
-from fairclip.sims.sweeps.plots import PLOTS, RunKeys, epsilon_label, strategy_styles, write_plots
+from fairclip.sims.sweeps.plots import PLOTS, RunKeys, epsilon_label, policy_styles, write_plots
 
 CONFIDENCE = 0.95
-"""A strategy is named best for the worst cohort only where its lead over every other is clear:
+"""A policy is named best for the worst cohort only where its lead over every other is clear:
 the lower end of the two-sided 95 % t interval of the paired (same seed) difference is above 0."""
 
 
@@ -47,7 +47,7 @@ def _interval(values: pd.Series, digits: int = 3) -> str:
 
 
 def paired_lines(tests: list[dict], target: float, quantities: list[str]) -> list[str]:
-    """The paired-test table of one target ε for ``quantities`` (each pair of strategies)."""
+    """The paired-test table of one target ε for ``quantities`` (each pair of policies)."""
     shown = [t for t in tests if t["quantity"] in quantities and _same_target(t["target_epsilon"], target)]
     if not shown or all(math.isnan(t["p_value"]) for t in shown):
         return []
@@ -92,9 +92,9 @@ STATISTICS_FILES = ("statistics.csv", "paired_tests.csv")
 
 
 def gaps(table: pd.DataFrame) -> pd.DataFrame:
-    """Per run (strategy, target ε, seed): privacy-cost gap, excessive-risk gap, worst cohort's
+    """Per run (policy, target ε, seed): privacy-cost gap, excessive-risk gap, worst cohort's
     accuracy, and the final model's whole-run metrics where the table has them."""
-    grouped = table.groupby(["strategy", "target_epsilon", "seed"], dropna=False)
+    grouped = table.groupby(["policy", "target_epsilon", "seed"], dropna=False)
     extra = {name: (name, "first") for name in RUN_QUANTITIES[3:] if name in table.columns}
     return grouped.agg(
         privacy_cost_gap=("privacy_cost", lambda v: v.max() - v.min()),
@@ -109,13 +109,13 @@ def per_run_quantities(table: pd.DataFrame) -> pd.DataFrame:
     """One row per run: :func:`gaps` plus each cohort's accuracy (``<cohort> accuracy``) and, for
     binary tasks, TPR (``<cohort> tpr``)."""
     per_run = gaps(table)
-    keys = ["strategy", "target_epsilon", "seed"]
+    keys = ["policy", "target_epsilon", "seed"]
     for metric in ("accuracy", "tpr"):
         if metric not in table.columns or table[metric].isna().all():
             continue
         wide = table.pivot_table(index=keys, columns="cohort", values=metric, dropna=False)
         # named before the keys come back as columns, so that a cohort named like a key ("seed",
-        # "strategy") cannot take a key's place or collide with it
+        # "policy") cannot take a key's place or collide with it
         wide.columns = [f"{cohort} {metric}" for cohort in wide.columns]
         wide = wide.reset_index()
         per_run = per_run.merge(wide, on=keys, how="left")
@@ -129,25 +129,25 @@ def statistics_tables(table: pd.DataFrame) -> tuple[list[dict], list[dict]]:
     per_run = per_run_quantities(table)
     quantities = [c for c in per_run.columns if c in RUN_QUANTITIES or c.endswith((" accuracy", " tpr"))]
     quantities = [q for q in quantities if per_run[q].notna().any()]
-    summary = statistics.summary_rows(per_run, quantities, ["target_epsilon", "strategy"])
-    reference = per_run[per_run["strategy"] == "none"]
+    summary = statistics.summary_rows(per_run, quantities, ["target_epsilon", "policy"])
+    reference = per_run[per_run["policy"] == "none"]
     tests = []
-    for target, block in per_run[per_run["strategy"] != "none"].groupby("target_epsilon", dropna=False):
+    for target, block in per_run[per_run["policy"] != "none"].groupby("target_epsilon", dropna=False):
         paired = pd.concat([block, reference.assign(target_epsilon=target)])
         tests += statistics.paired_test_rows(paired, quantities, ["target_epsilon"])
     return summary, tests
 
 
 def best_for_worst_cohort(per_run: pd.DataFrame, seeds: int) -> str:
-    """The sentence of ``report.md`` on the best strategy for the worst cohort, from one row per
-    private run (strategy, seed, worst_cohort_accuracy) at one target ε.
+    """The sentence of ``report.md`` on the best policy for the worst cohort, from one row per
+    private run (policy, seed, worst_cohort_accuracy) at one target ε.
 
-    The strategy with the highest mean is *best* only where, against every other strategy, the
+    The policy with the highest mean is *best* only where, against every other policy, the
     paired differences over seeds d_s = a_s(best) − a_s(other) have a clear lead:
-    mean(d) − t_{0.975, n−1} · se(d) > 0. Otherwise the strategies it does not clearly beat are
+    mean(d) − t_{0.975, n−1} · se(d) > 0. Otherwise the policies it does not clearly beat are
     named as tied. One seed gives no interval, so no best is named.
     """
-    scores = per_run.pivot_table(index="seed", columns="strategy", values="worst_cohort_accuracy")
+    scores = per_run.pivot_table(index="seed", columns="policy", values="worst_cohort_accuracy")
     scores = scores.dropna(axis=1, how="all")
     if scores.empty:
         return ""
@@ -159,7 +159,7 @@ def best_for_worst_cohort(per_run: pd.DataFrame, seeds: int) -> str:
     if seeds < 2 or len(scores) < 2:
         return (
             f"Highest worst-cohort accuracy: `{leader}` ({value}); with one seed there is no "
-            "uncertainty estimate, so no strategy is named best (run --seeds 2 or more)."
+            "uncertainty estimate, so no policy is named best (run --seeds 2 or more)."
         )
     tied = []
     for other in order.index[1:]:
@@ -170,7 +170,7 @@ def best_for_worst_cohort(per_run: pd.DataFrame, seeds: int) -> str:
         if not lower > 0:
             tied.append(str(other))
     if not tied:
-        return f"Best strategy for the worst cohort: **`{leader}`** (worst-cohort accuracy {value})."
+        return f"Best policy for the worst cohort: **`{leader}`** (worst-cohort accuracy {value})."
     names = ", ".join(f"`{name}`" for name in tied)
     return (
         f"No clear best for the worst cohort: `{leader}` has the highest worst-cohort accuracy "
@@ -183,11 +183,11 @@ def markdown_report(
     table: pd.DataFrame, title: str, left_out: dict[str, str] | None = None, tests: list[dict] | None = None
 ) -> str:
     """``report.md``: one section per target ε with each mean's t interval, the paired
-    tests of ``tests`` (:func:`statistics_tables`), the best strategy for the worst cohort (or
+    tests of ``tests`` (:func:`statistics_tables`), the best policy for the worst cohort (or
     the tie, :func:`best_for_worst_cohort`) and the plots, with the reason for any left out."""
     cohorts = list(dict.fromkeys(table["cohort"]))
     per_run = gaps(table)
-    reference = table[table["strategy"] == "none"]
+    reference = table[table["policy"] == "none"]
     lines = [f"# {title}", ""]
     seeds = table["seed"].nunique()
     group_metrics = (
@@ -200,11 +200,11 @@ def markdown_report(
         "ε is the value spent (δ, accountant and noise multipliers are in `summary.csv`).",
         "",
     ]
-    private = table[table["strategy"] != "none"]
-    order = list(strategy_styles(table["strategy"]))
+    private = table[table["policy"] != "none"]
+    order = list(policy_styles(table["policy"]))
     for target, block in private.groupby("target_epsilon", dropna=False, sort=True):
         lines += [f"## target ε = {epsilon_label(target)}", ""]
-        header = ["strategy", "ε spent"]
+        header = ["policy", "ε spent"]
         header += [f"{c} accuracy" for c in cohorts] + [f"{c} π" for c in cohorts]
         header += ["π gap", "R gap", "worst-cohort accuracy"]
         if group_metrics:
@@ -212,13 +212,13 @@ def markdown_report(
         lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
         rows = pd.concat([reference, block])
         run_gaps = per_run[
-            per_run["strategy"].isin(rows["strategy"].unique())
-            & ((per_run["target_epsilon"] == target) | (per_run["strategy"] == "none") | pd.isna(target))
+            per_run["policy"].isin(rows["policy"].unique())
+            & ((per_run["target_epsilon"] == target) | (per_run["policy"] == "none") | pd.isna(target))
         ]
-        for strategy in [name for name in order if name in set(rows["strategy"])]:
-            mine = rows[rows["strategy"] == strategy]
-            mine_gaps = run_gaps[run_gaps["strategy"] == strategy]
-            cells = [f"`{strategy}`", _interval(mine_gaps["epsilon"], digits=2)]
+        for policy in [name for name in order if name in set(rows["policy"])]:
+            mine = rows[rows["policy"] == policy]
+            mine_gaps = run_gaps[run_gaps["policy"] == policy]
+            cells = [f"`{policy}`", _interval(mine_gaps["epsilon"], digits=2)]
             cells += [_interval(mine[mine["cohort"] == c]["accuracy"]) for c in cohorts]
             cells += [_interval(mine[mine["cohort"] == c]["privacy_cost"]) for c in cohorts]
             cells += [
@@ -234,7 +234,7 @@ def markdown_report(
             lines.append("| " + " | ".join(cells) + " |")
         lines.append("")
         lines += paired_lines(tests or [], target, [*TESTED, *(f"{c} accuracy" for c in cohorts)])
-        verdict = best_for_worst_cohort(run_gaps[run_gaps["strategy"] != "none"], seeds)
+        verdict = best_for_worst_cohort(run_gaps[run_gaps["policy"] != "none"], seeds)
         if verdict:
             lines += [f"At ε = {epsilon_label(target)}: {verdict}", ""]
     left_out = left_out or {}

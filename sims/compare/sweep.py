@@ -1,4 +1,4 @@
-"""``fairclip compare``: strategies × target ε × seeds as Ray tasks, and the `none` reference.
+"""``fairclip compare``: policies × target ε × seeds as Ray tasks, and the `none` reference.
 
 Each run is one Ray task that simulates a whole federation in its worker process (the
 in-process executor: parallelism comes from running many runs at once). The driver writes every
@@ -39,7 +39,7 @@ T = TypeVar("T")
 class RunSpec:
     """One cell of the sweep."""
 
-    strategy: str
+    policy: str
     """The policy as the configuration names it (``policy.name``: a name or an import path)."""
     target_epsilon: float | None
     seed: int
@@ -47,8 +47,8 @@ class RunSpec:
     @property
     def name(self) -> str:
         """The policy's one name in every output (:func:`fairclip.policies.display_name`): the
-        run's key, the table's ``strategy`` column, the report and the plots."""
-        return policy_name(self.strategy)
+        run's key, the table's ``policy`` column, the report and the plots."""
+        return policy_name(self.policy)
 
     @property
     def key(self) -> str:
@@ -56,15 +56,15 @@ class RunSpec:
         return f"{self.name}__eps-{epsilon}__seed-{self.seed}"
 
     def config(self, raw: dict[str, Any]) -> RunConfig:
-        """The configuration of this run: the scenario with strategy, ε and seed set."""
-        raw = set_value(set_value(raw, "policy.name", self.strategy), "seed", self.seed)
-        if self.target_epsilon is not None and self.strategy != REFERENCE:
+        """The configuration of this run: the scenario with policy, ε and seed set."""
+        raw = set_value(set_value(raw, "policy.name", self.policy), "seed", self.seed)
+        if self.target_epsilon is not None and self.policy != REFERENCE:
             raw = set_value(raw, "privacy.target_epsilon", float(self.target_epsilon))
         return validate(raw)
 
 
 def plan_runs(
-    raw: dict[str, Any], strategies: list[str], epsilons: list[float | None], seeds: int
+    raw: dict[str, Any], policies: list[str], epsilons: list[float | None], seeds: int
 ) -> list[RunSpec]:
     """Every run of the sweep, the `none` reference once per seed first. Validates them all."""
     base = validate(raw)
@@ -73,39 +73,39 @@ def plan_runs(
     seed_values = [base.seed + offset for offset in range(seeds)]
     runs = [RunSpec(REFERENCE, None, seed) for seed in seed_values]
     runs += [
-        RunSpec(strategy, epsilon, seed)
-        for strategy in strategies
-        if strategy != REFERENCE
+        RunSpec(policy, epsilon, seed)
+        for policy in policies
+        if policy != REFERENCE
         for epsilon in epsilons
         for seed in seed_values
     ]
     from fairclip.server.privacy_plan import check_accountable  # Opacus: kept out of start-up
 
-    for run in runs:  # fail fast, before any work, on a strategy, ε or size the scenario rejects
+    for run in runs:  # fail fast, before any work, on a policy, ε or size the scenario rejects
         config = run.config(raw)
-        if run.strategy != REFERENCE:
+        if run.policy != REFERENCE:
             check_accountable(config)
     return runs
 
 
-DEFAULT_STRATEGIES = "constant,adaptive,bounded"
+DEFAULT_POLICIES = "constant,adaptive,bounded"
 DEFAULT_SEEDS = 1
 
 
 def compare_spec(
     raw: dict[str, Any] | None,
-    strategies: list[str] | None,
+    policies: list[str] | None,
     epsilons: list[float | None] | None,
     seeds: int | None,
     *,
     explicit_only: bool = False,
 ) -> dict[str, Any]:
     """The specification of a sweep (what :mod:`fairclip.sims.sweeps.folder` stores): the
-    scenario's raw configuration and the strategies, target ε and number of seeds, with the
+    scenario's raw configuration and the policies, target ε and number of seeds, with the
     defaults filled in -- or, ``explicit_only`` (``--resume``), only what was given."""
 
     options = {
-        "strategies": (strategies, [name.strip() for name in DEFAULT_STRATEGIES.split(",")]),
+        "policies": (policies, [name.strip() for name in DEFAULT_POLICIES.split(",")]),
         "epsilons": (epsilons, parse_epsilons(None)),
         "seeds": (seeds, DEFAULT_SEEDS),
     }
@@ -116,20 +116,20 @@ def compare_spec(
 def plan_from_spec(spec: dict[str, Any]) -> tuple[dict[str, Any], list[RunSpec]]:
     """(raw configuration, runs) of a complete sweep specification; validates every run."""
     raw = spec["config"]
-    return raw, plan_runs(raw, list(spec["strategies"]), list(spec["epsilons"]), int(spec["seeds"]))
+    return raw, plan_runs(raw, list(spec["policies"]), list(spec["epsilons"]), int(spec["seeds"]))
 
 
 def merge_specs(stored: dict[str, Any], given: dict[str, Any]) -> dict[str, Any]:
-    """``--extend``: the stored sweep with the given strategies, ε and seeds added (same scenario)."""
+    """``--extend``: the stored sweep with the given policies, ε and seeds added (same scenario)."""
 
     if stored.get("config") != given.get("config"):
         raise ConfigError(
-            "--extend adds strategies, ε or seeds over the same scenario settings, and these differ; "
+            "--extend adds policies, ε or seeds over the same scenario settings, and these differ; "
             "use --replace or another --out"
         )
     return {
         **stored,
-        "strategies": union(stored["strategies"], given["strategies"]),
+        "policies": union(stored["policies"], given["policies"]),
         "epsilons": union(stored["epsilons"], given["epsilons"]),
         "seeds": max(stored["seeds"], given["seeds"]),
     }
@@ -237,7 +237,7 @@ def load_results(
     out: Path, runs: Iterable[RunSpec]
 ) -> tuple[pd.DataFrame, dict[str, pd.DataFrame], dict[str, tuple[str, float]]]:
     """``summary.csv`` rows (per run and cohort, with privacy cost against `none`), each run's
-    rounds, and each run's (strategy, target ε) by key, read from the run folders in ``out``."""
+    rounds, and each run's (policy, target ε) by key, read from the run folders in ``out``."""
     runs = list(runs)
     summaries = {run.key: json.loads((out / "runs" / run.key / "summary.json").read_text()) for run in runs}
     rounds = {run.key: pd.read_csv(out / "runs" / run.key / "rounds.csv") for run in runs}
@@ -248,7 +248,7 @@ def results_table(
     runs: list[RunSpec], summaries: dict[str, dict[str, Any]], rounds: dict[str, pd.DataFrame]
 ) -> tuple[pd.DataFrame, dict[str, pd.DataFrame], dict[str, tuple[str, float]]]:
     """As :func:`load_results`, from each run's summary and rounds by key (held in memory)."""
-    references = {run.seed: summaries[run.key] for run in runs if run.strategy == REFERENCE}
+    references = {run.seed: summaries[run.key] for run in runs if run.policy == REFERENCE}
     rows = []
     keys = {run.key: (run.name, _target(run, summaries[run.key])) for run in runs}
     for run in runs:
@@ -260,7 +260,7 @@ def results_table(
             loss = metrics.get("loss", math.nan)
             rows.append(
                 {
-                    "strategy": run.name,
+                    "policy": run.name,
                     "target_epsilon": keys[run.key][1],
                     "epsilon": float(summary["epsilon"]),
                     "seed": run.seed,
@@ -292,7 +292,7 @@ the task has none."""
 
 def _target(run: RunSpec, summary: dict[str, Any]) -> float:
     """The run's target ε: ∞ for the reference, the scenario's own target (or NaN) without one."""
-    if run.strategy == REFERENCE:
+    if run.policy == REFERENCE:
         return math.inf
     if run.target_epsilon is not None:
         return run.target_epsilon

@@ -146,7 +146,7 @@ class ClientBlocksActor:
 
     def set_policy(self, config: dict[str, Any]) -> None:
         """Use the policy of ``config`` from now on (the same scenario, so the same task: the
-        DP-overhead benchmark switches strategies on one set of actors)."""
+        DP-overhead benchmark switches policies on one set of actors)."""
         self.config: RunConfig = validate(config)
         self.policy: Policy = build_policy(
             self.config.policy.name, self.config.policy.params, num_cohorts=len(self.task.cohort_names)

@@ -8,8 +8,8 @@ A setup file lists the claims of its paper that its runs can test (``[[claims]]`
     source = "Table 3"
     paper = "-0.015 against -0.716"
     expect = "greater"
-    first = { strategy = "per-cohort", metric = "accuracy_change_class_8", epsilon = 2.0 }
-    second = { strategy = "constant", metric = "accuracy_change_class_8", epsilon = 2.0 }
+    first = { policy = "per-cohort", metric = "accuracy_change_class_8", epsilon = 2.0 }
+    second = { policy = "constant", metric = "accuracy_change_class_8", epsilon = 2.0 }
 
 A claim is a signed difference of two of the setup's quantities measured on the same seeds (a
 seed fixes the data, the partition and the sampling, so the two runs of one seed form a pair):
@@ -65,7 +65,7 @@ FAIREST_COLUMNS = [
     "setup",
     "target_epsilon",
     "rank",
-    "strategy",
+    "policy",
     "worst_group_cost",
     "ci_low",
     "ci_high",
@@ -73,7 +73,7 @@ FAIREST_COLUMNS = [
     "worst_group",
     "p_vs_next",
 ]
-"""The columns of ``fairest.csv``: one row per private strategy and target ε, rank 1 the lowest
+"""The columns of ``fairest.csv``: one row per private policy and target ε, rank 1 the lowest
 mean worst-group privacy cost; ``p_vs_next`` (rank 1 only) the paired test against rank 2."""
 COHORT_ACCURACY = "{cohort}/accuracy"
 """The column of a per-seed row that holds a cohort's accuracy (absolute)."""
@@ -81,15 +81,15 @@ COHORT_ACCURACY = "{cohort}/accuracy"
 
 @dataclass(frozen=True)
 class Side:
-    """One side of a claim: a strategy's metric at a target ε (``""``: the setup has none)."""
+    """One side of a claim: a policy's metric at a target ε (``""``: the setup has none)."""
 
-    strategy: str
+    policy: str
     metric: str
     epsilon: str = ""
 
     def label(self) -> str:
         at = f" at ε {self.epsilon}" if self.epsilon else ""
-        return f"{self.strategy} {self.metric}{at}"
+        return f"{self.policy} {self.metric}{at}"
 
 
 @dataclass(frozen=True)
@@ -108,12 +108,12 @@ class Claim:
 def parse_claims(
     entries: Any,
     *,
-    strategies: Sequence[str],
+    policies: Sequence[str],
     metrics: Sequence[str],
     epsilons: Sequence[str],
     where: str,
 ) -> list[Claim]:
-    """The ``[[claims]]`` of a setup file, checked against the setup's strategy labels, metric
+    """The ``[[claims]]`` of a setup file, checked against the setup's policy labels, metric
     names and target ε (as text, ``""`` where it has none); one :class:`ConfigError` line naming
     the first problem."""
     if not isinstance(entries, list):
@@ -135,7 +135,7 @@ def parse_claims(
         if any(claim.id == entry["id"] for claim in claims):
             raise ConfigError(f"{place}: id {entry['id']!r} is used twice")
         sides = [
-            _side(entry[name], strategies, metrics, epsilons, f"{place} ({entry['id']}), {name}")
+            _side(entry[name], policies, metrics, epsilons, f"{place} ({entry['id']}), {name}")
             for name in ("first", "second")
         ]
         if sides[0] == sides[1]:
@@ -146,20 +146,22 @@ def parse_claims(
 
 
 def _side(
-    table: Any, strategies: Sequence[str], metrics: Sequence[str], epsilons: Sequence[str], place: str
+    table: Any, policies: Sequence[str], metrics: Sequence[str], epsilons: Sequence[str], place: str
 ) -> Side:
-    if not isinstance(table, dict) or set(table) - {"strategy", "metric", "epsilon"}:
-        raise ConfigError(f"{place} must be a table of strategy, metric and (optionally) epsilon")
-    strategy, metric = table.get("strategy"), table.get("metric")
-    if strategy not in strategies:
-        raise ConfigError(f"{place}: the setup has no strategy {strategy!r}")
+    if not isinstance(table, dict) or set(table) - {"policy", "strategy", "metric", "epsilon"}:
+        raise ConfigError(f"{place} must be a table of policy, metric and (optionally) epsilon")
+    if "policy" in table and "strategy" in table:
+        raise ConfigError(f"{place}: give policy or strategy (its old name), not both")
+    policy, metric = table.get("policy", table.get("strategy")), table.get("metric")
+    if policy not in policies:
+        raise ConfigError(f"{place}: the setup has no policy {policy!r}")
     if metric not in metrics:
         raise ConfigError(f"{place}: the setup has no metric {metric!r} (it has: {', '.join(metrics)})")
     epsilon = "" if table.get("epsilon") is None else epsilon_text(float(table["epsilon"]))
     if epsilon not in epsilons:
         shown = ", ".join(e or "none" for e in epsilons)
         raise ConfigError(f"{place}: epsilon {epsilon or 'none'} is not a target of the setup ({shown})")
-    return Side(strategy, metric, epsilon)
+    return Side(policy, metric, epsilon)
 
 
 def epsilon_text(epsilon: float | None) -> str:
@@ -168,7 +170,7 @@ def epsilon_text(epsilon: float | None) -> str:
 
 
 def _by_seed(per_seed: pd.DataFrame, side: Side) -> pd.Series:
-    rows = per_seed[(per_seed["strategy"] == side.strategy) & (per_seed["target_epsilon"] == side.epsilon)]
+    rows = per_seed[(per_seed["policy"] == side.policy) & (per_seed["target_epsilon"] == side.epsilon)]
     return rows.set_index("seed")[side.metric].astype(float)
 
 
@@ -213,30 +215,30 @@ def claim_rows(setup: str, claims: Iterable[Claim], per_seed: pd.DataFrame) -> l
 def fairest_rows(
     setup: str, per_seed: pd.DataFrame, reference: str | None, cohorts: Sequence[str]
 ) -> list[dict[str, Any]]:
-    """The private strategies of ``per_seed`` ranked at each target ε by their mean worst-group
+    """The private policies of ``per_seed`` ranked at each target ε by their mean worst-group
     privacy cost against ``reference`` (module docstring); none without a reference or cohorts."""
     if reference is None or not cohorts or per_seed.empty:
         return []
     columns = [COHORT_ACCURACY.format(cohort=cohort) for cohort in cohorts]
-    base = per_seed[per_seed["strategy"] == reference]
+    base = per_seed[per_seed["policy"] == reference]
     rows: list[dict[str, Any]] = []
     for epsilon in sorted(set(per_seed["target_epsilon"]), key=_epsilon_order):
         own = base[base["target_epsilon"] == epsilon]
         reference_runs = (own if not own.empty else base[base["target_epsilon"] == ""]).set_index("seed")
         costs: dict[str, pd.Series] = {}
         worst: dict[str, str] = {}
-        private = per_seed[(per_seed["target_epsilon"] == epsilon) & (per_seed["strategy"] != reference)]
-        for strategy, runs in private.groupby("strategy", sort=False):
+        private = per_seed[(per_seed["target_epsilon"] == epsilon) & (per_seed["policy"] != reference)]
+        for policy, runs in private.groupby("policy", sort=False):
             runs = runs.set_index("seed")
             seeds = runs.index.intersection(reference_runs.index)
             if seeds.empty:
                 continue
             cost = reference_runs.loc[seeds, columns].astype(float) - runs.loc[seeds, columns].astype(float)
-            costs[str(strategy)] = cost.max(axis=1)
-            worst[str(strategy)] = cohorts[int(np.argmax(cost.mean(axis=0).to_numpy()))]
+            costs[str(policy)] = cost.max(axis=1)
+            worst[str(policy)] = cohorts[int(np.argmax(cost.mean(axis=0).to_numpy()))]
         ranked = sorted(costs, key=lambda name: costs[name].mean())
-        for rank, strategy in enumerate(ranked, start=1):
-            values = costs[strategy]
+        for rank, policy in enumerate(ranked, start=1):
+            values = costs[policy]
             low, high = mean_interval(values)
             p_next = math.nan
             if rank == 1 and len(ranked) > 1:
@@ -247,12 +249,12 @@ def fairest_rows(
                     "setup": setup,
                     "target_epsilon": epsilon,
                     "rank": rank,
-                    "strategy": strategy,
+                    "policy": policy,
                     "worst_group_cost": float(values.mean()),
                     "ci_low": low,
                     "ci_high": high,
                     "seeds": int(values.size),
-                    "worst_group": worst[strategy],
+                    "worst_group": worst[policy],
                     "p_vs_next": p_next,
                 }
             )
@@ -304,14 +306,14 @@ def fairest_markdown(rows: Sequence[dict[str, Any]]) -> list[str]:
     if not rows:
         return []
     lines = [
-        "| ε | rank | strategy | worst-group privacy cost [95 %] | seeds | worst group | p (rank 1 vs 2) |",
+        "| ε | rank | policy | worst-group privacy cost [95 %] | seeds | worst group | p (rank 1 vs 2) |",
         "|---|---|---|---|---|---|---|",
     ]
     for row in rows:
         p_value = row["p_vs_next"]
         p_text = "" if p_value in ("", None) or math.isnan(float(p_value)) else f"{float(p_value):.3g}"
         lines.append(
-            f"| {row['target_epsilon'] or '—'} | {row['rank']} | `{row['strategy']}` | "
+            f"| {row['target_epsilon'] or '—'} | {row['rank']} | `{row['policy']}` | "
             f"{_number(row['worst_group_cost'])}{_interval(row['ci_low'], row['ci_high'])} | "
             f"{row['seeds']} | {row['worst_group']} | {p_text} |"
         )

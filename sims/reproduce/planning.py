@@ -1,6 +1,6 @@
 """A reproduction's runs: sample-level settings, the grid, the per-run ε, and their execution.
 
-:class:`Planner` turns a setup into the runs of every strategy, target ε and seed (a grid's
+:class:`Planner` turns a setup into the runs of every policy, target ε and seed (a grid's
 validation runs first, the chosen point's final runs on the test split after them,
 :class:`FinalsAfterGrid`); :func:`execute` runs them as a sweep does (:mod:`fairclip.sims.executors.jobs`),
 writing each into ``DIR/runs/<key>/`` as it finishes.
@@ -32,7 +32,7 @@ from fairclip.sims.executors.jobs import simulate_jobs
 from fairclip.sims.reproduce.claims import (
     epsilon_text,
 )
-from fairclip.sims.reproduce.setups import Run, Setup, StrategySetup, per_run_keys
+from fairclip.sims.reproduce.setups import PolicySetup, Run, Setup, per_run_keys
 from fairclip.sims.sweeps.runs import discard_checkpoints, finished_summary, run_checkpoint, save_run
 from fairclip.strategies import accounting
 from fairclip.strategies.errors import PolicyConfigError
@@ -43,14 +43,14 @@ def sample_level_settings(
     num_examples: int,
     max_rounds: int | None,
     max_batch: int | None = None,
-    strategy: StrategySetup | None = None,
+    policy: PolicySetup | None = None,
 ) -> dict[str, Any]:
     """The settings (typed, by dotted key) that make every training example a client of a
-    DP-SGD step, with the setup's epochs and batch size, or ``strategy``'s own where it has them.
+    DP-SGD step, with the setup's epochs and batch size, or ``policy``'s own where it has them.
     ``max_rounds`` and ``max_batch`` (smoke runs only) cap the number of steps and the expected
     batch (the sampling rate)."""
-    epochs = setup.epochs if strategy is None or strategy.epochs is None else strategy.epochs
-    batch_size = setup.batch_size if strategy is None or strategy.batch_size is None else strategy.batch_size
+    epochs = setup.epochs if policy is None or policy.epochs is None else policy.epochs
+    batch_size = setup.batch_size if policy is None or policy.batch_size is None else policy.batch_size
     if batch_size is None:
         rate, rounds = 1.0, epochs
     else:
@@ -73,12 +73,12 @@ def _apply(raw: dict[str, Any], settings: dict[str, Any]) -> dict[str, Any]:
     return raw
 
 
-def _strategy_raw(
-    base: dict[str, Any], strategy: StrategySetup, point: dict[str, Any], overrides: dict[str, Any]
+def _policy_raw(
+    base: dict[str, Any], policy: PolicySetup, point: dict[str, Any], overrides: dict[str, Any]
 ) -> dict[str, Any]:
-    """``base`` with the strategy's settings, then its grid point, then the user's ``--set``
-    ``overrides`` (which win over the setup's per-strategy settings, as the report says)."""
-    raw = _apply(set_value(base, "policy.name", strategy.policy_name), {**strategy.settings, **point})
+    """``base`` with the policy's settings, then its grid point, then the user's ``--set``
+    ``overrides`` (which win over the setup's per-policy settings, as the report says)."""
+    raw = _apply(set_value(base, "policy.name", policy.policy_name), {**policy.settings, **point})
     raw = _apply(raw, overrides)
     # Zhao et al.'s grid puts C_LB up to 50; fairclip requires C_0 >= C_LB, so the bound starts there.
     lower = raw["policy"].get("lower_bound")
@@ -87,14 +87,14 @@ def _strategy_raw(
     return raw
 
 
-def grid_axes(setup: Setup, strategy: StrategySetup, full: bool) -> dict[str, list[Any]]:
-    """The setup's and the strategy's grid axes (``full``: the paper grids), by key."""
-    return {**(setup.full_grid if full else setup.grid), **(strategy.full_grid if full else strategy.grid)}
+def grid_axes(setup: Setup, policy: PolicySetup, full: bool) -> dict[str, list[Any]]:
+    """The setup's and the policy's grid axes (``full``: the paper grids), by key."""
+    return {**(setup.full_grid if full else setup.grid), **(policy.full_grid if full else policy.grid)}
 
 
-def grid_points(setup: Setup, strategy: StrategySetup, full: bool, limit: int | None) -> list[dict[str, Any]]:
-    """Every combination of the setup's and the strategy's grid axes (first ``limit`` values each)."""
-    axes = grid_axes(setup, strategy, full)
+def grid_points(setup: Setup, policy: PolicySetup, full: bool, limit: int | None) -> list[dict[str, Any]]:
+    """Every combination of the setup's and the policy's grid axes (first ``limit`` values each)."""
+    axes = grid_axes(setup, policy, full)
     if limit is not None:
         axes = {key: values[:limit] for key, values in axes.items()}
     keys = list(axes)
@@ -126,9 +126,9 @@ def checked_overrides(setup: Setup, overrides: list[str]) -> dict[str, Any]:
     :class:`ConfigError` for a key the reproduction sets per run or one of its grids varies,
     which an override would silently fix (or be overwritten by)."""
     varied = dict.fromkeys([*setup.grid, *setup.full_grid], "the setup's grid")
-    for strategy in setup.strategies:
-        for key in [*strategy.grid, *strategy.full_grid]:
-            varied.setdefault(key, f"strategy {strategy.name}'s grid")
+    for policy in setup.policies:
+        for key in [*policy.grid, *policy.full_grid]:
+            varied.setdefault(key, f"policy {policy.name}'s grid")
     refused = per_run_keys(setup)
     checked = {}
     for assignment in canonical_assignments(overrides):
@@ -168,7 +168,7 @@ class Planner:
         self.max_batch = max_batch
         self.examples = examples or training_examples
         self.overrides = checked_overrides(setup, overrides)
-        """``--set`` by dotted key, applied over every run's strategy settings and grid point (the
+        """``--set`` by dotted key, applied over every run's policy settings and grid point (the
         first seed, ``seed``, stays in :attr:`base`)."""
         self.base = apply_overrides(_apply(scenario_source(setup.scenario, None), setup.settings), overrides)
         self._counts: dict[tuple[int, bool], int] = {}
@@ -176,17 +176,17 @@ class Planner:
         """(full, limit) of the grid last planned (:meth:`grid_runs`): the search a final run
         stands for; before any, the default reduced grid."""
 
-    def search_runs(self, strategy: StrategySetup) -> int:
-        """k of ``strategy``'s runs (:attr:`Run.search_runs`): under a ``per-grid`` budget, its
+    def search_runs(self, policy: PolicySetup) -> int:
+        """k of ``policy``'s runs (:attr:`Run.search_runs`): under a ``per-grid`` budget, its
         points in the grid last planned, else 1."""
         if self.setup.budget != "per-grid" or not self.setup.has_grid:
             return 1
         full, limit = self._searched
-        return len(grid_points(self.setup, strategy, full, limit))
+        return len(grid_points(self.setup, policy, full, limit))
 
     def raw(
         self,
-        strategy: StrategySetup,
+        policy: PolicySetup,
         point,
         epsilon: float | None,
         seed: int,
@@ -198,7 +198,7 @@ class Planner:
             base = set_value(base, "scenario.evaluate_on", "validation")
         if epsilon is not None:
             base = set_value(base, "privacy.target_epsilon", epsilon)
-        raw = _strategy_raw(base, strategy, point, self.overrides)
+        raw = _policy_raw(base, policy, point, self.overrides)
         scenario = validate(raw).scenario
         if (
             self.setup.selects
@@ -213,7 +213,7 @@ class Planner:
         if marker not in self._counts:
             self._counts[marker] = self.examples(scenario, self.data_dir, seed)
         count = self._counts[marker]
-        sample_level = sample_level_settings(self.setup, count, self.max_rounds, self.max_batch, strategy)
+        sample_level = sample_level_settings(self.setup, count, self.max_rounds, self.max_batch, policy)
         raw = _apply(raw, sample_level)
         if epsilon is not None and search_runs > 1:  # this run's share of its search's ε
             privacy = validate(raw).privacy
@@ -235,53 +235,53 @@ class Planner:
         return raw
 
     def grid_runs(self, full: bool, limit: int | None) -> list[Run]:
-        """The validation runs of every strategy with grid axes (one with none has nothing to
+        """The validation runs of every policy with grid axes (one with none has nothing to
         choose: its final runs start at once, :meth:`ungridded_runs`)."""
         runs = []
         seed = int(self.base.get("seed", 0))
         self._searched = (full, limit)
-        for strategy in self.setup.strategies:
-            if not grid_axes(self.setup, strategy, full):
+        for policy in self.setup.policies:
+            if not grid_axes(self.setup, policy, full):
                 continue
-            k = self.search_runs(strategy)
+            k = self.search_runs(policy)
             for epsilon in self.setup.epsilons:
-                for index, point in enumerate(grid_points(self.setup, strategy, full, limit)):
-                    key = f"grid__{strategy.name}__eps-{epsilon_text(epsilon) or 'none'}__{index:03d}"
-                    raw = self.raw(strategy, point, epsilon, seed, validation=True, search_runs=k)
-                    runs.append(Run(key, strategy.name, epsilon, seed, raw, point, search_runs=k))
+                for index, point in enumerate(grid_points(self.setup, policy, full, limit)):
+                    key = f"grid__{policy.name}__eps-{epsilon_text(epsilon) or 'none'}__{index:03d}"
+                    raw = self.raw(policy, point, epsilon, seed, validation=True, search_runs=k)
+                    runs.append(Run(key, policy.name, epsilon, seed, raw, point, search_runs=k))
         return runs
 
     def ungridded_runs(self, seeds: int, full: bool) -> list[Run]:
-        """The final runs of the strategies without grid axes, which need no grid run first."""
+        """The final runs of the policies without grid axes, which need no grid run first."""
         return [
             run
-            for strategy in self.setup.strategies
-            if not grid_axes(self.setup, strategy, full)
+            for policy in self.setup.policies
+            if not grid_axes(self.setup, policy, full)
             for epsilon in self.setup.epsilons
-            for run in self.final_runs_of(strategy, epsilon, seeds, {})
+            for run in self.final_runs_of(policy, epsilon, seeds, {})
         ]
 
     def final_runs(self, seeds: int, chosen: dict[tuple[str, float | None], dict[str, Any]]) -> list[Run]:
-        """Every strategy's and target ε's runs on the test set, ``seeds`` each, at the grid point
+        """Every policy's and target ε's runs on the test set, ``seeds`` each, at the grid point
         ``chosen`` for it (none where it has no entry)."""
         return [
             run
-            for strategy in self.setup.strategies
+            for policy in self.setup.policies
             for epsilon in self.setup.epsilons
-            for run in self.final_runs_of(strategy, epsilon, seeds, chosen.get((strategy.name, epsilon), {}))
+            for run in self.final_runs_of(policy, epsilon, seeds, chosen.get((policy.name, epsilon), {}))
         ]
 
     def final_runs_of(
-        self, strategy: StrategySetup, epsilon: float | None, seeds: int, point: dict[str, Any]
+        self, policy: PolicySetup, epsilon: float | None, seeds: int, point: dict[str, Any]
     ) -> list[Run]:
-        """One strategy's runs at one target ε on the test set, ``seeds`` of them, at ``point``."""
+        """One policy's runs at one target ε on the test set, ``seeds`` of them, at ``point``."""
         first = int(self.base.get("seed", 0))
-        k = self.search_runs(strategy)
+        k = self.search_runs(policy)
         runs = []
         for seed in range(first, first + seeds):
-            key = f"{strategy.name}__eps-{epsilon_text(epsilon) or 'none'}__seed-{seed}"
-            raw = self.raw(strategy, point, epsilon, seed, validation=False, search_runs=k)
-            runs.append(Run(key, strategy.name, epsilon, seed, raw, point, search_runs=k))
+            key = f"{policy.name}__eps-{epsilon_text(epsilon) or 'none'}__seed-{seed}"
+            raw = self.raw(policy, point, epsilon, seed, validation=False, search_runs=k)
+            runs.append(Run(key, policy.name, epsilon, seed, raw, point, search_runs=k))
         return runs
 
 
@@ -362,9 +362,9 @@ def execute(
 
 
 class FinalsAfterGrid:
-    """``then`` of :func:`execute` for a setup with a grid: once the last grid run of a strategy
+    """``then`` of :func:`execute` for a setup with a grid: once the last grid run of a policy
     at a target ε has finished, choose its grid point (:func:`choose`, into ``chosen``) and
-    return that strategy's final runs at that ε, which start while the rest of the grid runs."""
+    return that policy's final runs at that ε, which start while the rest of the grid runs."""
 
     def __init__(
         self,
@@ -380,7 +380,7 @@ class FinalsAfterGrid:
         self.chosen = chosen
         self.groups: dict[tuple[str, float | None], list[Run]] = {}
         for run in grid:
-            self.groups.setdefault((run.strategy, run.target_epsilon), []).append(run)
+            self.groups.setdefault((run.policy, run.target_epsilon), []).append(run)
         self.grid_keys = {run.key for run in grid}
         self.summaries: dict[str, dict[str, Any]] = {}
 
@@ -388,12 +388,12 @@ class FinalsAfterGrid:
         if run.key not in self.grid_keys:
             return []  # a final run
         self.summaries[run.key] = summary
-        group = (run.strategy, run.target_epsilon)
+        group = (run.policy, run.target_epsilon)
         if any(other.key not in self.summaries for other in self.groups[group]):
             return []
         self.chosen.update(choose(self.groups[group], self.summaries, self.metric))
-        strategy = next(s for s in self.planner.setup.strategies if s.name == run.strategy)
-        return self.planner.final_runs_of(strategy, run.target_epsilon, self.seeds, self.chosen[group])
+        policy = next(s for s in self.planner.setup.policies if s.name == run.policy)
+        return self.planner.final_runs_of(policy, run.target_epsilon, self.seeds, self.chosen[group])
 
 
 def overall_metric(summary: dict[str, Any], metric: str = "accuracy") -> float:
@@ -404,13 +404,13 @@ def overall_metric(summary: dict[str, Any], metric: str = "accuracy") -> float:
 def choose(
     grid: list[Run], summaries: dict[str, dict[str, Any]], metric: str = "accuracy"
 ) -> dict[tuple[str, float | None], dict]:
-    """Per (strategy, ε): the grid point of the best overall validation ``metric`` (first on ties;
+    """Per (policy, ε): the grid point of the best overall validation ``metric`` (first on ties;
     a diverged run, NaN, never wins unless all did)."""
     best: dict[tuple[str, float | None], tuple[float, dict[str, Any]]] = {}
     for run in grid:
         score = overall_metric(summaries[run.key], metric)
         score = -math.inf if not math.isfinite(score) else score
-        cell = (run.strategy, run.target_epsilon)
+        cell = (run.policy, run.target_epsilon)
         if cell not in best or score > best[cell][0]:
             best[cell] = (score, run.grid_point)
     return {cell: point for cell, (_, point) in best.items()}

@@ -1,7 +1,7 @@
 """``fairclip reproduce``: the seed papers' centralised experiments as sample-level fairclip runs.
 
 A setup file (``sims/reproduce/builtin/<name>.toml``) names a built-in scenario, the settings that
-turn it into the paper's experiment, the strategies with their own settings (learning rate,
+turn it into the paper's experiment, the policies with their own settings (learning rate,
 bounds) and the paper's numbers. DP-SGD with Poisson batches of expected size b over N training
 examples is the special case of user-level DP-FedAvg where every example is a client
 (``scenario.partition = "per-example"``) that takes one step with client learning rate 1, so
@@ -11,22 +11,22 @@ that its update is Δ_i = −∇ℓ_i and the paper's learning rate is the serve
     federation.num_clients = N (of that seed's data),  q = b / N (q = 1 for "full" batches),
     training.rounds = ceil(epochs · N / b),
 
-with the setup's epochs and b, or a strategy's own (``epochs``, ``batch_size`` in its table: a
+with the setup's epochs and b, or a policy's own (``epochs``, ``batch_size`` in its table: a
 paper that trains its non-private model with other epochs and batches than its private ones).
 
-Setups with a ``[grid]`` (Zhao et al.) choose, per strategy and target ε, the grid point with the
+Setups with a ``[grid]`` (Zhao et al.) choose, per policy and target ε, the grid point with the
 best overall accuracy on a *validation split* of the training rows (``scenario.evaluate_on =
 "validation"``, the first seed); the test rows are never used to select: where a seed splits
 the rows into training and test rows (Adult, Dutch), every run of such a setup splits them as the
 first seed does (``scenario.split_seed``), and the other seeds vary the rest (initialisation,
 batches, noise). The chosen settings then run on
-the test split with every seed: a strategy's final runs at an ε start as soon as its own grid runs
+the test split with every seed: a policy's final runs at an ε start as soon as its own grid runs
 there have finished, while the rest of the grid still runs. Every run is one Ray task (like
 ``fairclip compare``), written atomically into ``DIR/runs/<key>/`` as it finishes;
 ``DIR/reproduction.csv`` and ``DIR/reproduction.md`` are written at the end.
 
-A setup with ``budget = "per-grid"`` (seed 002) spends each target ε on a strategy's whole grid
-search rather than on each run: every run of a strategy with k grid points, final runs included,
+A setup with ``budget = "per-grid"`` (seed 002) spends each target ε on a policy's whole grid
+search rather than on each run: every run of a policy with k grid points, final runs included,
 is calibrated so that k such runs compose to ε (:func:`per_run_epsilon`), and the table gives the
 ε of the k runs composed.
 
@@ -53,7 +53,7 @@ from fairclip.sims.reproduce.claims import (
     epsilon_text,
 )
 from fairclip.sims.reproduce.planning import FinalsAfterGrid, Planner, execute
-from fairclip.sims.reproduce.setups import Run, load_setup, select_strategies
+from fairclip.sims.reproduce.setups import Run, load_setup, select_policies
 from fairclip.sims.reproduce.tables import budget_line, paired_rows, per_seed_rows, table_rows, write_outputs
 from fairclip.sims.sweeps.folder import specification, union
 
@@ -63,7 +63,7 @@ def reproduce(
     seeds: int,
     out: Path,
     *,
-    strategies: list[str] | None = None,
+    policies: list[str] | None = None,
     data_dir: Path | None,
     full_grid: bool = False,
     grid_limit: int | None = None,
@@ -78,15 +78,15 @@ def reproduce(
     ray: bool = True,
     on_reused: Callable[[Run, dict[str, Any]], None] | None = None,
 ) -> tuple[list[dict[str, Any]], float]:
-    """Plan, run and tabulate one setup (only its ``strategies``, where given); returns the
+    """Plan, run and tabulate one setup (only its ``policies``, where given); returns the
     rows and the wall time in seconds. With ``resume``, runs already finished in ``out`` with
     the same configuration are reused and unfinished ones continue from their checkpoints;
     without, every run is computed from its first round. Runs are Ray tasks, or (not ``ray``)
-    run one after the other in this process (:func:`execute`); with a grid, a strategy's final
+    run one after the other in this process (:func:`execute`); with a grid, a policy's final
     runs at an ε start once its grid runs there have finished (:class:`FinalsAfterGrid`)."""
     started = time.perf_counter()
     full_setup = load_setup(name)
-    setup = select_strategies(full_setup, strategies)
+    setup = select_policies(full_setup, policies)
     if seeds < 1:
         raise ConfigError(f"--seeds must be >= 1 (got {seeds})")
     planner = Planner(setup, data_dir, overrides or [], max_rounds, max_batch=max_batch)
@@ -102,11 +102,11 @@ def reproduce(
             announce(run, summary)
 
     grid = planner.grid_runs(full_grid, grid_limit) if setup.has_grid else []
-    final_count = len(setup.strategies) * len(setup.epsilons) * seeds
+    final_count = len(setup.policies) * len(setup.epsilons) * seeds
     if on_plan is not None:
         on_plan(len(grid) + final_count)
-    # with a grid, each strategy's final runs at an ε start once its grid runs there have finished
-    # (at once for a strategy without grid axes)
+    # with a grid, each policy's final runs at an ε start once its grid runs there have finished
+    # (at once for a policy without grid axes)
     first = grid + planner.ungridded_runs(seeds, full_grid) if grid else planner.final_runs(seeds, chosen)
     summaries = execute(
         first,
@@ -138,13 +138,13 @@ def reproduce(
             f"Resumed: {reused} finished runs in this folder were reused (`--resume`); "
             "the wall time counts this invocation only."
         )
-    if len(setup.strategies) < len(full_setup.strategies):
+    if len(setup.policies) < len(full_setup.policies):
         extra.append(
-            "Strategies: "
-            + ", ".join(s.name for s in setup.strategies)
+            "Policies: "
+            + ", ".join(s.name for s in setup.policies)
             + " of the setup's "
-            + ", ".join(s.name for s in full_setup.strategies)
-            + " (`--strategies`)."
+            + ", ".join(s.name for s in full_setup.policies)
+            + " (`--policies`)."
         )
     if overrides:
         extra.append(
@@ -164,7 +164,7 @@ def reproduce(
     tests = paired_rows(setup, final, summaries)
     write_outputs(out, setup, rows, wall, extra, tests, per_seed_rows(setup, final, summaries))
     write_json(out / RUN_KEYS_FILE, {"grid": [run.key for run in grid], "final": [run.key for run in final]})
-    in_order = [(s.name, e) for s in setup.strategies for e in setup.epsilons if (s.name, e) in chosen]
+    in_order = [(s.name, e) for s in setup.policies for e in setup.epsilons if (s.name, e) in chosen]
     write_json(out / "chosen.json", {f"{s}@{epsilon_text(e) or 'none'}": chosen[s, e] for s, e in in_order})
     return rows, wall
 
@@ -185,19 +185,19 @@ def reproduce_spec(
     max_rounds: int | None,
     overrides: list[str] | None,
     *,
-    strategies: list[str] | None = None,
+    policies: list[str] | None = None,
     explicit_only: bool = False,
     max_batch: int | None = None,
 ) -> dict[str, Any]:
     """The specification of a reproduction (what :mod:`fairclip.sims.sweeps.folder` stores), with
     the defaults filled in -- or, ``explicit_only`` (``--resume``), only what was given. The
-    strategies are checked against the setup here, before any work; the specification names
+    policies are checked against the setup here, before any work; the specification names
     them only when they are a subset (absent: all of the setup's)."""
 
-    if strategies is not None:
-        select_strategies(load_setup(name), strategies)
+    if policies is not None:
+        select_policies(load_setup(name), policies)
     options = {
-        "strategies": (strategies, None),
+        "policies": (policies, None),
         "seeds": (seeds, DEFAULT_SEEDS),
         "full_grid": (full_grid, False),
         "grid_limit": (grid_limit, None),
@@ -206,28 +206,28 @@ def reproduce_spec(
         "overrides": (canonical_assignments(overrides) if overrides else None, []),
     }
     spec = specification("reproduce", {"name": name}, options, explicit_only)
-    if spec.get("strategies", ...) is None:
-        del spec["strategies"]  # all of the setup's, as in folders stored before --strategies
+    if spec.get("policies", ...) is None:
+        del spec["policies"]  # all of the setup's, as in folders stored before --policies
     if spec.get("max_batch", ...) is None:
         spec.pop("max_batch", None)  # uncapped, as in folders stored before --max-batch
     return spec
 
 
 def merge_specs(stored: dict[str, Any], given: dict[str, Any]) -> dict[str, Any]:
-    """``--extend``: the stored reproduction with more seeds or more strategies (everything
+    """``--extend``: the stored reproduction with more seeds or more policies (everything
     else the same)."""
 
-    extendable = ("seeds", "strategies")
+    extendable = ("seeds", "policies")
     differ = sorted(
         key for key in {*stored, *given} if key not in extendable and stored.get(key) != given.get(key)
     )
     if differ:
         raise ConfigError(
-            f"--extend adds seeds or strategies to the same reproduction; {', '.join(differ)} differ"
+            f"--extend adds seeds or policies to the same reproduction; {', '.join(differ)} differ"
         )
     merged = {**stored, "seeds": max(stored["seeds"], given["seeds"])}
-    if "strategies" in stored and "strategies" in given:
-        merged["strategies"] = union(stored["strategies"], given["strategies"])
+    if "policies" in stored and "policies" in given:
+        merged["policies"] = union(stored["policies"], given["policies"])
     else:
-        merged.pop("strategies", None)  # one of them runs them all
+        merged.pop("policies", None)  # one of them runs them all
     return merged

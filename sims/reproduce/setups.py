@@ -1,7 +1,7 @@
 """A reproduction's setup: its file (``sims/reproduce/builtin/<name>.toml``), read and checked.
 
 A setup names a built-in scenario, the settings that turn it into a paper's experiment, the
-strategies with their own settings (learning rate, bounds, a grid), the paper's numbers and
+policies with their own settings (learning rate, bounds, a grid), the paper's numbers and
 claims (module docstring of :mod:`fairclip.sims.reproduce.reproduction`). :func:`load_setup`
 refuses a setup that cannot run, before any data are read.
 """
@@ -35,7 +35,7 @@ binary task, seed 001's validation criterion)."""
 
 
 @dataclass(frozen=True)
-class StrategySetup:
+class PolicySetup:
     name: str
     """The label of the setup's rows and runs: the policy's name, or a variant's own name."""
     settings: dict[str, Any]
@@ -49,11 +49,11 @@ class StrategySetup:
     of a policy under its own label (seed 003's Table 1 runs ``constant`` three ways); default
     the label."""
     epochs: int | None = None
-    """This strategy's own number of epochs (``epochs = ...``), where its paper trains it longer or
+    """This policy's own number of epochs (``epochs = ...``), where its paper trains it longer or
     shorter than the setup's ``epochs`` (seed 001's non-private model: 15 epochs, the private
     ones 30); None: the setup's."""
     batch_size: int | None = None
-    """This strategy's own expected batch size (``batch_size = ...``; seed 001's non-private
+    """This policy's own expected batch size (``batch_size = ...``; seed 001's non-private
     model: 32, the private ones 128); None: the setup's."""
 
     @property
@@ -72,7 +72,7 @@ class Setup:
     metrics: dict[str, tuple[str, str]]
     """{metric name: (cohort, cohort metric)}."""
     settings: dict[str, Any]
-    strategies: list[StrategySetup]
+    policies: list[PolicySetup]
     epsilons: list[float | None]
     grid: dict[str, list[Any]]
     full_grid: dict[str, list[Any]]
@@ -82,20 +82,20 @@ class Setup:
     """The overall validation metric a grid point is chosen by (``accuracy``, or ``macro_accuracy``:
     the mean of the per-class accuracies, as seed 000 selects)."""
     relative_to: str | None = None
-    """A strategy of the setup (``none``) whose metrics every other strategy is reported against:
+    """A policy of the setup (``none``) whose metrics every other policy is reported against:
     the mean over seeds of the paired difference run − reference run of the same seed (same data
     and sampling), as seed 004 reports accuracy change against non-private SGD. The reference's
     own rows hold its absolute values, named ``COHORT/METRIC``."""
 
     budget: str = "per-run"
     """How a target ε is spent (:data:`BUDGETS`): ``per-run``, each run spends it; ``per-grid``,
-    a strategy's whole grid search spends it (seed 002 after Mohapatra et al. 2022): each of
+    a policy's whole grid search spends it (seed 002 after Mohapatra et al. 2022): each of
     its k runs is calibrated so that k such runs compose to ε (:func:`per_run_epsilon`), and
     its rows report the ε of the k runs composed (:func:`both_accountants`)."""
 
     selects: bool = False
-    """Whether the setup, with all its strategies, has a grid (reduced or full) to select from:
-    then every run splits Adult's and Dutch's rows as the first seed does, whichever strategies
+    """Whether the setup, with all its policies, has a grid (reduced or full) to select from:
+    then every run splits Adult's and Dutch's rows as the first seed does, whichever policies
     an invocation runs (:func:`per_run_keys`)."""
     claims: tuple[Claim, ...] = ()
     """The paper's qualitative claims its runs test (``[[claims]]``,
@@ -103,20 +103,35 @@ class Setup:
 
     @property
     def has_grid(self) -> bool:
-        return bool(self.grid) or any(s.grid for s in self.strategies)
+        return bool(self.grid) or any(s.grid for s in self.policies)
 
 
 @dataclass(frozen=True)
 class Run:
     key: str
-    strategy: str
+    policy: str
     target_epsilon: float | None
     seed: int
     raw: dict[str, Any] = field(compare=False)
     grid_point: dict[str, Any] = field(default_factory=dict, compare=False)
     search_runs: int = field(default=1, compare=False)
     """k: the runs of the search whose composition the target ε covers (``per-grid``: the
-    strategy's grid points; 1 otherwise)."""
+    policy's grid points; 1 otherwise)."""
+
+
+def old_name(table: dict[str, Any], key: str, where: str) -> Any:
+    """``table[key]``, or the same entry under its name before issue 66 (``strategies`` for
+    ``policies``, ``strategy`` for ``policy``: :data:`OLD_SETUP_KEYS`); a :class:`ConfigError`
+    where both are given, a :class:`KeyError` where neither is."""
+    old = OLD_SETUP_KEYS[key]
+    if key in table and old in table:
+        raise ConfigError(f"{where}: give {key} or {old} (its old name), not both")
+    return table[old] if old in table else table[key]
+
+
+OLD_SETUP_KEYS = {"policies": "strategies", "policy": "strategy"}
+"""A setup file's keys by their old names (``[strategies.<label>]`` tables, a claim's
+``strategy = ...``), still read."""
 
 
 def builtin_setups() -> dict[str, Path]:
@@ -145,7 +160,7 @@ def load_setup(name: str) -> Setup:
                     f"{where}: metric {metric} must read COHORT/METRIC or overall/METRIC (got {source!r})"
                 )
             metrics[metric] = (cohort, value)
-        strategies = [_strategy(key, table, where) for key, table in raw["strategies"].items()]
+        policies = [_policy(key, table, where) for key, table in old_name(raw, "policies", where).items()]
         grid, full_grid = (
             _axes(raw.get("grid", {}), f"{where}: grid"),
             _axes(raw.get("full_grid", {}), f"{where}: full_grid"),
@@ -158,7 +173,7 @@ def load_setup(name: str) -> Setup:
             batch_size=None if batch == "full" else batch,
             metrics=metrics,
             settings=canonical_mapping(raw.get("settings", {}), f"{where}: settings"),
-            strategies=strategies,
+            policies=policies,
             epsilons=[float(e) for e in head.get("epsilons", [])] or [None],
             grid=grid,
             full_grid=full_grid,
@@ -167,16 +182,16 @@ def load_setup(name: str) -> Setup:
             select_by=head.get("select_by", "accuracy"),
             relative_to=head.get("relative_to"),
             budget=_budget(head, where),
-            selects=any([grid, full_grid, *(t for s in strategies for t in (s.grid, s.full_grid))]),
+            selects=any([grid, full_grid, *(t for s in policies for t in (s.grid, s.full_grid))]),
         )
         if setup.select_by not in SELECTION_METRICS:
             raise ConfigError(f"{where}: setup.select_by must be one of {', '.join(SELECTION_METRICS)}")
         _refuse_per_run_keys(setup, where)
-        if setup.relative_to is not None and setup.relative_to not in {s.name for s in strategies}:
-            raise ConfigError(f"{where}: setup.relative_to names no strategy of the setup")
+        if setup.relative_to is not None and setup.relative_to not in {s.name for s in policies}:
+            raise ConfigError(f"{where}: setup.relative_to names no policy of the setup")
         claims = parse_claims(
             raw.get("claims", []),
-            strategies=[strategy.name for strategy in strategies],
+            policies=[policy.name for policy in policies],
             metrics=list(metrics),
             epsilons=[epsilon_text(epsilon) for epsilon in setup.epsilons],
             where=where,
@@ -203,14 +218,14 @@ def _budget(head: dict[str, Any], where: str) -> str:
 
 
 def _refuse_per_run_keys(setup: Setup, where: str) -> None:
-    """A :class:`ConfigError` where the setup's settings, a strategy's settings or a grid set a
+    """A :class:`ConfigError` where the setup's settings, a policy's settings or a grid set a
     key the reproduction sets for each run (:func:`per_run_keys`): it would be overwritten, or
     would win where it must not (a final run evaluated on the validation split)."""
     refused = per_run_keys(setup)
     tables = {"settings": setup.settings, "grid": setup.grid, "full_grid": setup.full_grid}
-    for strategy in setup.strategies:
+    for policy in setup.policies:
         for part in ("settings", "grid", "full_grid"):
-            tables[f"strategies.{strategy.name}.{part}"] = getattr(strategy, part)
+            tables[f"policies.{policy.name}.{part}"] = getattr(policy, part)
     for place, table in tables.items():
         for key in table:
             if key in refused:
@@ -220,28 +235,28 @@ def _refuse_per_run_keys(setup: Setup, where: str) -> None:
                 )
 
 
-def _strategy(name: str, table: dict[str, Any], where: str) -> StrategySetup:
+def _policy(name: str, table: dict[str, Any], where: str) -> PolicySetup:
     known = {"policy", "settings", "paper", "paper_stderr", "grid", "full_grid", "epochs", "batch_size"}
     unknown = set(table) - known
     if unknown:
-        raise ConfigError(f"{where}: strategies.{name}.{sorted(unknown)[0]}: unknown key")
+        raise ConfigError(f"{where}: policies.{name}.{sorted(unknown)[0]}: unknown key")
     if "__" in name:
-        raise ConfigError(f"{where}: strategies.{name}: a label may not contain '__' (it separates run keys)")
+        raise ConfigError(f"{where}: policies.{name}: a label may not contain '__' (it separates run keys)")
     policy = table.get("policy", name)
     if not isinstance(policy, str) or not policy:
-        raise ConfigError(f"{where}: strategies.{name}.policy must name a strategy")
+        raise ConfigError(f"{where}: policies.{name}.policy must name a policy")
     for key in ("epochs", "batch_size"):
         value = table.get(key)
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-            raise ConfigError(f"{where}: strategies.{name}.{key} must be a positive integer")
-    return StrategySetup(
+            raise ConfigError(f"{where}: policies.{name}.{key} must be a positive integer")
+    return PolicySetup(
         name=name,
         policy=policy,
-        settings=canonical_mapping(table.get("settings", {}), f"{where}: strategies.{name}.settings"),
+        settings=canonical_mapping(table.get("settings", {}), f"{where}: policies.{name}.settings"),
         paper=_by_epsilon(table.get("paper", {})),
         paper_stderr=_by_epsilon(table.get("paper_stderr", {})),
-        grid=_axes(table.get("grid", {}), f"{where}: strategies.{name}.grid"),
-        full_grid=_axes(table.get("full_grid", {}), f"{where}: strategies.{name}.full_grid"),
+        grid=_axes(table.get("grid", {}), f"{where}: policies.{name}.grid"),
+        full_grid=_axes(table.get("full_grid", {}), f"{where}: policies.{name}.full_grid"),
         epochs=table.get("epochs"),
         batch_size=table.get("batch_size"),
     )
@@ -265,13 +280,13 @@ def _axes(table: dict[str, Any], where: str) -> dict[str, list[Any]]:
     return axes
 
 
-def select_strategies(setup: Setup, names: list[str] | None) -> Setup:
-    """The setup with only the strategies ``names`` (all of them for ``None``); a name the
+def select_policies(setup: Setup, names: list[str] | None) -> Setup:
+    """The setup with only the policies ``names`` (all of them for ``None``); a name the
     setup does not have is a :class:`ConfigError` naming the ones it has. A setup that reports
-    changes against a reference strategy keeps that strategy."""
+    changes against a reference policy keeps that policy."""
     if names is None:
         return setup
-    known = [strategy.name for strategy in setup.strategies]
+    known = [policy.name for policy in setup.policies]
     if not names:
         raise ConfigError("--policies names no policy")
     for name in names:
@@ -281,7 +296,7 @@ def select_strategies(setup: Setup, names: list[str] | None) -> Setup:
             )
     if setup.relative_to is not None:  # changes need the reference's runs of the same seeds
         names = [*names, setup.relative_to]
-    return replace(setup, strategies=[s for s in setup.strategies if s.name in names])
+    return replace(setup, policies=[s for s in setup.policies if s.name in names])
 
 
 def setup_titles() -> dict[str, str]:

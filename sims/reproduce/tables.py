@@ -1,6 +1,6 @@
 """A reproduction's tables: fairclip's means against the paper's, paired tests, claims and report.
 
-``reproduction.csv`` (one row per strategy, ε and metric: the paper's value, fairclip's mean and
+``reproduction.csv`` (one row per policy, ε and metric: the paper's value, fairclip's mean and
 standard error over the seeds, both accountants' ε, and whether the mean lies outside the paper's
 error), ``paired_tests.csv``, ``per_seed.csv``, ``claims.csv``, ``fairest.csv`` and
 ``reproduction.md`` (:func:`write_outputs`).
@@ -52,7 +52,7 @@ PAIRED_COLUMNS = [
 
 COLUMNS = [
     "setup",
-    "strategy",
+    "policy",
     "epsilon",
     "epsilon_rdp",
     "epsilon_prv",
@@ -105,11 +105,11 @@ def tolerance(paper_stderr: float | None, stderr: float = math.nan) -> float:
 
 
 def table_rows(setup: Setup, runs: list[Run], summaries: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
-    """One row per (strategy, ε, metric): the columns of ``reproduction.csv`` plus ``outside``."""
+    """One row per (policy, ε, metric): the columns of ``reproduction.csv`` plus ``outside``."""
     rows = []
-    for strategy in setup.strategies:
+    for policy in setup.policies:
         for epsilon in setup.epsilons:
-            mine = [run for run in runs if run.strategy == strategy.name and run.target_epsilon == epsilon]
+            mine = [run for run in runs if run.policy == policy.name and run.target_epsilon == epsilon]
             if not mine:
                 continue
             found = [summaries[run.key] for run in mine]
@@ -120,7 +120,7 @@ def table_rows(setup: Setup, runs: list[Run], summaries: dict[str, dict[str, Any
                 shown = epsilon if epsilon is not None else float(np.mean(spent))
             text = epsilon_text(epsilon)
             reference = None
-            if setup.relative_to is not None and strategy.name != setup.relative_to:
+            if setup.relative_to is not None and policy.name != setup.relative_to:
                 reference = _paired_reference(setup.relative_to, epsilon, mine, runs, summaries)
             for metric, (cohort, name) in setup.metrics.items():
                 values = [metric_value(s, cohort, name) for s in found]
@@ -131,12 +131,12 @@ def table_rows(setup: Setup, runs: list[Run], summaries: dict[str, dict[str, Any
                 elif setup.relative_to is not None:  # the reference itself: absolute values
                     metric = f"{cohort}/{name}"
                 mean, stderr = mean_stderr(values)
-                paper = strategy.paper.get(text, {}).get(metric)
-                paper_se = strategy.paper_stderr.get(text, {}).get(metric)
+                paper = policy.paper.get(text, {}).get(metric)
+                paper_se = policy.paper_stderr.get(text, {}).get(metric)
                 rows.append(
                     {
                         "setup": setup.name,
-                        "strategy": strategy.name,
+                        "policy": policy.name,
                         "epsilon": "inf" if math.isinf(shown) else float(f"{shown:.4g}"),
                         **{
                             f"epsilon_{name}": both_accountants(found, name, mine[0].search_runs)
@@ -158,11 +158,11 @@ def table_rows(setup: Setup, runs: list[Run], summaries: dict[str, dict[str, Any
 def _paired_reference(
     name: str, epsilon: float | None, mine: list[Run], runs: list[Run], summaries: dict[str, dict[str, Any]]
 ) -> list[dict[str, Any]]:
-    """The summaries of reference strategy ``name``'s runs with the seeds of ``mine``, in order
+    """The summaries of reference policy ``name``'s runs with the seeds of ``mine``, in order
     (its runs at the same target ε, or its only runs where it has none)."""
     by_seed: dict[int, dict[str, Any]] = {}
     for run in runs:
-        if run.strategy == name and (run.target_epsilon == epsilon or run.target_epsilon is None):
+        if run.policy == name and (run.target_epsilon == epsilon or run.target_epsilon is None):
             by_seed[run.seed] = summaries[run.key]
     missing = sorted({run.seed for run in mine} - set(by_seed))
     if missing:
@@ -204,10 +204,10 @@ def both_accountants(summaries: list[dict[str, Any]], accountant: str, runs: int
 
 
 def paired_rows(setup: Setup, runs: list[Run], summaries: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
-    """Paired tests between the strategies run at one target ε, per metric of the setup, over the
+    """Paired tests between the policies run at one target ε, per metric of the setup, over the
     seeds both ran (:func:`fairclip.sims.sweeps.statistics.paired_test_rows`: a seed fixes the data
-    and the sampling, so two strategies' runs of one seed form a pair). The values compared are
-    the metrics themselves, so for a ``relative_to`` setup the difference of two strategies'
+    and the sampling, so two policies' runs of one seed form a pair). The values compared are
+    the metrics themselves, so for a ``relative_to`` setup the difference of two policies'
     changes is the same number."""
     import pandas as pd
 
@@ -215,7 +215,7 @@ def paired_rows(setup: Setup, runs: list[Run], summaries: dict[str, dict[str, An
     for run in runs:
         summary = summaries[run.key]
         record: dict[str, Any] = {
-            "strategy": run.strategy,
+            "policy": run.policy,
             "seed": run.seed,
             "target_epsilon": epsilon_text(run.target_epsilon) or "—",
         }
@@ -230,15 +230,15 @@ def paired_rows(setup: Setup, runs: list[Run], summaries: dict[str, dict[str, An
 def per_seed_rows(
     setup: Setup, runs: list[Run], summaries: dict[str, dict[str, Any]]
 ) -> list[dict[str, Any]]:
-    """One row per final run (``per_seed.csv``): its strategy, target ε (as text), seed, each of
+    """One row per final run (``per_seed.csv``): its policy, target ε (as text), seed, each of
     the setup's metrics as the table reads it -- the change against the reference's run of the
     same seed where the setup has ``relative_to`` (0 for the reference itself) -- and each
     cohort's accuracy (absolute, ``COHORT/accuracy``), the quantities the claims and the
     fairest-policy ranking are paired tests of (:mod:`fairclip.sims.reproduce.claims`)."""
     rows = []
-    for strategy in setup.strategies:
+    for policy in setup.policies:
         for epsilon in setup.epsilons:
-            mine = [run for run in runs if run.strategy == strategy.name and run.target_epsilon == epsilon]
+            mine = [run for run in runs if run.policy == policy.name and run.target_epsilon == epsilon]
             if not mine:
                 continue
             reference = None
@@ -247,7 +247,7 @@ def per_seed_rows(
             for index, run in enumerate(mine):
                 summary = summaries[run.key]
                 row: dict[str, Any] = {
-                    "strategy": run.strategy,
+                    "policy": run.policy,
                     "target_epsilon": epsilon_text(epsilon),
                     "seed": run.seed,
                 }
@@ -263,29 +263,29 @@ def per_seed_rows(
     return rows
 
 
-def reference_strategy(setup: Setup) -> str | None:
+def reference_policy(setup: Setup) -> str | None:
     """The setup's non-private reference, against which privacy costs are measured: its
-    ``relative_to``, else its strategy that runs ``none``, else None."""
+    ``relative_to``, else its policy that runs ``none``, else None."""
     if setup.relative_to is not None:
         return setup.relative_to
-    return next((s.name for s in setup.strategies if s.policy_name == "none"), None)
+    return next((s.name for s in setup.policies if s.policy_name == "none"), None)
 
 
 def claim_and_fairest_rows(
     setup: Setup, per_seed: list[dict[str, Any]]
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """The setup's claims tested on ``per_seed`` (those whose strategies all ran), and its
-    strategies ranked by worst-group privacy cost (:mod:`fairclip.sims.reproduce.claims`)."""
+    """The setup's claims tested on ``per_seed`` (those whose policies all ran), and its
+    policies ranked by worst-group privacy cost (:mod:`fairclip.sims.reproduce.claims`)."""
     import pandas as pd
 
     table = pd.DataFrame(per_seed)
     if table.empty:
         return [], []
-    ran = set(table["strategy"])
-    claims = [c for c in setup.claims if {c.first.strategy, c.second.strategy} <= ran]
+    ran = set(table["policy"])
+    claims = [c for c in setup.claims if {c.first.policy, c.second.policy} <= ran]
     suffix = COHORT_ACCURACY.format(cohort="")
     cohorts = [column[: -len(suffix)] for column in table.columns if column.endswith(suffix)]
-    reference = reference_strategy(setup)
+    reference = reference_policy(setup)
     fairest = fairest_rows(setup.name, table, reference if reference in ran else None, cohorts)
     return claim_rows(setup.name, claims, table), fairest
 
@@ -296,7 +296,7 @@ def paired_lines(tests: list[dict[str, Any]]) -> list[str]:
     if not shown:
         return []
     lines = [
-        "## Paired tests between strategies (same seeds)",
+        "## Paired tests between policies (same seeds)",
         "",
         "Mean over seeds of A − B with the 95 % t interval and p of the two-sided paired t-test "
         "(`paired_tests.csv`): the interval leaves out 0 exactly where p < 0.05, **significant**. "
@@ -330,7 +330,7 @@ def markdown(
     if setup.paper_epsilon is not None:
         lines += [f"Paper's ε: {setup.paper_epsilon:g}.", ""]
     lines += [
-        "| strategy | ε | ε RDP / PRV | metric | paper | fairclip (mean ± s.e.) | seeds | chosen | |",
+        "| policy | ε | ε RDP / PRV | metric | paper | fairclip (mean ± s.e.) | seeds | chosen | |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for row in rows:
@@ -339,7 +339,7 @@ def markdown(
         chosen = ", ".join(f"{k.split('.')[-1]}={v:g}" for k, v in row["grid_point"].items())
         flag = "**outside**" if row["outside"] else ""
         lines.append(
-            f"| `{row['strategy']}` | {row['epsilon']} | {row['epsilon_rdp']} / {row['epsilon_prv']} | "
+            f"| `{row['policy']}` | {row['epsilon']} | {row['epsilon_rdp']} / {row['epsilon_prv']} | "
             f"{row['metric']} | {paper} | "
             f"{row['fairclip_mean']:.4f}{se} | {row['seeds']} | {chosen} | {flag} |"
         )
@@ -353,7 +353,7 @@ def markdown(
             f"{len(flagged)} of {compared} numbers with a paper value lie "
             "outside the paper's mean ± 2 combined standard errors (± 2 points where either has "
             "none): "
-            + ", ".join(f"`{r['strategy']}` {r['metric']} (ε {r['epsilon']})" for r in flagged)
+            + ", ".join(f"`{r['policy']}` {r['metric']} (ε {r['epsilon']})" for r in flagged)
             + ". Likely causes are in the notes below; nothing was tuned to hit a number."
         )
     else:
@@ -396,10 +396,10 @@ def markdown(
 
 
 def budget_line(setup: Setup, planner: Planner) -> str:
-    """The report's line on a ``per-grid`` budget: each strategy's k and what the ε columns are."""
-    sizes = ", ".join(f"`{s.name}` {planner.search_runs(s)}" for s in setup.strategies)
+    """The report's line on a ``per-grid`` budget: each policy's k and what the ε columns are."""
+    sizes = ", ".join(f"`{s.name}` {planner.search_runs(s)}" for s in setup.policies)
     return (
-        "Privacy budget per grid (`setup.budget = per-grid`): each target ε covers a strategy's whole "
+        "Privacy budget per grid (`setup.budget = per-grid`): each target ε covers a policy's whole "
         f"search of k runs ({sizes}); each run is calibrated so that k such runs compose to it, and "
         "the ε RDP / PRV columns are those of the k runs composed. The selection on the validation "
         "split and the seeds are not accounted, as in the paper."

@@ -6,7 +6,7 @@ A sweep writes its full specification -- everything that decides which runs it h
 - ``--resume`` alone continues *that* sweep (the stored specification is used; options given
   with it must agree);
 - a different specification on a folder that holds one is refused, unless the user asks to
-  ``extend`` the sweep (more strategies, ε or seeds over the same scenario; finished runs are
+  ``extend`` the sweep (more policies, ε or seeds over the same scenario; finished runs are
   kept) or to ``replace`` it (its results are deleted first);
 - the same specification without ``--resume`` computes every run again.
 
@@ -25,18 +25,21 @@ import shutil
 from collections.abc import Callable, Iterator
 from enum import StrEnum
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fairclip.atomic import json_normalised, write_json
 from fairclip.scenarios.config import canonical_assignments, canonical_raw
 from fairclip.scenarios.errors import ConfigError
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 SPEC_FILE = "sweep.json"
 LOCK_FILE = ".fairclip.lock"
 TUNE_SPEC_FILE = "tuning.json"
 """Where ``fairclip tune`` stores a search."""
 TUNE_CURVE_FILE = "curve.csv"
-"""Where ``fairclip tune --strategies ... --epsilons ...`` stores its curve (one search per
+"""Where ``fairclip tune --policies ... --epsilons ...`` stores its curve (one search per
 subfolder)."""
 _HELD_BY = {
     SPEC_FILE: "a sweep (`fairclip compare` or `reproduce`)",
@@ -108,13 +111,51 @@ def stored_spec(out: Path) -> dict[str, Any] | None:
     return canonical_spec(spec, quiet=True)
 
 
+OLD_COLUMNS = {"strategy": "policy"}
+"""Columns of fairclip's tables (``summary.csv``, ``statistics.csv``, ``curve.csv``,
+``reproduction.csv``, ``per_seed.csv``, ``fairest.csv``) by their names before issue 66 (one
+name per concept): a file written before is read under the new names (:func:`canonical_columns`)."""
+OLD_SPEC_KEYS = {"strategies": "policies"}
+"""Entries of a stored specification (``sweep.json``, ``tuning-curve.json``) by their names
+before issue 66, read under the new names (:func:`canonical_keys`)."""
+
+
+def canonical_columns(table: pd.DataFrame) -> pd.DataFrame:
+    """``table`` with each old column of :data:`OLD_COLUMNS` under its new name (where the new
+    one is not there too): every reader of fairclip's tables reads them through this, so that a
+    folder or a recorded result written before the rename reads as one written now."""
+    renames = {
+        old: new for old, new in OLD_COLUMNS.items() if old in table.columns and new not in table.columns
+    }
+    return table.rename(columns=renames) if renames else table
+
+
+def read_table(path: Path, **options: Any) -> pd.DataFrame:
+    """A table fairclip wrote (``pandas.read_csv`` with ``options``), under the current column
+    names (:func:`canonical_columns`)."""
+    import pandas as pd  # only where a table is read: the command line starts without it
+
+    return canonical_columns(pd.read_csv(path, **options))
+
+
+def canonical_keys(spec: dict[str, Any]) -> dict[str, Any]:
+    """A stored specification with each old entry of :data:`OLD_SPEC_KEYS` under its new name
+    (where the new one is not there too)."""
+    renamed = dict(spec)
+    for old, new in OLD_SPEC_KEYS.items():
+        if old in renamed and new not in renamed:
+            renamed = {(new if key == old else key): value for key, value in renamed.items()}
+    return renamed
+
+
 def canonical_spec(spec: dict[str, Any], *, quiet: bool = False) -> dict[str, Any]:
-    """A sweep's specification with ``strategy.*`` keys (the old name of ``policy.*``) read as
-    ``policy.*``: in its configuration (``config``) and its ``--set`` assignments (``overrides``),
-    so that a folder written before the rename resumes as the same sweep."""
+    """A sweep's specification under the current names: ``strategies`` (the old name of
+    ``policies``, :func:`canonical_keys`) and ``strategy.*`` keys (the old name of ``policy.*``)
+    read as ``policy.*`` in its configuration (``config``) and its ``--set`` assignments
+    (``overrides``), so that a folder written before the rename resumes as the same sweep."""
     if not isinstance(spec, dict):
         return spec
-    spec = dict(spec)
+    spec = canonical_keys(spec)
     if isinstance(spec.get("config"), dict):
         spec["config"] = canonical_raw(spec["config"], quiet=quiet)
     if isinstance(spec.get("overrides"), list):
@@ -141,8 +182,8 @@ def settle(
 
     ``explicit``, with ``extend``: only the options the user gave (as ``given`` holds them for
     ``resume``). An option left out then keeps the stored sweep's value instead of taking its
-    default, so ``--extend --strategies X`` adds X to the stored seeds (not to the default
-    number of seeds) and ``--extend --seeds N`` adds seeds to the stored strategies (not to all
+    default, so ``--extend --policies X`` adds X to the stored seeds (not to the default
+    number of seeds) and ``--extend --seeds N`` adds seeds to the stored policies (not to all
     of them). Where nothing is stored, ``given`` (complete) starts the sweep.
     """
     refuse_another_commands_folder(out, SPEC_FILE)

@@ -1,7 +1,7 @@
 """The figures of a comparison (``fairclip compare``), drawn from its summary table and rounds.
 
-Every figure gives a strategy the same colour and the same place in the legend
-(:func:`strategy_styles`: the order of :data:`fairclip.strategies.POLICIES`, `none` black and
+Every figure gives a policy the same colour and the same place in the legend
+(:func:`policy_styles`: the order of :data:`fairclip.strategies.POLICIES`, `none` black and
 dashed), every curve over rounds is the mean over seeds with a band of ± 1 standard error, and
 the ε axis is labelled with the ε values that were run.
 
@@ -11,7 +11,7 @@ the ε axis is labelled with the ε values that were run.
 - ``cohort_accuracy_rounds.png``: each cohort's accuracy over rounds.
 - ``cohort_norms_rounds.png``: the mechanism -- each cohort's median update norm (before
   clipping; a simulation diagnostic) against the clipping bound, over rounds, one panel per
-  strategy: a cohort whose median lies above the bound has most of its updates clipped.
+  policy: a cohort whose median lies above the bound has most of its updates clipped.
 - ``cohort_directions_rounds.png`` (runs with ``training.cohort_directions``): why clipping hurts
   a cohort (seed 003, section 4) -- per cohort, the direction error cos(Σ c_i, Σ Δ_i) and the
   magnitude error ||Σ c_i|| / ||Σ Δ_i|| of its clipped aggregate against its unclipped one, over
@@ -56,15 +56,15 @@ _COHORT_COLOURS = plt.get_cmap("Set1").colors
 
 @dataclass(frozen=True)
 class Style:
-    """How one strategy is drawn in every figure."""
+    """How one policy is drawn in every figure."""
 
     colour: tuple[float, ...] | str
     linestyle: str
     rank: int
 
 
-def strategy_styles(names: Iterable[str]) -> dict[str, Style]:
-    """A fixed style per strategy: `none` black dashed; a built-in policy the tab10 colour of
+def policy_styles(names: Iterable[str]) -> dict[str, Style]:
+    """A fixed style per policy: `none` black dashed; a built-in policy the tab10 colour of
     its place in :data:`POLICIES` (the same in every figure and every sweep); any other
     (a user's policy) a Dark2 colour in order of appearance, after the built-ins."""
     builtin = [name for name in POLICIES if name != REFERENCE]
@@ -117,7 +117,7 @@ def epsilon_axis(table: pd.DataFrame) -> tuple[str, str] | None:
     """(column, axis label) of the x axis of ``accuracy_vs_epsilon.png``: the target ε where the
     sweep set one, else the ε each run spent; None where neither is finite (a run without
     noise spends ε = ∞), so the plot is left out."""
-    private = table[table["strategy"] != REFERENCE]
+    private = table[table["policy"] != REFERENCE]
     if private.empty:
         return None
     if np.isfinite(private["target_epsilon"]).all():
@@ -128,36 +128,36 @@ def epsilon_axis(table: pd.DataFrame) -> tuple[str, str] | None:
 
 
 def plot_accuracy_vs_epsilon(table: pd.DataFrame, path: Path) -> bool:
-    """Per-cohort accuracy against ε (:func:`epsilon_axis`), one line per strategy with error
+    """Per-cohort accuracy against ε (:func:`epsilon_axis`), one line per policy with error
     bars of ± 1 standard error over seeds, `none` as a dashed level. False (nothing drawn)
     where no finite ε was run."""
     axis_choice = epsilon_axis(table)
     if axis_choice is None:
         return False
     column, xlabel = axis_choice
-    styles = strategy_styles(table["strategy"])
+    styles = policy_styles(table["policy"])
     cohorts = list(dict.fromkeys(table["cohort"]))
-    private = table[table["strategy"] != REFERENCE]
+    private = table[table["policy"] != REFERENCE]
     figure, axes = plt.subplots(1, len(cohorts), figsize=(5 * len(cohorts), 4), squeeze=False, sharey=True)
     for axis, cohort in zip(axes[0], cohorts, strict=True):
         mine = table[table["cohort"] == cohort]
         lines: dict[str, pd.DataFrame] = {}
-        for strategy, style in styles.items():
-            block = mine[mine["strategy"] == strategy]
+        for policy, style in styles.items():
+            block = mine[mine["policy"] == policy]
             if block.empty:
                 continue
-            if strategy == REFERENCE:
-                axis.axhline(block["accuracy"].mean(), color=style.colour, linestyle="--", label=strategy)
+            if policy == REFERENCE:
+                axis.axhline(block["accuracy"].mean(), color=style.colour, linestyle="--", label=policy)
                 continue
             grouped = block.groupby("target_epsilon", dropna=False)
             accuracy = grouped["accuracy"]
             stats = pd.DataFrame({"x": grouped[column].mean(), "mean": accuracy.mean(), "se": accuracy.sem()})
-            lines[strategy] = stats.fillna({"se": 0.0}).set_index("x")
+            lines[policy] = stats.fillna({"se": 0.0}).set_index("x")
         hidden = coinciding({name: stats["mean"] for name, stats in lines.items()})
-        for strategy, stats in lines.items():
+        for policy, stats in lines.items():
             axis.errorbar(
                 stats.index, stats["mean"], yerr=stats["se"], marker="o", capsize=3,
-                color=styles[strategy].colour, label=_label(strategy, hidden),
+                color=styles[policy].colour, label=_label(policy, hidden),
             )  # fmt: skip
         _epsilon_ticks(axis, private[column])
         axis.set(title=f"cohort {cohort}", xlabel=xlabel, ylabel="final accuracy")
@@ -189,7 +189,7 @@ def _draw_band(axis: plt.Axes, stats: pd.DataFrame, colour, linestyle: str, labe
 
 
 RunKeys = dict[str, tuple[str, float]]
-"""Each run's (strategy, target ε) by its key."""
+"""Each run's (policy, target ε) by its key."""
 
 
 def _epsilons(keys: RunKeys) -> list[float]:
@@ -197,13 +197,13 @@ def _epsilons(keys: RunKeys) -> list[float]:
 
 
 def _runs_of(
-    rounds: dict[str, pd.DataFrame], keys: RunKeys, strategy: str, epsilon: float
+    rounds: dict[str, pd.DataFrame], keys: RunKeys, policy: str, epsilon: float
 ) -> list[pd.DataFrame]:
-    """The rounds of ``strategy``'s runs at ``epsilon`` (`none`: at any)."""
+    """The rounds of ``policy``'s runs at ``epsilon`` (`none`: at any)."""
     return [
         frame
         for key, frame in rounds.items()
-        if keys[key][0] == strategy and (strategy == REFERENCE or _same(keys[key][1], epsilon))
+        if keys[key][0] == policy and (policy == REFERENCE or _same(keys[key][1], epsilon))
     ]
 
 
@@ -216,9 +216,9 @@ def plot_over_rounds(
     ylabel: str,
     per_cohort: bool,
 ) -> None:
-    """One panel per (ε[, cohort]); one line per strategy, the mean over seeds with its band."""
+    """One panel per (ε[, cohort]); one line per policy, the mean over seeds with its band."""
     epsilons = _epsilons(keys)
-    styles = strategy_styles(strategy for strategy, _ in keys.values())
+    styles = policy_styles(policy for policy, _ in keys.values())
     cohorts = list(dict.fromkeys(table["cohort"])) if per_cohort else [None]
     figure, axes = plt.subplots(
         max(len(epsilons), 1),
@@ -230,7 +230,7 @@ def plot_over_rounds(
     for row, epsilon in enumerate(epsilons):
         for col, cohort in enumerate(cohorts):
             axis = axes[row][col]
-            _draw_strategies(axis, styles, rounds, keys, epsilon, column_of(cohort))
+            _draw_policies(axis, styles, rounds, keys, epsilon, column_of(cohort))
             title = f"ε = {epsilon_label(epsilon)}" + (f", cohort {cohort}" if cohort else "")
             axis.set(title=title, xlabel="round", ylabel=ylabel)
             axis.grid(alpha=0.3)
@@ -258,36 +258,36 @@ def _label(name: str, hidden: dict[str, str]) -> str:
     return f"{name} (same as {hidden[name]}: lines coincide)" if name in hidden else name
 
 
-def _draw_strategies(
+def _draw_policies(
     axis: plt.Axes, styles: dict[str, Style], rounds: dict[str, pd.DataFrame], keys: RunKeys,
     epsilon: float, column: str,
 ) -> None:  # fmt: skip
-    """One band per strategy of ``styles`` over rounds; a line that hides another says so."""
+    """One band per policy of ``styles`` over rounds; a line that hides another says so."""
     curves = {}
-    for strategy in styles:
-        stats = _curves(_runs_of(rounds, keys, strategy, epsilon), column)
+    for policy in styles:
+        stats = _curves(_runs_of(rounds, keys, policy, epsilon), column)
         if stats is not None:
-            curves[strategy] = stats
+            curves[policy] = stats
     hidden = coinciding({name: stats["mean"] for name, stats in curves.items()})
-    for strategy, stats in curves.items():
-        style = styles[strategy]
-        _draw_band(axis, stats, style.colour, style.linestyle, _label(strategy, hidden))
+    for policy, stats in curves.items():
+        style = styles[policy]
+        _draw_band(axis, stats, style.colour, style.linestyle, _label(policy, hidden))
 
 
 def plot_cohort_norms(
     table: pd.DataFrame, rounds: dict[str, pd.DataFrame], keys: RunKeys, path: Path
 ) -> None:
-    """One panel per (ε, private strategy): the clipping bound C_t (black) and each cohort's
+    """One panel per (ε, private policy): the clipping bound C_t (black) and each cohort's
     median update norm before clipping (one colour per cohort), over rounds."""
     epsilons = _epsilons(keys)
-    strategies = [name for name in strategy_styles(s for s, _ in keys.values()) if name != REFERENCE]
+    policies = [name for name in policy_styles(s for s, _ in keys.values()) if name != REFERENCE]
     cohorts = list(dict.fromkeys(table["cohort"]))
-    rows, cols = max(len(epsilons), 1), max(len(strategies), 1)
+    rows, cols = max(len(epsilons), 1), max(len(policies), 1)
     figure, axes = plt.subplots(rows, cols, figsize=(4.5 * cols, 3.5 * rows), squeeze=False, sharey=True)
     for row, epsilon in enumerate(epsilons):
-        for col, strategy in enumerate(strategies):
+        for col, policy in enumerate(policies):
             axis = axes[row][col]
-            frames = _runs_of(rounds, keys, strategy, epsilon)
+            frames = _runs_of(rounds, keys, policy, epsilon)
             bound = _curves(frames, "clip_bound")
             if bound is not None:
                 _draw_band(axis, bound, "black", "-", "clipping bound")
@@ -296,7 +296,7 @@ def plot_cohort_norms(
                 if stats is not None:
                     colour = _COHORT_COLOURS[index % len(_COHORT_COLOURS)]
                     _draw_band(axis, stats, colour, ":", f"{cohort} median norm")
-            axis.set(title=f"{strategy}, ε = {epsilon_label(epsilon)}", xlabel="round", ylabel="update norm")
+            axis.set(title=f"{policy}, ε = {epsilon_label(epsilon)}", xlabel="round", ylabel="update norm")
             axis.grid(alpha=0.3)
             axis.legend(fontsize="small")
     note = (
@@ -322,15 +322,13 @@ def tracks_directions(rounds: dict[str, pd.DataFrame]) -> bool:
 def plot_cohort_directions(
     table: pd.DataFrame, rounds: dict[str, pd.DataFrame], keys: RunKeys, path: Path
 ) -> bool:
-    """Rows: (error, ε); columns: cohorts; one line per private strategy over rounds. False
+    """Rows: (error, ε); columns: cohorts; one line per private policy over rounds. False
     (nothing drawn) without a private run at a finite ε."""
     epsilons = _epsilons(keys)
     if not epsilons:
         return False
     styles = {
-        name: style
-        for name, style in strategy_styles(s for s, _ in keys.values()).items()
-        if name != REFERENCE
+        name: style for name, style in policy_styles(s for s, _ in keys.values()).items() if name != REFERENCE
     }
     cohorts = list(dict.fromkeys(table["cohort"]))
     panels = [(column, label, epsilon) for column, label in DIRECTION_ERRORS for epsilon in epsilons]
@@ -340,7 +338,7 @@ def plot_cohort_directions(
     for row, (column, label, epsilon) in enumerate(panels):
         for col, cohort in enumerate(cohorts):
             axis = axes[row][col]
-            _draw_strategies(axis, styles, rounds, keys, epsilon, f"{cohort}/{column}")
+            _draw_policies(axis, styles, rounds, keys, epsilon, f"{cohort}/{column}")
             axis.set(title=f"{cohort}, ε = {epsilon_label(epsilon)}", xlabel="round", ylabel=label)
             axis.grid(alpha=0.3)
             axis.legend(fontsize="small")

@@ -1,13 +1,13 @@
-"""Uncertainty across seeds: intervals of means, and paired tests between strategies.
+"""Uncertainty across seeds: intervals of means, and paired tests between policies.
 
-A comparison runs every strategy on the same seeds, and a seed fixes the data, the partition and
-the client sampling, so two strategies' results on one seed form a pair. For a quantity q (a
+A comparison runs every policy on the same seeds, and a seed fixes the data, the partition and
+the client sampling, so two policies' results on one seed form a pair. For a quantity q (a
 cohort's accuracy, a privacy-cost gap, the worst cohort's accuracy ...) measured on seeds
 s = 1..n:
 
 * **interval of a mean**: Student's t interval mean ± t_{0.975, n−1} · s/√n, with s the
   standard deviation over the seeds (``scipy.stats.t``);
-* **paired test** of strategies A and B: d_s = q_s(A) − q_s(B), the paired t-test of mean d = 0
+* **paired test** of policies A and B: d_s = q_s(A) − q_s(B), the paired t-test of mean d = 0
   (``scipy.stats.ttest_rel``, two-sided) and the t interval of mean d that comes with it, so the
   interval leaves out 0 exactly where p < 0.05. A difference is *significant at 5 %* where
   p < 0.05. With n = 2 or 3 seeds both are weak (t_{0.975, 1} = 12.7: two seeds give a wide
@@ -99,9 +99,9 @@ def paired_test(first: str, second: str, by_seed: pd.DataFrame) -> PairedTest:
 
 
 def paired_tests(per_run: pd.DataFrame, quantity: str) -> list[PairedTest]:
-    """Every pair of strategies in ``per_run`` (columns ``strategy``, ``seed`` and ``quantity``),
+    """Every pair of policies in ``per_run`` (columns ``policy``, ``seed`` and ``quantity``),
     the better mean first."""
-    by_seed = per_run.pivot_table(index="seed", columns="strategy", values=quantity)
+    by_seed = per_run.pivot_table(index="seed", columns="policy", values=quantity)
     order = by_seed.mean().sort_values(ascending=False).index
     return [paired_test(str(a), str(b), by_seed) for a, b in itertools.combinations(order, 2)]
 

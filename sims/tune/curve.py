@@ -1,8 +1,8 @@
-"""A tuning curve: one DP random search per strategy and target ε (seed 000, Figure 4).
+"""A tuning curve: one DP random search per policy and target ε (seed 000, Figure 4).
 
-``fairclip tune --strategies ... --epsilons ...`` (:func:`fairclip.api.tune_curve`) runs one search
-(:mod:`fairclip.sims.tune.search`) per strategy and target ε of a run, each into
-``out/<strategy>__eps-<ε>/``, and draws the best result of each against the ε of its whole search:
+``fairclip tune --policies ... --epsilons ...`` (:func:`fairclip.api.tune_curve`) runs one search
+(:mod:`fairclip.sims.tune.search`) per policy and target ε of a run, each into
+``out/<policy>__eps-<ε>/``, and draws the best result of each against the ε of its whole search:
 ``curve.csv``, ``tuning_curve.png`` and ``report.md`` of each search's release only at the top of
 ``out``, every column in ``out/not-dp-protected/``.
 """
@@ -22,9 +22,7 @@ import pandas as pd
 from fairclip.atomic import atomic_write_text, write_csv, write_note
 from fairclip.scenarios.config import canonical_mapping
 from fairclip.scenarios.errors import ConfigError
-from fairclip.sims.sweeps.folder import (
-    TUNE_CURVE_FILE,
-)
+from fairclip.sims.sweeps.folder import TUNE_CURVE_FILE, canonical_keys, read_table
 from fairclip.sims.tune.search import INTERNAL, Tuning, markdown_table
 from fairclip.strategies.tuning import TrialCount
 
@@ -40,7 +38,7 @@ and report here draw both. Each search's own folder has its not-dp-protected/ to
 
 CURVE_SPEC_FILE = "tuning-curve.json"
 """Where a tuning curve keeps what it was asked (scenario or config file, overrides, grid,
-strategies, target ε and the search options), so that ``--resume --out DIR`` alone continues it."""
+policies, target ε and the search options), so that ``--resume --out DIR`` alone continues it."""
 
 
 def stored_curve(folder: Path) -> dict[str, Any]:
@@ -49,12 +47,13 @@ def stored_curve(folder: Path) -> dict[str, Any]:
     if not path.is_file():
         raise ConfigError(
             f"{folder} holds a tuning curve without {CURVE_SPEC_FILE} (written before it was kept): "
-            "resume it with its --strategies, --epsilons, --grid and scenario"
+            "resume it with its --policies, --epsilons, --grid and scenario"
         )
     try:
         stored = json.loads(path.read_text())
     except (OSError, ValueError) as error:
         raise ConfigError(f"{path} is unreadable ({error}); use a new --out folder") from None
+    stored = canonical_keys(stored)  # written before issue 66: strategies
     for key in ("grid", "overrides"):  # written before policy.* was named so: strategy.*
         if isinstance(stored.get(key), dict):
             stored[key] = canonical_mapping(stored[key], quiet=True)
@@ -67,28 +66,28 @@ CURVE_FILE = TUNE_CURVE_FILE
 CURVE_PLOT = "tuning_curve.png"
 
 
-def strategy_grid(grid: Mapping[str, Sequence[Any]], strategy: str) -> dict[str, list[Any]]:
-    """The grid keys that apply to ``strategy``: every key but another strategy's own table
+def policy_grid(grid: Mapping[str, Sequence[Any]], policy: str) -> dict[str, list[Any]]:
+    """The grid keys that apply to ``policy``: every key but another policy's own table
     (``policy.<other>.<parameter>``)."""
     kept = {}
     for key, values in grid.items():
         parts = key.split(".")
-        if len(parts) > 2 and parts[0] == "policy" and parts[1] != strategy:
+        if len(parts) > 2 and parts[0] == "policy" and parts[1] != policy:
             continue
         kept[key] = list(values)
     return kept
 
 
-def search_key(strategy: str, target: float) -> str:
-    return f"{strategy}__eps-{target:g}"
+def search_key(policy: str, target: float) -> str:
+    return f"{policy}__eps-{target:g}"
 
 
-def curve_row(strategy: str, target: float, tuning: Tuning) -> dict[str, Any]:
+def curve_row(policy: str, target: float, tuning: Tuning) -> dict[str, Any]:
     """One search as a row of :data:`INTERNAL`'s ``curve.csv`` (every column; the public curve
     keeps :func:`curve_public_columns`)."""
     metric = tuning.metric
     return {
-        "strategy": strategy,
+        "policy": policy,
         "target_epsilon": target,
         "trials": len(tuning.trials),
         "epsilon_search": tuning.epsilon,
@@ -102,7 +101,7 @@ def curve_row(strategy: str, target: float, tuning: Tuning) -> dict[str, Any]:
 def curve_public_columns(metric: str) -> list[str]:
     """The columns of :func:`curve_row` that each search's ε covers (its release; the target ε
     and one trial's ε are public choices): not the number of trials, not the grid selection."""
-    return ["strategy", "target_epsilon", "epsilon_search", "epsilon_trial_rdp", f"dp_search_{metric}"]
+    return ["policy", "target_epsilon", "epsilon_search", "epsilon_trial_rdp", f"dp_search_{metric}"]
 
 
 def write_curve_rows(folder: Path, rows: list[dict[str, Any]], metric: str) -> None:
@@ -130,7 +129,7 @@ def move_old_curve(folder: Path, metric: str) -> None:
     curve = folder / CURVE_FILE
     if not curve.is_file():
         return
-    table = pd.read_csv(curve)
+    table = read_table(curve)
     public = [column for column in table.columns if column in curve_public_columns(metric)]
     if len(public) == len(table.columns):
         return
@@ -145,20 +144,20 @@ def move_old_curve(folder: Path, metric: str) -> None:
 def plot_curve(table: pd.DataFrame, metric: str, path: Path) -> None:
     """Best ``metric`` against ε: the DP search against the ε of the whole search (solid), the
     non-private selection against its chosen run's ε (dotted, where ``table`` has it), one
-    colour per strategy."""
-    from fairclip.sims.sweeps.plots import plt, save, strategy_styles  # matplotlib: only to draw
+    colour per policy."""
+    from fairclip.sims.sweeps.plots import plt, policy_styles, save  # matplotlib: only to draw
 
     figure, axes = plt.subplots(figsize=(6.4, 4.2))
-    styles = strategy_styles(table["strategy"])
+    styles = policy_styles(table["policy"])
     grid = f"grid_{metric}" in table
-    for strategy, rows in table.groupby("strategy", sort=False):
-        colour = styles[str(strategy)].colour
+    for policy, rows in table.groupby("policy", sort=False):
+        colour = styles[str(policy)].colour
         rows = rows.sort_values("target_epsilon")
         axes.plot(rows["epsilon_search"], rows[f"dp_search_{metric}"], "o-", color=colour,
-                  label=f"{strategy}: DP search (ε of the search)")  # fmt: skip
+                  label=f"{policy}: DP search (ε of the search)")  # fmt: skip
         if grid and rows[f"grid_{metric}"].notna().any():
             axes.plot(rows["grid_epsilon_run"], rows[f"grid_{metric}"], "s:", color=colour, alpha=0.7,
-                      label=f"{strategy}: non-private selection (ε of one run)")  # fmt: skip
+                      label=f"{policy}: non-private selection (ε of one run)")  # fmt: skip
     axes.set_xscale("log")
     from matplotlib.ticker import FixedLocator, NullLocator
 
@@ -199,7 +198,7 @@ def curve_report(table: pd.DataFrame, metric: str, trials: TrialCount, internal:
     return "\n".join([
         title,
         "",
-        f"One DP random search per strategy and target ε of a run ({trials.describe()}), selected "
+        f"One DP random search per policy and target ε of a run ({trials.describe()}), selected "
         f"by **{metric}**. `epsilon_search` covers the whole search (RDP, Papernot & Steinke 2022). "
         + about,
         "",
