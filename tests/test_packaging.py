@@ -100,3 +100,16 @@ def test_the_lowest_versions_job_pins_exactly_the_lower_bounds_of_the_ranges():
     job = (ROOT / ".ci" / "lowest").read_text()
     assert """pip install -q -e '.[test]' "${pins[@]}\"""" in job  # the install uses the pins
     assert 'mapfile -t pins < <("$venv/bin/python" -c "$pins_py")' in job  # generated, not copied
+
+
+def test_ci_runs_the_readmes_two_commands_as_they_read():
+    """`.ci/run` refuses to run unless README.md holds its two commands, line for line: a README
+    edited alone (a renamed flag, say) would fail CI only after its install."""
+    import re
+
+    ci = (ROOT / ".ci" / "run").read_text()
+    commands = re.findall(r'^(?:install_and_run|test_command)="(.*)"$', ci, flags=re.M)
+    assert len(commands) == 2, commands
+    readme_lines = (ROOT / "README.md").read_text().splitlines()
+    for command in commands:
+        assert command in readme_lines, f"README.md lacks the line CI runs: {command}"
