@@ -78,7 +78,7 @@ from fairclip.sims.executors import registry as executors
 from fairclip.sims.executors.memory import check_memory
 from fairclip.sims.sweeps import folder as sweep_folder
 from fairclip.sims.sweeps.tracking import LoggerObserver, log_finished_run, require_packages, round_loggers
-from fairclip.strategies import NoiseMultipliers
+from fairclip.strategies import NoiseMultipliers, Policy
 from fairclip.strategies.errors import PolicyConfigError
 from fairclip.strategies.registry import ResolvedPolicy, policy_name, resolve_policy
 
@@ -412,6 +412,26 @@ def _with_policy(raw: dict[str, Any], policy: Any, given: Sequence[str]) -> dict
     return _with_instance_params(raw, resolved, given)
 
 
+def _instance_settings(resolved: ResolvedPolicy, given: Sequence[str]) -> dict[str, Any]:
+    """An instance's parameters as settings of its runs (``policy.<param>``; none for a name or
+    a class); a key in ``given`` (the overrides, a grid) that sets one of them too is one
+    :class:`ConfigError` line, as in :func:`_with_instance_params`."""
+    if resolved.params is None:
+        return {}
+    for key in given:
+        parts = key.split(".")
+        own = len(parts) == 2 or (len(parts) == 3 and parts[1] == resolved.reference)
+        if parts[0] == "policy" and parts[-1] in resolved.params and own:
+            raise ConfigError(
+                f"{key}: policy {resolved.name!r} is given as an instance, which carries its own "
+                "parameters, and the settings or the grid set one too: give them one way (the "
+                "instance, or its name or class with the settings)"
+            )
+    # keys directly under [policy]: they replace the scenario's own and win over its table
+    # [policy.<name>] (scenarios.config.policy_spec), so the instance's values are the ones that run
+    return {f"policy.{key}": value for key, value in resolved.params.items()}
+
+
 def _with_instance_params(
     raw: dict[str, Any], resolved: ResolvedPolicy, given: Sequence[str]
 ) -> dict[str, Any]:
@@ -701,14 +721,14 @@ CURVE_OPTIONS = ("metric", "distribution", "eta", "gamma", "mu", "seed", "grid_b
 def tune_curve(
     scenario: str | Scenario | None = None,
     *,
-    policies: Sequence[str] | None = None,
+    policies: Sequence[str | type | Policy] | None = None,
     epsilons: Sequence[float],
     grid: Mapping[str, Sequence[Any]],
     out: str | Path,
     resume: bool = False,
     overrides: Mapping[str, Any] | None = None,
     on_search: Callable[[str], None] | None = None,
-    strategies: Sequence[str] | None = None,
+    strategies: Sequence[str | type | Policy] | None = None,
     **options: Any,
 ) -> pd.DataFrame:
     """One :func:`tune` search per policy and target ε of a run (seed 000's Figure 4: best
@@ -722,21 +742,30 @@ def tune_curve(
     data_dir, ray, ...); the i-th search (policies outer, ε inner) draws its trials as
     ``search_index`` i. Returns the full table (``not-dp-protected/curve.csv``: its ``trials``
     and ``grid_*`` columns are not DP-protected).
+
+    Every policy of ``policies`` is one of :func:`fairclip.policies.resolve_policy`'s, as in
+    :func:`compare`: a name, a class or an instance, whose parameters are fixed in every run of
+    its searches (a grid or ``overrides`` key that sets one of them too is an error).
     """
     # torch and Opacus (the searches' accountant): kept out of the command line's start
     from fairclip.sims.tune import curve as curve_
     from fairclip.sims.tune import search
     from fairclip.strategies.tuning import TrialCount
 
-    policies = _renamed("policies", policies, "strategies", strategies)  # by label
-    if not policies or not epsilons:
+    given = _renamed("policies", policies, "strategies", strategies)
+    if given is not None and (isinstance(given, str) or not isinstance(given, Sequence)):
+        raise ConfigError(f"policies must be a list of policies (got {given!r})")
+    if not given or not epsilons:
         raise ConfigError("a tuning curve needs at least one policy and one target ε")
-    _refuse_repeats(list(policies), "policies")
+    resolved = [resolve_policy(policy) for policy in given]  # a name, a class or an instance
+    _refuse_repeats([policy.name for policy in resolved], "policies")
+    policies = [policy.reference for policy in resolved]
     targets = _checked_targets(epsilons)
     overrides, grid = canonical_mapping(overrides), canonical_mapping(grid, "--grid")
     for key in ("policy.name", "privacy.target_epsilon", "privacy.noise_multiplier"):
         if key in overrides:
             raise ConfigError(f"--set {key}: the curve sets it for each search (--policies, --epsilons)")
+    fixed = {policy.reference: _instance_settings(policy, [*overrides, *grid]) for policy in resolved}
     folder = Path(out)
     sweep_folder.refuse_another_commands_folder(folder, curve_.CURVE_FILE)
     metric = options.get("metric", "macro_accuracy")
@@ -747,7 +776,7 @@ def tune_curve(
         raise ConfigError(str(error)) from None
 
     def settings(policy: str, target: float) -> dict[str, Any]:
-        return {**overrides, "policy.name": policy, "privacy.target_epsilon": target}
+        return {**overrides, **fixed[policy], "policy.name": policy, "privacy.target_epsilon": target}
 
     for policy in policies:  # every search's grid and metric checked before any work
         for target in targets:
@@ -759,6 +788,7 @@ def tune_curve(
                 "scenario": scenario,
                 "config_file": None if options.get("config_file") is None else str(options["config_file"]),
                 "policies": list(policies),
+                **({"instances": {k: v for k, v in fixed.items() if v}} if any(fixed.values()) else {}),
                 "epsilons": targets,
                 "grid": {key: list(values) for key, values in grid.items()},
                 "overrides": dict(overrides or {}),

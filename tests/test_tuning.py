@@ -499,3 +499,33 @@ def test_a_search_a_curve_and_a_sweep_never_share_a_folder(cli, tmp_path, comman
     assert status == 2
     assert "holds a" in err and f"({held}), not this command's" in err and err.count("\n") == 1, err
     assert sorted(p.name for p in out.iterdir() if p.name != ".fairclip.lock") == before
+
+
+def test_a_tuning_curve_takes_a_policy_as_a_name_a_class_or_an_instance(tmp_path):
+    """Issue 67: one way to hand fairclip a policy, in tune_curve as in compare: a class runs under
+    its name, an instance's parameters are fixed in every run of its searches, and a grid that
+    searches one of them too is refused before any work."""
+    from fairclip.strategies import build_policy
+    from fairclip.strategies.constant import ConstantClipping
+
+    out = tmp_path / "curve"
+    options = dict(overrides={"training.rounds": 2}, grid_baseline=False, distribution="poisson", mu=1.0)
+    bounded = build_policy("bounded", {"lower_bound": 0.3, "initial_bound": 0.6})
+    with pytest.raises(ConfigError, match="is given as an instance"):
+        fairclip.tune_curve("demo", policies=[bounded], epsilons=[2.0], out=out,
+                            grid={"policy.bounded.lower_bound": [0.1]}, **options)  # fmt: skip
+    assert not out.exists()
+    table = fairclip.tune_curve(
+        "demo", policies=[ConstantClipping, bounded], epsilons=[2.0], grid={"training.client_lr": [0.3]},
+        out=out, **options,
+    )  # fmt: skip
+    assert list(table["policy"]) == ["constant", "bounded"]
+    # the search's configuration holds the instance's parameters, over the demo's own [policy.bounded]
+    from fairclip.scenarios.config import validate
+
+    searched = validate(json.loads((out / "bounded__eps-2" / "tuning.json").read_text())["raw"])
+    assert searched.policy.name == "bounded"
+    assert (searched.policy.params["lower_bound"], searched.policy.params["initial_bound"]) == (0.3, 0.6)
+    stored = json.loads((out / "tuning-curve.json").read_text())["instances"]  # a resume must match it
+    assert list(stored) == ["bounded"]
+    assert (stored["bounded"]["policy.lower_bound"], stored["bounded"]["policy.initial_bound"]) == (0.3, 0.6)
