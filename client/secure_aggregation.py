@@ -1,4 +1,5 @@
-"""A node's side of fairclip's SecAgg+ (:mod:`fairclip.server.secure_aggregation`).
+"""A node's side of fairclip's SecAgg+ (:mod:`fairclip.server.secure_aggregation`); the wire names
+and the layout both sides read live here (the server imports the client, never the other way).
 
 Every stage arrives as a plain ``train`` message with the :data:`SECAGG` config record naming
 it (``kind``). The node's protocol state (its key pairs, b_u, the shares it holds) lives in its
@@ -12,13 +13,14 @@ malformed message) is answered with an error: the server counts the node as drop
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict
 from flwr.app.error import Error
 
-from fairclip.server.secure_aggregation import AT_EXCHANGE, AT_ROUND, MASKED, SECAGG, UPDATE, read_layout
+from fairclip.client.protocol import UPDATE
 from fairclip.strategies.secagg_protocol import (
     MaskRequest,
     ProtocolAbortError,
@@ -31,6 +33,41 @@ from fairclip.strategies.secagg_protocol import (
     client_unmask,
 )
 from fairclip.strategies.secagg_records import from_fields, state_from_fields, state_to_fields, to_fields
+from fairclip.strategies.secure_sum import Layout, Segment
+
+SECAGG = "fairclip.secagg"
+"""The config record of every secure aggregation message (its ``kind`` names the stage)."""
+MASKED = "masked"
+"""A stage-2 reply: ``content[UPDATE][MASKED]``, one uint64 array, and nothing else."""
+AT_ROUND, AT_EXCHANGE = "at_round", "at_exchange"
+"""Fields of every server message naming the round and exchange (the node keys its state by them)."""
+LAYOUT_FIELDS = ("segment_lengths", "segment_bounds", "segment_integer", "rho")
+
+
+def layout_fields(layout: Layout) -> dict[str, Any]:
+    """``layout`` as config values: each segment's length, L2 bound and kind, and ρ."""
+    return {
+        "segment_lengths": [s.length for s in layout.segments],
+        "segment_bounds": [float(s.bound) for s in layout.segments],
+        "segment_integer": [int(s.integer) for s in layout.segments],
+        "rho": float(layout.rho),
+    }
+
+
+def read_layout(fields: Mapping[str, Any]) -> Layout:
+    """The layout :func:`layout_fields` wrote (:class:`ValueError` on anything else)."""
+    try:
+        lengths, bounds, kinds = (list(fields[name]) for name in LAYOUT_FIELDS[:3])
+        rho = float(fields["rho"])
+        if not len(lengths) == len(bounds) == len(kinds) >= 1:
+            raise ValueError
+        return Layout(
+            tuple(Segment(int(n), float(b), bool(k)) for n, b, k in zip(lengths, bounds, kinds, strict=True)),
+            rho,
+        )
+    except (KeyError, TypeError, ValueError) as error:
+        raise ValueError(f"an invalid secure aggregation layout ({error or 'malformed'})") from None
+
 
 REFUSED = 4690
 """The error code of a stage a node refuses."""

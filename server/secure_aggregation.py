@@ -44,6 +44,14 @@ from typing import Any
 import numpy as np
 from flwr.app import ConfigRecord, Message, MessageType, RecordDict
 
+from fairclip.client.secure_aggregation import (
+    AT_EXCHANGE,
+    AT_ROUND,
+    MASKED,
+    SECAGG,
+    UPDATE,
+    layout_fields,
+)
 from fairclip.strategies.aggregation import CLIENT_DIAGNOSTICS, CohortDiagnostics, RoundSums
 from fairclip.strategies.secagg_protocol import (
     EncryptedShares,
@@ -61,15 +69,6 @@ from fairclip.strategies.secagg_protocol import (
 from fairclip.strategies.secagg_records import from_fields, to_fields
 from fairclip.strategies.secure_sum import Layout, Segment
 
-SECAGG = "fairclip.secagg"
-"""The config record of every secure aggregation message (its ``kind`` names the stage)."""
-UPDATE = "update"
-MASKED = "masked"
-"""A stage-2 reply: ``content[UPDATE][MASKED]``, one uint64 array, and nothing else."""
-AT_ROUND, AT_EXCHANGE = "at_round", "at_exchange"
-"""Fields of every server message naming the round and exchange (the node keys its state by them)."""
-LAYOUT_FIELDS = ("segment_lengths", "segment_bounds", "segment_integer", "rho")
-
 Record = Callable[[int, int | None, str, str], None]
 """(round, node, event, reason) -> None: the strategy's server-internal record."""
 
@@ -82,30 +81,6 @@ def layout_for(policy: Any, state: Any, dim: int, rho: float) -> Layout:
     if size:
         segments.append(Segment(size, 1.0, integer=bool(policy.integer_reports)))
     return Layout(tuple(segments), float(rho))
-
-
-def layout_fields(layout: Layout) -> dict[str, Any]:
-    return {
-        "segment_lengths": [s.length for s in layout.segments],
-        "segment_bounds": [float(s.bound) for s in layout.segments],
-        "segment_integer": [int(s.integer) for s in layout.segments],
-        "rho": float(layout.rho),
-    }
-
-
-def read_layout(fields: Mapping[str, Any]) -> Layout:
-    """The layout :func:`layout_fields` wrote (:class:`ValueError` on anything else)."""
-    try:
-        lengths, bounds, kinds = (list(fields[name]) for name in LAYOUT_FIELDS[:3])
-        rho = float(fields["rho"])
-        if not len(lengths) == len(bounds) == len(kinds) >= 1:
-            raise ValueError
-        return Layout(
-            tuple(Segment(int(n), float(b), bool(k)) for n, b, k in zip(lengths, bounds, kinds, strict=True)),
-            rho,
-        )
-    except (KeyError, TypeError, ValueError) as error:
-        raise ValueError(f"an invalid secure aggregation layout ({error or 'malformed'})") from None
 
 
 def summary_of(config: Any, policy: Any, dim: int) -> dict[str, Any]:

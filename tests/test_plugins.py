@@ -181,12 +181,12 @@ def test_compare_own_model_data_and_policy_from_python(research, tmp_path):
     )
     table = comparison.table
     assert sorted(finished) == sorted(comparison.summaries) and len(finished) == 3
-    assert set(table["strategy"]) == {"none", "constant", "hard-schedule"}
+    assert set(table["policy"]) == {"none", "constant", "hard-schedule"}
     assert set(table["cohort"]) == {"north", "south", "east"}
-    assert table.groupby("strategy").size().to_dict() == {"constant": 3, "hard-schedule": 3, "none": 3}
-    reference = table[table["strategy"] == "none"]
+    assert table.groupby("policy").size().to_dict() == {"constant": 3, "hard-schedule": 3, "none": 3}
+    reference = table[table["policy"] == "none"]
     assert np.all(reference["privacy_cost"] == 0) and np.isinf(reference["epsilon"]).all()
-    private = table[table["strategy"] != "none"]
+    private = table[table["policy"] != "none"]
     assert np.all(np.isfinite(private["epsilon"])) and np.all(private["epsilon"] > 0)
     # the plug-in ran with its own schedule: C_t = 2 · 0.5^(t-1), noise σ · C_t
     rounds = comparison.rounds["hard-schedule__eps-none__seed-4"]
@@ -239,18 +239,18 @@ def test_the_cli_runs_the_same_comparison_from_import_paths(research, tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     from_cli = pd.read_csv(out / "summary.csv")
     # the import path's policy shows its one name, as from Python (issue 67): not the path
-    assert set(from_cli["strategy"]) == {"none", "constant", "hard-schedule"}
+    assert set(from_cli["policy"]) == {"none", "constant", "hard-schedule"}
     rounds = pd.read_csv(out / "runs" / "hard-schedule__eps-none__seed-4" / "rounds.csv")
     np.testing.assert_allclose(rounds["clip_bound"], [2.0, 1.0, 0.5])
     summary = json.loads((out / "runs" / "hard-schedule__eps-none__seed-4" / "summary.json").read_text())
-    assert summary["strategy"] == "hard-schedule"
+    assert summary["policy"] == "hard-schedule"
     assert summary["config"]["policy"]["name"] == "my_research:HardSchedule"  # how to find it again
     assert "hard-schedule" in done.stdout and "my_research:HardSchedule" not in done.stdout
 
     # the Python API on the same settings (the policy named by the same import path) gives the
     # same numbers, run by run and cohort by cohort
     comparison = fairclip.compare(config_file=config, policies=["constant", "my_research:HardSchedule"])
-    key = ["strategy", "cohort"]
+    key = ["policy", "cohort"]
     merged = from_cli.merge(comparison.table, on=key, suffixes=("_cli", "_api"))
     assert len(merged) == 9
     for column in ("accuracy", "loss", "privacy_cost", "epsilon"):

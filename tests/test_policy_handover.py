@@ -151,13 +151,13 @@ def test_simulate_takes_a_name_a_class_or_an_instance_with_the_same_result():
     for result in (by_name, by_class, by_instance, in_overrides):
         np.testing.assert_array_equal(result.model, by_settings.model)
         np.testing.assert_array_equal(result.rounds["clip_bound"], [0.3, 0.3])
-        assert result.summary["strategy"] == "constant"
+        assert result.summary["policy"] == "constant"
         assert result.summary["config"]["policy"]["initial_bound"] == 0.3
 
 
 def test_simulate_runs_a_plugin_instance_under_its_name():
     result = _simulate(policy=SlowConstant(initial_bound=0.25))
-    assert result.summary["strategy"] == "slow-constant"
+    assert result.summary["policy"] == "slow-constant"
     assert result.summary["config"]["policy"]["name"] == "slow-constant"
     np.testing.assert_array_equal(result.rounds["clip_bound"], [0.25, 0.25])
 
@@ -207,7 +207,7 @@ def test_compare_takes_names_classes_and_instances_and_shows_one_name(tmp_path):
         out=tmp_path / "sweep",
         progress=False,
     )
-    assert set(comparison.table["strategy"]) == {"none", "constant", "slow-constant"}
+    assert set(comparison.table["policy"]) == {"none", "constant", "slow-constant"}
     assert sorted(comparison.rounds) == [
         "constant__eps-none__seed-0",
         "none__eps-none__seed-0",
@@ -217,7 +217,7 @@ def test_compare_takes_names_classes_and_instances_and_shows_one_name(tmp_path):
         comparison.rounds["slow-constant__eps-none__seed-0"]["clip_bound"], [0.25] * 2
     )
     np.testing.assert_array_equal(comparison.rounds["constant__eps-none__seed-0"]["clip_bound"], [0.3] * 2)
-    assert comparison.summaries["slow-constant__eps-none__seed-0"]["strategy"] == "slow-constant"
+    assert comparison.summaries["slow-constant__eps-none__seed-0"]["policy"] == "slow-constant"
     assert "slow-constant" in (tmp_path / "sweep" / "report.md").read_text()
     assert (tmp_path / "sweep" / "runs" / "slow-constant__eps-none__seed-0" / "summary.json").is_file()
 
@@ -225,9 +225,9 @@ def test_compare_takes_names_classes_and_instances_and_shows_one_name(tmp_path):
 def test_compare_shows_an_import_path_under_its_policys_name():
     path = f"{__name__}:SlowConstant"
     comparison = fairclip.compare("bimodal-mean", policies=[path], overrides=SMALL, progress=False)
-    assert set(comparison.table["strategy"]) == {"none", "slow-constant"}
+    assert set(comparison.table["policy"]) == {"none", "slow-constant"}
     summary = comparison.summaries["slow-constant__eps-none__seed-0"]
-    assert summary["strategy"] == "slow-constant" and summary["config"]["policy"]["name"] == path
+    assert summary["policy"] == "slow-constant" and summary["config"]["policy"]["name"] == path
 
 
 @pytest.mark.parametrize(
