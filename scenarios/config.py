@@ -430,6 +430,10 @@ class TrainingSpec(_Section):
     final model (``<cohort>/train_loss`` in summary.json): seed 003's tables' Loss columns, which
     its authors' code takes from the training batches. A simulation-only diagnostic of private
     data, not covered by DP; the Flower apps refuse it."""
+    train_loss_limit: Annotated[int, Field(ge=1)] | None = None
+    """With ``train_loss``: compute each cohort's training loss on a seeded subset of at most
+    this many of its clients' examples instead of all of them (smoke runs: evaluating every
+    training image dominated a short run)."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """Where clients train and the server evaluates (classification): ``auto`` picks a GPU when
     torch sees one; ``cuda`` requires one."""
@@ -778,6 +782,8 @@ def _check_objective(config: RunConfig) -> None:
     scenario = config.scenario
     if training.train_loss and not isinstance(scenario, ClassificationSpec | FederatedDatasetSpec):
         raise ConfigError(f"training.train_loss needs a classification task (got {scenario.task!r})")
+    if training.train_loss_limit is not None and not training.train_loss:
+        raise ConfigError("training.train_loss_limit applies only with training.train_loss = true")
     if training.objective == "cross-entropy":
         return
     where = "training.objective = fairlens"

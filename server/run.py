@@ -514,7 +514,9 @@ class Run:
         as ``train_loss`` beside its test metrics: a simulation-only diagnostic of the clients'
         data, which the summary names as not covered by DP (``not_covered_by_dp``)."""
         cohorts = self.summary["cohorts"]
-        for name, value in self.task.train_losses(self.evaluated_model).items():
+        for name, value in self.task.train_losses(
+            self.evaluated_model, limit=self.config.training.train_loss_limit
+        ).items():
             cohorts[name] = {**cohorts.get(name, {}), "train_loss": value}
         self.summary["not_covered_by_dp"] = ["cohorts.*.train_loss (the clients' training examples)"]
 

@@ -204,6 +204,32 @@ def test_train_loss_is_each_cohorts_training_cross_entropy():
         assert losses[name] == pytest.approx(each[task.client_cohorts == index].mean(), rel=1e-6)
 
 
+def test_train_loss_limit_averages_a_seeded_subset_of_each_cohorts_examples():
+    """training.train_loss_limit: each cohort's mean over at most that many of its own examples,
+    the same subset on every call; a limit above a cohort's size changes nothing."""
+    config = _config()
+    task = _tiny_task(config)
+    model = task.initial_model()
+    load_vector(task.model, model)
+    with torch.no_grad():
+        each = nn.functional.cross_entropy(task.model(task.train_x), task.train_y, reduction="none").numpy()
+    sizes = [int((task.client_cohorts == index).sum()) for index in range(len(task.cohort_names))]
+    limit = min(sizes) // 2
+    assert limit >= 2
+    limited = task.train_losses(model, limit=limit)
+    assert limited == task.train_losses(model, limit=limit)
+    assert task.train_losses(model, limit=max(sizes)) == pytest.approx(task.train_losses(model))
+    for index, name in enumerate(task.cohort_names):
+        own = np.sort(each[task.client_cohorts == index])
+        # a mean of `limit` of the cohort's losses lies between the means of its lowest and highest `limit`
+        assert own[:limit].mean() - 1e-9 <= limited[name] <= own[-limit:].mean() + 1e-9
+
+
+def test_train_loss_limit_without_train_loss_is_refused():
+    with pytest.raises(ConfigError, match=r"train_loss_limit applies only with training\.train_loss"):
+        load_config("dutch", None, [*ONE_STEP, "policy.name=constant", "training.train_loss_limit=10"])
+
+
 @pytest.mark.parametrize(
     ("sets", "message"),
     [

@@ -75,7 +75,11 @@ def test_every_setup_runs_a_few_steps(ray_session, cli, tmp_path, name, request)
     max_batch = 16 if resnet else 64
     args = ["reproduce", name, "--seeds", "1", "--max-rounds", "1", "--grid-limit", "1", "--out", str(out)]
     args += ["--max-batch", str(max_batch), "--data-dir", str(DATA_DIR)]
-    args += ["--set", f"scenario.test_limit={SMOKE_TEST_ROWS}"]  # evaluation took most of an image run
+    overrides = [f"scenario.test_limit={SMOKE_TEST_ROWS}"]  # evaluation took most of an image run
+    if setup.settings.get("training.train_loss"):  # and each training image's loss 85 % of the rest
+        overrides.append(f"training.train_loss_limit={SMOKE_TEST_ROWS}")
+    for override in overrides:
+        args += ["--set", override]
     if setup.scenario == "skewed-mnist" or resnet:
         # as their notes advise: one run at a time, two threads each (ResNet-18's 64 block sums
         # of 11.2 M float64 take 5.7 GB a run)
@@ -111,8 +115,8 @@ def test_every_setup_runs_a_few_steps(ray_session, cli, tmp_path, name, request)
     smoke += f"expected batches of at most {max_batch} examples"
     grid_limit = "; only the first 1 values of each grid axis" if setup.has_grid else ""
     assert f"{smoke}{grid_limit}." in report  # the grid's limit only where the setup has a grid
-    overrides = "Overrides (`--set`), applied to every run on top of the setup: "
-    assert f"{overrides}`scenario.test_limit={SMOKE_TEST_ROWS}`." in report
+    said = "Overrides (`--set`), applied to every run on top of the setup: "
+    assert said + ", ".join(f"`{o}`" for o in overrides) + "." in report
     summaries = [json.loads(path.read_text()) for path in out.glob("runs/*/summary.json")]
     assert summaries and all(s["config"]["training"]["rounds"] == 1 for s in summaries)
     assert all(s["config"]["scenario"]["test_limit"] == SMOKE_TEST_ROWS for s in summaries)

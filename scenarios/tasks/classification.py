@@ -506,22 +506,30 @@ class ClassificationTask:
         predictions = predict(self.evaluation_model, model, self.test_x).argmax(dim=1).cpu().numpy()
         return group_fairness(self.test_y.cpu().numpy(), predictions, rows, list(self.cohort_weights))
 
-    def train_losses(self, model: np.ndarray) -> dict[str, float]:
+    def train_losses(self, model: np.ndarray, limit: int | None = None) -> dict[str, float]:
         """Each cohort's mean cross-entropy of ``model`` over its clients' training examples
-        (``training.train_loss``): a simulation-only diagnostic of private data."""
+        (``training.train_loss``): a simulation-only diagnostic of private data. With ``limit``
+        (``training.train_loss_limit``), over a seeded subset of at most that many of each
+        cohort's examples (the same subset for every policy of a seed)."""
         if self.generated is not None or self.client_indices is None:
             raise ValueError("training.train_loss needs the clients' examples held in memory")
-        losses = nn.functional.cross_entropy(
-            predict(self.evaluation_model, model, self.train_x), self.train_y, reduction="none"
-        )
-        losses = losses.double().cpu().numpy()
-        found = {}
+        cohort_rows = {}
         for index, name in enumerate(self.cohort_names):
             clients = np.flatnonzero(self.client_cohorts == index)
             rows = [np.asarray(self.client_indices[c]) for c in clients]
             rows = np.concatenate(rows) if rows else np.empty(0, dtype=np.int64)
-            found[name] = float(losses[rows].mean()) if rows.size else float("nan")
-        return found
+            if limit is not None and rows.size > limit:
+                rows = np.sort(rng(self.seed, Stream.DATA, 5, index).permutation(rows)[:limit])
+            cohort_rows[name] = rows
+        needed = np.unique(np.concatenate([np.empty(0, dtype=np.int64), *cohort_rows.values()]))
+        rows_tensor = torch.from_numpy(needed).to(self.train_x.device)
+        logits = predict(self.evaluation_model, model, self.train_x[rows_tensor])
+        losses = nn.functional.cross_entropy(logits, self.train_y[rows_tensor], reduction="none")
+        losses = losses.double().cpu().numpy()
+        return {
+            name: float(losses[np.searchsorted(needed, rows)].mean()) if rows.size else float("nan")
+            for name, rows in cohort_rows.items()
+        }
 
     def summary(self, model: np.ndarray) -> dict[str, Any]:
         """``preprocessing.outside_epsilon``, the preprocessing steps outside the run's ε, where
