@@ -559,7 +559,8 @@ def tune(
 @app.command()
 def bench(
     workloads: Annotated[
-        list[str] | None, typer.Argument(help="Workloads among w1 w2 w3 w4 w5 \\[all].", show_default=False)
+        list[str] | None,
+        typer.Argument(help="Workloads among w1 w2 w3 w4 w5 w6 \\[all].", show_default=False),
     ] = None,
     quick: Annotated[
         bool, typer.Option("--quick", help="Tiny sizes: a smoke test, no timing claims.")
@@ -569,7 +570,8 @@ def bench(
         str, typer.Option("--device", help="cpu, or cuda: W2's contenders on the GPU (w2 only).")
     ] = "cpu",
 ) -> None:
-    """Benchmark fairclip against Flower, Opacus, pfl-research and the compute floor (W1-W5)."""
+    """Benchmark fairclip against Flower, Opacus, pfl-research and the compute floor (W1-W5), and
+    secure aggregation against the plain exchange (W6)."""
     _report, failed = api.bench(workloads or [], quick, json_path, device)
     if json_path is not None:
         stdout.print(f"report: {json_path}")

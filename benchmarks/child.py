@@ -33,6 +33,10 @@ def contenders(workload: str) -> dict:
         from . import w5
 
         return w5.CONTENDERS
+    if workload == "w6":
+        from . import w6
+
+        return w6.CONTENDERS
     raise SystemExit(f"unknown workload {workload!r}")
 
 
@@ -52,7 +56,7 @@ def main(argv: list[str]) -> int:
     except UnavailableError as reason:
         print(UNAVAILABLE_MARKER + str(reason).replace("\n", " "), flush=True)
         return 0
-    if isinstance(measurement, dict):  # several contenders from one process (W4)
+    if isinstance(measurement, dict):  # several contenders from one process (W2, W4, W6)
         print(RESULT_MARKER + json.dumps({k: m.as_dict() for k, m in measurement.items()}), flush=True)
     else:
         emit(measurement)

@@ -1,7 +1,7 @@
 """The runner: every contender of the chosen workloads in a subprocess of its own, one table,
 one JSON report.
 
-``fairclip bench [w1 ... w5] [--quick] [--json FILE] [--device cpu|cuda]`` (:mod:`fairclip.cli`).
+``fairclip bench [w1 ... w6] [--quick] [--json FILE] [--device cpu|cuda]`` (:mod:`fairclip.cli`).
 """
 
 from __future__ import annotations
@@ -22,8 +22,12 @@ from fairclip.scenarios.errors import ConfigError
 from .common import BUSY_FRACTION, REPO_ROOT, RESULT_MARKER, OtherLoad, machine_info, usable_cores
 from .w2 import MODELS as W2_MODELS
 from .w2 import contender_name as w2_name
+from .w6 import MODEL_SIZES
+from .w6 import contender_name as w6_name
 
-WORKLOADS = ("w1", "w2", "w3", "w4", "w5")
+W6_MODELS = tuple(MODEL_SIZES)
+
+WORKLOADS = ("w1", "w2", "w3", "w4", "w5", "w6")
 PACKAGE = __package__ or "benchmarks"
 
 DESCRIPTIONS = {
@@ -32,6 +36,7 @@ DESCRIPTIONS = {
     "w3": "scale: 100,000 clients, ~1,000/round; 10^9 and 10^6 clients, 10^4/round; bounded, in-process",
     "w4": "DP overhead: W1 with bounded vs none, fairclip's Ray executor",
     "w5": "scale-out: W1 on 1 vs 2 Ray actors, local and on single-CPU nodes of a cluster; 7 pairs",
+    "w6": "secure aggregation: one round's exchange, SecAgg+ vs plain, d = 22 / 26,010 / 269,322, 10 clients",
 }
 QUICK_DESCRIPTIONS = {
     "w1": "quick: 40 clients × 16 images, q 0.25, 2 rounds",
@@ -39,6 +44,7 @@ QUICK_DESCRIPTIONS = {
     "w3": "quick: 10,000 clients, q 0.01, 5 / 2 rounds; 10^9 and 10^6 clients, 100/round, 2 rounds",
     "w4": "quick: as W1 quick, 1 repeat",
     "w5": "quick: as W1 quick, 1 pair",
+    "w6": "quick: 5 clients, 1 repeat",
 }
 CONTENDERS = {
     "w1": ("fairclip", "flower", "floor", "pfl"),
@@ -46,6 +52,7 @@ CONTENDERS = {
     "w3": ("bimodal-mean", "logistic", "logistic-1e9", "logistic-1e6"),
     "w4": ("pair",),
     "w5": ("local", "cluster", "floors"),
+    "w6": W6_MODELS,  # a model's child reports its plain and secure contenders
 }
 QUICK_SKIPS = {
     ("w1", "flower"): "skipped in --quick (Flower's runtime start alone takes ~30 s)",
@@ -57,7 +64,7 @@ GPU_SKIPS = {
 DEVICES = ("cpu", "cuda")
 GPU_WORKLOADS = ("w2",)
 """The workloads that run on a GPU with ``--device cuda``; the others measure CPU executors."""
-TIMEOUT_S = {"w1": 1800, "w2": 1200, "w3": 1200, "w4": 1800, "w5": 1800}
+TIMEOUT_S = {"w1": 1800, "w2": 1200, "w3": 1200, "w4": 1800, "w5": 1800, "w6": 900}
 W5_SPEEDUP = 1.6  # on one 2-core machine (decided 2026-12)
 W3_MEMORY_LIMIT = 4 * 2**30
 W3_POPULATION_SLOWDOWN = 1.5
@@ -234,6 +241,23 @@ def targets(workload: str, results: dict[str, dict[str, Any]], cores: int) -> li
         )
         reference("actors-1/floor-1", "actors-1", "floor-1")
         reference("actors-2/floors-2", "actors-2", "floors-2")
+    elif workload == "w6":
+        # Figures for the record (issue 69 sets no target): what SecAgg+ costs against plain.
+        for model in W6_MODELS:
+            secure, plain = w6_name(model, "secure"), w6_name(model, "plain")
+            reference(f"{model}: secure/plain (rounds/s)", secure, plain)
+            for way in ("up", "down"):
+                a = _value(results, secure, f"bytes_{way}_per_client")
+                b = _value(results, plain, f"bytes_{way}_per_client")
+                rows.append(
+                    {
+                        "name": f"{model}: secure/plain (bytes {way} per client)",
+                        "value": a / b if a is not None and b else None,
+                        "target": "(reference)",
+                        "threshold": None,
+                        "met": None,
+                    }
+                )
     return rows
 
 

@@ -114,6 +114,32 @@ def test_quick_w1_executor_and_floor(tmp_path):
     assert ratios["fairclip/flower"]["met"] is None  # not measured in --quick
 
 
+def test_quick_w6_secure_aggregation_against_the_plain_exchange(tmp_path):
+    """W6 at its quick size: each model size's plain and secure exchanges run (the secure sum
+    checked against the plain sum inside the child), their bytes per client are counted on
+    Flower's wire format, and the reference rows are the quotients of what was measured."""
+    from fairclip.benchmarks.w6 import MODEL_SIZES
+
+    report = run_bench(["w6"], True, tmp_path / "w6.json")
+    contenders = report["workloads"]["w6"]["contenders"]
+    ratios = {row["name"]: row for row in report["targets"]}
+    for model, dim in MODEL_SIZES.items():
+        plain, secure = contenders[f"{model}/plain"], contenders[f"{model}/secure"]
+        for result in (plain, secure):
+            assert result["status"] == "ok", result
+            assert result["parameters"] == dim and result["clients"] == 5
+            assert _positive(result["throughput"]) and result["total_s"] >= result["wall_s"]
+        # both carry the vector at 8 bytes a value; the secure exchange adds keys and shares
+        for way in ("up", "down"):
+            key = f"bytes_{way}_per_client"
+            assert plain[key] >= 8 * dim and secure[key] > plain[key]
+            row = ratios[f"{model}: secure/plain (bytes {way} per client)"]
+            assert row["value"] == pytest.approx(secure[key] / plain[key])
+        row = ratios[f"{model}: secure/plain (rounds/s)"]
+        assert row["value"] == pytest.approx(secure["throughput"] / plain["throughput"])
+        assert row["met"] is None  # figures for the record
+
+
 @pytest.mark.slow
 def test_w1_flower_contender_times_fairclips_own_apps(monkeypatch):
     """The Flower contender (skipped in --quick runs of the suite) at the quick size: fairclip's
@@ -221,7 +247,7 @@ def test_unknown_workload_is_an_error(capsys):
         main(["bench", "w9", "--quick"])
     assert exited.value.code == 2
     assert "unknown workload" in capsys.readouterr().err
-    assert WORKLOADS == ("w1", "w2", "w3", "w4", "w5")
+    assert WORKLOADS == ("w1", "w2", "w3", "w4", "w5", "w6")
 
 
 HAS_CUDA = __import__("torch").cuda.is_available()
