@@ -5,6 +5,7 @@ long files at once."""
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
 import time
@@ -21,32 +22,84 @@ SECAGG_CONFIG = {
     "privacy.secure_aggregation": True,
     # a stage waits this long for a node that died; each message starts a ClientApp process
     "privacy.secagg_stage_timeout": 180.0,
-    "training.rounds": 2,  # a node is killed once round 1 is out: round 2 runs without it
+    "training.rounds": 2,  # a node dies in the middle of round 2
 }
+
+
+# The ClientApp of the node that drops out: fairclip's, with a mod that stops at the masking
+# stage (stage 2) of round DIE_ROUND, after the node has taken part in stages 0 and 1, and tells
+# the test, which then kills the SuperNode: the server has its shares but never its masked vector.
+DROPOUT_CLIENT = """
+import os
+import time
+from pathlib import Path
+
+from flwr.clientapp import ClientApp
+
+from fairclip.client.app import clients
+from fairclip.client.secure_aggregation import AT_ROUND, SECAGG
+
+MARKER = Path({marker!r})
+DIE_PARTITION, DIE_ROUND = {partition}, {round}
+
+
+def stop_before_masking(message, context, call_next):
+    record = message.content.config_records.get(SECAGG)
+    if (
+        record is not None
+        and record.get("kind") == "mask"
+        and int(record[AT_ROUND]) == DIE_ROUND
+        and int(context.node_config["partition-id"]) == DIE_PARTITION
+    ):
+        MARKER.write_text(str(os.getpid()))
+        time.sleep(3600)  # killed by the test with its SuperNode
+    return call_next(message, context)
+
+
+client_app = ClientApp()
+client_app.query()(clients.identify)
+client_app.train(mods=[stop_before_masking])(clients.train)
+"""
+FAIRCLIP_CLIENTAPP = 'clientapp = "fairclip.client.app:client_app"'
+
+
+def _with_dropout_client(app: Path, marker: Path, partition: int, round_number: int) -> None:
+    """The app copy's ClientApp becomes DROPOUT_CLIENT (on every node; only ``partition`` stops)."""
+    (app / "dropout_client.py").write_text(
+        DROPOUT_CLIENT.format(marker=str(marker), partition=partition, round=round_number)
+    )
+    pyproject = app / "pyproject.toml"
+    text = pyproject.read_text()
+    assert FAIRCLIP_CLIENTAPP in text
+    pyproject.write_text(text.replace(FAIRCLIP_CLIENTAPP, 'clientapp = "dropout_client:client_app"'))
 
 
 @pytest.mark.slow
 @pytest.mark.skipif(not _fairclip_apps_present(), reason="fairclip's ServerApp/ClientApp are not there yet")
-def test_secure_aggregation_survives_a_supernode_killed_mid_run(
+@pytest.mark.parametrize("policy", ["bounded", "per-cohort"])
+def test_secure_aggregation_survives_a_supernode_killed_mid_round(
     tmp_path: Path,
     app_dir: Path,  # noqa: F811 (the fixture imported above)
+    policy: str,
     record_property: pytest.RecordProperty,
 ) -> None:
-    """Issue 69: four SuperNodes (TLS, node authentication) sum with fairclip's SecAgg+ under
-    ``per-cohort``; one is killed once the first round is out. Every round completes (the dropout
-    is within the threshold), and the public outputs hold only public columns; no node disclosed
-    its cohort. ``per-cohort`` is the policy whose masked vector holds the most (a contribution
-    and one-hot cohort counts, the cohort known to no one): the other policies' vectors are
-    checked against the plain sum in process (tests/test_secure_aggregation.py), and a
-    second real deployment of four nodes, most of it waiting out the dead node's stage
-    timeout, cost four minutes of the suite."""
-    policy = "per-cohort"
+    """Issue 69: four SuperNodes (TLS, node authentication) sum with fairclip's SecAgg+; in round
+    2 one of them is killed mid-round: it has advertised its keys and shared its secrets (stages
+    0 and 1) and received the masking request (stage 2), and dies before it answers. The round
+    completes from the three survivors (the dropout is within the threshold: the survivors'
+    shares remove the dead node's pairwise masks), and the public outputs hold only public
+    columns; no node disclosed its cohort."""
+    import os
+    import signal
     import threading
 
     from flower_deploy import stop_processes
 
     started = time.monotonic()
     out = tmp_path / "out"
+    marker = tmp_path / "stopped-before-masking"
+    dying = SECAGG_NODES - 1
+    _with_dropout_client(app_dir, marker, dying, round_number=2)
     config = {**SECAGG_CONFIG, "policy.name": policy, "out": str(out)}
     with deployment(tmp_path / "deploy") as dep:
         dep.start_superlink()
@@ -60,24 +113,25 @@ def test_secure_aggregation_survives_a_supernode_killed_mid_run(
         dep.wait_for_nodes(SECAGG_NODES)
         killed = threading.Event()
 
-        def kill_after_first_round() -> None:
-            deadline = time.monotonic() + 600
+        def kill_when_it_stops() -> None:
+            deadline = time.monotonic() + 900
             while time.monotonic() < deadline:
-                rows = out / "rounds.csv"
-                if rows.is_file() and len(rows.read_text().strip().splitlines()) >= 2:
-                    stop_processes([nodes[-1]], grace=1.0)
+                if marker.is_file() and marker.read_text().strip():
+                    stop_processes([nodes[dying]], grace=1.0)
+                    with contextlib.suppress(ProcessLookupError):  # where it outlived its node
+                        os.kill(int(marker.read_text()), signal.SIGKILL)
                     killed.set()
                     return
-                time.sleep(0.5)
+                time.sleep(0.2)
 
-        killer = threading.Thread(target=kill_after_first_round, daemon=True)
+        killer = threading.Thread(target=kill_when_it_stops, daemon=True)
         killer.start()
         result = dep.run_app(app_dir, config, timeout=900)
         killer.join(timeout=5)
         context = f"{result.submit}\n--- run log ---\n{result.logs}\n{dep.log_tail()}"
         assert result.status == "finished:completed", context
+        assert killed.is_set() and nodes[dying].poll() is not None, context
     record_property("secagg_deployment_wall_seconds", round(time.monotonic() - started, 1))
-    assert killed.is_set(), context
 
     rounds = list(csv.DictReader((out / "rounds.csv").open()))
     assert len(rounds) == SECAGG_CONFIG["training.rounds"], context
@@ -90,8 +144,16 @@ def test_secure_aggregation_survives_a_supernode_killed_mid_run(
         assert float(row["sensitivity"]) == pytest.approx(float(row["clip_bound"]) * secure["noise_widening"])
     internal = out / "server-internal"
     survivors = [int(row["sampled_clients"]) for row in csv.DictReader((internal / "rounds.csv").open())]
-    assert survivors[0] == SECAGG_NODES and survivors[-1] == SECAGG_NODES - 1, survivors
+    assert survivors == [SECAGG_NODES, SECAGG_NODES - 1], survivors
     events = list(csv.DictReader((internal / "replies.csv").open()))
     assert not any(e["event"] == "skipped" for e in events), events
+    sums = [e for e in events if e["event"] == "secure-sum"]
+    assert [(int(e["round"]), e["reason"]) for e in sums] == [
+        (1, f"{SECAGG_NODES} survivors, 0 dropped after masking"),
+        (2, f"{SECAGG_NODES - 1} survivors, 1 dropped after masking"),
+    ], events
+    # the dead node answered stages 0 and 1 of round 2 and nothing after
+    stage_events = [e["reason"] for e in events if e["round"] == "2" and e["event"] in ("missing", "dropped")]
+    assert stage_events and all("secagg stage 2" in reason for reason in stage_events), events
     nodes_table = list(csv.DictReader((internal / "nodes.csv").open()))
     assert all(n["cohort"] == "" for n in nodes_table), "under secure aggregation no node tells its cohort"
