@@ -38,7 +38,14 @@ from flwr.clientapp import ClientApp
 from fairclip.client import secure_aggregation
 from fairclip.client.contributions import contribute
 from fairclip.client.flower_logging import drop_opacus_root_handler
-from fairclip.client.protocol import identity_content, read_exchange, read_train, reply_content
+from fairclip.client.protocol import (
+    evaluation_reply_content,
+    identity_content,
+    read_evaluate,
+    read_exchange,
+    read_train,
+    reply_content,
+)
 from fairclip.scenarios.flower_config import flower_run
 from fairclip.scenarios.tasks import build_task
 from fairclip.strategies import Policy, build_policy
@@ -68,6 +75,9 @@ class ClientRun:
     """Whether the run sums with secure aggregation: then the node answers only its stages
     (:mod:`fairclip.client.secure_aggregation`), never a train message in clear, and never
     tells its cohort."""
+    evaluation: tuple[int, float] | None = None
+    """(m, L) of ``[evaluation] clients`` (:mod:`fairclip.strategies.evaluation`): the node
+    evaluates the released model on at most m of its held-out examples; ``None``: it does not."""
 
 
 @dataclass
@@ -130,6 +140,7 @@ class FairclipClient:
         app = ClientApp()
         app.query()(self.identify)
         app.train()(self.train)
+        app.evaluate()(self.evaluate)
         return app
 
     def run(self, context: Context) -> ClientRun:
@@ -228,6 +239,35 @@ class FairclipClient:
         content = reply_content(sums, with_diagnostics=client.simulated, exchange=exchange)
         return Message(content, reply_to=message)
 
+    def evaluate(self, message: Message, context: Context) -> Message:
+        """Evaluate the released model on this client's held-out examples (``[evaluation]
+        clients``) and reply with its evaluation vector alone, or its secure sum's stage."""
+        if secure_aggregation.is_secure(message):
+            return secure_aggregation.answer(
+                message, context, lambda content: self._evaluation_vector(context, content)
+            )
+        if getattr(self.run(context), "secure_aggregation", False):
+            raise ValueError("this run sums with secure aggregation: no evaluation is sent in clear")
+        return Message(
+            evaluation_reply_content(self._evaluation_vector(context, message.content)), reply_to=message
+        )
+
+    def _evaluation_vector(self, context: Context, content: Any) -> np.ndarray:
+        """This client's evaluation vector of the model in ``content``, in its own cohort's slot
+        (a node on its own data file may name another cohort than its partition's)."""
+        run = self.run(context)
+        if getattr(run, "evaluation", None) is None:
+            raise ValueError("this run does not have its clients evaluate the model (evaluation.clients)")
+        max_examples, loss_bound = run.evaluation
+        client = self.local_client(context)
+        model, _round = read_evaluate(content)
+        ids = np.array([client.client_id])
+        vectors = client.task.evaluation_contributions(model, ids, max_examples, loss_bound)
+        slot = np.asarray(vectors[0], dtype=np.float64).reshape(client.num_cohorts, 3).sum(axis=0)
+        own = np.zeros(3 * client.num_cohorts)
+        own[3 * client.cohort : 3 * client.cohort + 3] = slot
+        return own
+
     def _vector(self, context: Context, content: Any) -> np.ndarray:
         """What this node would send in clear for a train instruction, as one vector: its
         contribution, then its report vector (the secure sum's input)."""
@@ -274,6 +314,9 @@ def load_client_run(run_config: dict[str, Any]) -> ClientRun:
         simulation_diagnostics=run.simulation_diagnostics,
         task=lambda _private: build_task(run.config, run.data_dir),
         secure_aggregation=run.config.privacy.secure_aggregation,
+        evaluation=(run.config.evaluation.max_examples, run.config.evaluation.loss_bound)
+        if run.config.evaluation.clients
+        else None,
     )
 
 

@@ -17,6 +17,10 @@ Three exchanges:
   A policy that releases its counts first (``per-cohort`` with ``same_round``) asks the same
   clients twice a round: ``exchange = "counts"`` (the reply holds the report vector alone), then
   ``exchange = "updates"`` with the bounds those counts set (the contribution alone).
+- **evaluate** (``evaluate``, ``[evaluation] clients``): after a round, the server sends the
+  model it released and the round number to a fresh Poisson sample of clients; each replies with
+  its evaluation vector alone (``evaluation``: 3K float64 values, its correct predictions,
+  examples and clipped loss sum in its own cohort's slot, :mod:`fairclip.strategies.evaluation`).
 
 Everything is flattened float64 vectors, exactly what the executors pass to the policy code.
 """
@@ -40,6 +44,8 @@ UPDATE = "update"
 CONTRIBUTION = "contribution"
 REPORTS = "reports"
 DIAGNOSTICS = "simulation-diagnostics"
+EVALUATION = "evaluation"
+"""The record (and its one array) of a client's evaluation vector."""
 DIAGNOSTIC_FIELDS = tuple(diagnostic.name for diagnostic in CLIENT_DIAGNOSTICS)
 """The diagnostics record's fields (:data:`fairclip.strategies.aggregation.CLIENT_DIAGNOSTICS`)."""
 
@@ -86,6 +92,27 @@ def read_train(content: RecordDict) -> tuple[np.ndarray, dict[str, Any], int]:
 def read_exchange(content: RecordDict) -> Exchange:
     """Which exchange of its round a train instruction asks for (:class:`Exchange`)."""
     return Exchange(str(content.config_records[ROUND].get(EXCHANGE, Exchange.ROUND.value)))
+
+
+def evaluate_content(model: np.ndarray, round_number: int) -> RecordDict:
+    """The instruction of a clients' evaluation: the model released after round ``round_number``."""
+    return RecordDict(
+        {
+            MODEL: ArrayRecord({MODEL: Array(np.ascontiguousarray(model, dtype=np.float64))}),
+            ROUND: ConfigRecord({ROUND: int(round_number)}),
+        }
+    )
+
+
+def read_evaluate(content: RecordDict) -> tuple[np.ndarray, int]:
+    """(model, round) from an evaluate instruction."""
+    return content.array_records[MODEL][MODEL].numpy(), int(content.config_records[ROUND][ROUND])
+
+
+def evaluation_reply_content(vector: np.ndarray) -> RecordDict:
+    """A client's evaluation reply: its evaluation vector alone."""
+    array = Array(np.ascontiguousarray(vector, dtype=np.float64))
+    return RecordDict({EVALUATION: ArrayRecord({EVALUATION: array})})
 
 
 def reply_arrays(exchange: Exchange) -> tuple[str, ...]:

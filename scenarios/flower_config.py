@@ -127,11 +127,6 @@ def flower_run(run_config: dict[str, Any]) -> FlowerRun:
             "training.train_loss is a simulation-only diagnostic: "
             "the server never sees the nodes' training data"
         )
-    if config.evaluation.clients:
-        raise ConfigError(
-            "evaluation.clients: the Flower apps do not yet have their nodes evaluate the model "
-            "(simulations do: fairclip run); keep evaluation.clients = false"
-        )
     if config.privacy.secure_aggregation:
         check_secure_aggregation(config, diagnostics)
     return FlowerRun(

@@ -40,12 +40,14 @@ from fairclip.client.protocol import (
     CONTRIBUTION,
     DIAGNOSTIC_FIELDS,
     DIAGNOSTICS,
+    EVALUATION,
     REPORTS,
     UPDATE,
     reply_arrays,
 )
 from fairclip.server.errors import ReplyError
 from fairclip.strategies import Policy
+from fairclip.strategies import evaluation as client_evaluation
 from fairclip.strategies.aggregation import CLIENT_DIAGNOSTICS, CohortDiagnostics, Exchange, RoundSums
 from fairclip.strategies.base import Broadcast
 from fairclip.strategies.clipping import row_norms
@@ -53,10 +55,11 @@ from fairclip.strategies.clipping import row_norms
 
 @dataclass(frozen=True)
 class Collected:
-    """The replies of one exchange, checked: accepted sums by client, the clients whose replies
+    """The replies of one exchange, checked: what ``check`` made of each accepted reply (a
+    client's sums; its evaluation vector) by client, the clients whose replies
     were dropped (with the reason), and the source node of every reply from a node not sampled."""
 
-    accepted: dict[int, RoundSums]
+    accepted: dict[int, Any]
     dropped: list[tuple[int, str]]
     unexpected: list[int | None]
 
@@ -65,7 +68,7 @@ def collect_replies(
     replies: Iterable[Message],
     client_of: Mapping[int | None, int],
     sampled: Collection[int],
-    check: Callable[[RecordDict, int], RoundSums],
+    check: Callable[[RecordDict, int], Any],
 ) -> Collected:
     """Check the replies of one exchange, for fairclip's ServerApp
     (:class:`fairclip.server.strategy.PolicyStrategy`) and the Flower DP wrapper alike.
@@ -83,7 +86,7 @@ def collect_replies(
             unexpected.append(node)
             continue
         by_client.setdefault(client, []).append(reply)
-    accepted: dict[int, RoundSums] = {}
+    accepted: dict[int, Any] = {}
     dropped: list[tuple[int, str]] = []
     for client, messages in sorted(by_client.items()):
         try:
@@ -202,6 +205,30 @@ def check_reply(
             diagnostics.sampled[:] = 0.0
             diagnostics.sampled[cohort] = 1.0
     return RoundSums(contribution, reports, 1, diagnostics)
+
+
+def check_evaluation_reply(
+    content: RecordDict, *, num_cohorts: int, max_examples: int, loss_bound: float
+) -> np.ndarray:
+    """A client's evaluation vector (``[evaluation] clients``), or :class:`ReplyError`: exactly the
+    ``evaluation`` array record holding one float64 vector of 3K values, of the form an honest
+    client sends (:func:`fairclip.strategies.evaluation.problem`: one cohort's slot, counts
+    within m, the loss sum within examples·L), so its norm is at most Δ_E."""
+    try:
+        arrays = set(content.array_records.keys())
+        others = set(content.metric_records.keys()) | set(content.config_records.keys())
+    except AttributeError:
+        raise ReplyError("reply content is not a record dictionary") from None
+    if arrays != {EVALUATION} or others:
+        raise ReplyError(f"evaluation reply holds {sorted(arrays | others)}, expected [{EVALUATION!r}]")
+    record = content.array_records[EVALUATION]
+    if set(record.keys()) != {EVALUATION}:
+        raise ReplyError(f"evaluation record holds {sorted(record.keys())}, expected [{EVALUATION!r}]")
+    vector = read_float_vector(record[EVALUATION], 3 * num_cohorts, "evaluation vector")
+    problem = client_evaluation.problem(vector, num_cohorts, max_examples, loss_bound)
+    if problem is not None:
+        raise ReplyError(problem)
+    return vector
 
 
 def _check_records(content: RecordDict, diagnostics_allowed: bool) -> None:

@@ -351,10 +351,13 @@ class Run:
     def _evaluation_event(self) -> DPEvent:
         return DPEvent(self.config.evaluation.noise_multiplier)
 
-    def finish_evaluation(self, round_number: int, total: np.ndarray, sampled: int) -> dict[str, Any]:
+    def finish_evaluation(
+        self, round_number: int, total: np.ndarray, sampled: int, rounding_slack: float = 0.0
+    ) -> dict[str, Any]:
         """Release the clients' evaluation sum ``total`` (Σ of their checked vectors,
-        :mod:`fairclip.strategies.evaluation`, ``sampled`` clients asked) after round
-        ``round_number``: noise it with σ_E·Δ_E, step the accountant with σ_E at rate q, and add
+        :mod:`fairclip.strategies.evaluation`, ``sampled`` clients asked; a secure sum of
+        quantised vectors with ``rounding_slack`` ρ > 0) after round ``round_number``: noise it
+        with σ_E·Δ_E·(1+ρ), step the accountant with σ_E at rate q, and add
         the noisy per-cohort accuracy, loss and count, the accuracy gap and the noise's standard
         deviation to the round's row (public) and the summary; in a simulation also the exact
         values (server-internal: DP does not cover them). The row's ε counts this release."""
@@ -370,7 +373,12 @@ class Run:
                 Stream.EVALUATION_NOISE,
             )
             noisy, std = client_evaluation.release(
-                total, noise, evaluation.noise_multiplier, evaluation.max_examples, evaluation.loss_bound
+                total,
+                noise,
+                evaluation.noise_multiplier,
+                evaluation.max_examples,
+                evaluation.loss_bound,
+                rounding_slack,
             )
             self.rounds.accountant.step(self._evaluation_event, self.plan.sample_rate)
             self.evaluation_releases += 1

@@ -52,6 +52,7 @@ from fairclip.client.secure_aggregation import (
     UPDATE,
     layout_fields,
 )
+from fairclip.strategies import evaluation as client_evaluation
 from fairclip.strategies.aggregation import CLIENT_DIAGNOSTICS, CohortDiagnostics, RoundSums
 from fairclip.strategies.secagg_protocol import (
     EncryptedShares,
@@ -69,6 +70,9 @@ from fairclip.strategies.secagg_protocol import (
 from fairclip.strategies.secagg_records import from_fields, to_fields
 from fairclip.strategies.secure_sum import Layout, Segment
 
+TRAINING, EVALUATION = 0, 1
+"""The secure sums of a round: its training exchange, and the clients' evaluation after it."""
+
 Record = Callable[[int, int | None, str, str], None]
 """(round, node, event, reason) -> None: the strategy's server-internal record."""
 
@@ -81,6 +85,13 @@ def layout_for(policy: Any, state: Any, dim: int, rho: float) -> Layout:
     if size:
         segments.append(Segment(size, 1.0, integer=bool(policy.integer_reports)))
     return Layout(tuple(segments), float(rho))
+
+
+def evaluation_layout(num_cohorts: int, max_examples: int, loss_bound: float, rho: float) -> Layout:
+    """The masked vector of one client's evaluation (``[evaluation] clients``): its 3K values
+    as one float segment of L2 bound Δ_E = m·sqrt(2 + L²) (:mod:`fairclip.strategies.evaluation`)."""
+    bound = client_evaluation.sensitivity(int(max_examples), float(loss_bound))
+    return Layout((Segment(3 * int(num_cohorts), bound),), float(rho))
 
 
 def summary_of(config: Any, policy: Any, dim: int) -> dict[str, Any]:
@@ -113,6 +124,8 @@ class _Pending:
     sent: tuple[Message, ...] = ()
     """The stage-2 messages (θ_t, the broadcast, ciphertexts: nothing a node sent in clear),
     whose ids the grid sets when it sends them."""
+    exchange: int = TRAINING
+    message_type: str = MessageType.TRAIN
 
 
 class SecureAggregation:
@@ -152,11 +165,14 @@ class SecureAggregation:
             run_label=run_label,
         )
 
-    def exchange_config(self, round_number: int, nodes: int, layout: Layout) -> ExchangeConfig:
+    def exchange_config(
+        self, round_number: int, nodes: int, layout: Layout, exchange: int = 0
+    ) -> ExchangeConfig:
         others = nodes - 1 if self.neighbours is None else min(self.neighbours, nodes - 1)
         threshold = self.threshold or default_threshold(max(others, 2))
         bits = layout.field(self.num_clients).bits
-        return ExchangeConfig(self.run_label, int(round_number), 0, threshold, bits, layout.length)
+        label = self.run_label
+        return ExchangeConfig(label, int(round_number), int(exchange), threshold, bits, layout.length)
 
     # ----- stages 0-2: inside configure_train ---------------------------------------------
     def configure(
@@ -166,23 +182,29 @@ class SecureAggregation:
         nodes: Iterable[int],
         layout: Layout,
         content: Callable[[], RecordDict],
+        *,
+        exchange: int = TRAINING,
+        message_type: str = MessageType.TRAIN,
     ) -> list[Message]:
         """Run stages 0 and 1 with ``nodes`` on ``grid``; return the stage-2 messages (``content()``
         -- θ_t, the broadcast, the round -- plus each node's ciphertexts and the layout), or
-        ``[]`` where the round is skipped."""
+        ``[]`` where the round is skipped. ``exchange`` numbers the secure sum within its round
+        (:data:`TRAINING`, :data:`EVALUATION`), and every stage's message is of
+        ``message_type`` (a node answers an evaluation's stages with its evaluate handler)."""
         self._pending = None
         nodes = sorted(int(u) for u in nodes)
-        config = self.exchange_config(round_number, len(nodes), layout)
+        config = self.exchange_config(round_number, len(nodes), layout, exchange)
+        stage = (exchange, message_type)
         step = server_setup(config, nodes, self.neighbours)
         if isinstance(step, SkippedRound):
             return self._skip(round_number, step)
         state, setups = step
-        adverts = self._exchange(grid, round_number, 0, setups, KeysAdvert)
+        adverts = self._exchange(grid, round_number, 0, setups, KeysAdvert, *stage)
         step = server_share_keys(state, adverts)
         if isinstance(step, SkippedRound):
             return self._skip(round_number, step)
         state, requests = step
-        shares = self._exchange(grid, round_number, 1, requests, EncryptedShares)
+        shares = self._exchange(grid, round_number, 1, requests, EncryptedShares, *stage)
         step = server_forward(state, shares)
         if isinstance(step, SkippedRound):
             return self._skip(round_number, step)
@@ -192,10 +214,10 @@ class SecureAggregation:
         for node in sorted(masks):
             record = content()
             record[SECAGG] = ConfigRecord(
-                {**to_fields(masks[node]), **extra, AT_ROUND: int(round_number), AT_EXCHANGE: 0}
+                {**to_fields(masks[node]), **extra, AT_ROUND: int(round_number), AT_EXCHANGE: exchange}
             )
-            messages.append(Message(record, dst_node_id=node, message_type=MessageType.TRAIN))
-        self._pending = _Pending(int(round_number), state, layout, grid, tuple(messages))
+            messages.append(Message(record, dst_node_id=node, message_type=message_type))
+        self._pending = _Pending(int(round_number), state, layout, grid, tuple(messages), *stage)
         return messages
 
     # ----- stage 3: inside aggregate_train ------------------------------------------------
@@ -220,7 +242,9 @@ class SecureAggregation:
             self._skip(round_number, step)
             return None
         state, requests = step
-        shares = self._exchange(pending.grid, round_number, 3, requests, UnmaskReply)
+        shares = self._exchange(
+            pending.grid, round_number, 3, requests, UnmaskReply, pending.exchange, pending.message_type
+        )
         result = server_unmask(state, shares)
         del state, shares
         if isinstance(result, SkippedRound):
@@ -246,7 +270,14 @@ class SecureAggregation:
 
     # ----- transport ----------------------------------------------------------------------
     def _exchange(
-        self, grid: Any, round_number: int, stage: int, requests: Mapping[int, Any], expected: type
+        self,
+        grid: Any,
+        round_number: int,
+        stage: int,
+        requests: Mapping[int, Any],
+        expected: type,
+        exchange: int = TRAINING,
+        message_type: str = MessageType.TRAIN,
     ) -> dict[int, Any]:
         """Send one stage's requests; the parsed replies of the expected kind, by node."""
         messages = [
@@ -254,12 +285,12 @@ class SecureAggregation:
                 RecordDict(
                     {
                         SECAGG: ConfigRecord(
-                            {**to_fields(request), AT_ROUND: int(round_number), AT_EXCHANGE: 0}
+                            {**to_fields(request), AT_ROUND: int(round_number), AT_EXCHANGE: exchange}
                         )
                     }
                 ),
                 dst_node_id=int(node),
-                message_type=MessageType.TRAIN,
+                message_type=message_type,
             )
             for node, request in sorted(requests.items())
         ]
@@ -344,4 +375,29 @@ def secure_train_messages(
     model = server.model
     return strategy.secure.configure(
         grid, round_number, nodes, layout, lambda: train_content(model, params, round_number)
+    )
+
+
+def secure_evaluation_messages(
+    strategy: Any, grid: Any, round_number: int, sampled: np.ndarray
+) -> list[Message]:
+    """``PolicyStrategy.configure_evaluate`` under secure aggregation: stages 0-1 of the
+    evaluation's secure sum (exchange :data:`EVALUATION`) with the sampled clients' nodes, and
+    the stage-2 messages (the released model, the round) to the nodes still in."""
+    from fairclip.client.protocol import evaluate_content
+
+    server, secure = strategy.server, strategy.secure
+    evaluation = server.config.evaluation
+    cohorts, m, loss_bound = len(server.task.cohort_names), evaluation.max_examples, evaluation.loss_bound
+    layout = evaluation_layout(cohorts, m, loss_bound, secure.rho)
+    nodes = [strategy.nodes[int(c)] for c in sampled if int(c) in strategy.nodes]
+    model = server.model
+    return secure.configure(
+        grid,
+        round_number,
+        nodes,
+        layout,
+        lambda: evaluate_content(model, round_number),
+        exchange=EVALUATION,
+        message_type=MessageType.EVALUATE,
     )

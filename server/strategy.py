@@ -24,8 +24,17 @@ Flower forwards a ServerApp's log, DEBUG lines included, to ``flwr log``.
 
 Flower's own ``DifferentialPrivacy*AdaptiveClipping`` wrappers are deliberately not used: they
 weight by number of examples, count clipped updates but apply the rule for unclipped ones, and
-noise with the updated bound (docs/design.md, section 2). Evaluation is centralised on the server's
-per-cohort test sets, so no evaluation messages are sent to clients.
+noise with the updated bound (docs/design.md, section 2).
+
+Evaluation runs on the server's per-cohort test sets (``[evaluation] server``) and, with
+``[evaluation] clients``, on the nodes' own held-out examples: after each round that released a
+model, ``configure_evaluate`` sends it to a fresh Poisson sample of clients (the run's
+:meth:`Run.evaluation_sample`), and ``aggregate_evaluate`` checks each reply's evaluation vector
+(:func:`fairclip.server.replies.check_evaluation_reply`), sums the rest in the executors' blocks
+and hands the sum to :meth:`Run.finish_evaluation`, which noises it and steps the same
+accountant. Under secure aggregation the vectors are summed with a second secure sum of the
+round (exchange 1), and the server never sees one. A round's row is published once its
+evaluation is in.
 """
 
 from __future__ import annotations
@@ -43,11 +52,16 @@ from flwr.common import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
-from fairclip.client.protocol import MODEL, train_content
-from fairclip.server.replies import check_reply, collect_replies
-from fairclip.server.secure_aggregation import SecureAggregation, secure_train_messages
+from fairclip.client.protocol import MODEL, evaluate_content, train_content
+from fairclip.server.replies import check_evaluation_reply, check_reply, collect_replies
+from fairclip.server.secure_aggregation import (
+    SecureAggregation,
+    secure_evaluation_messages,
+    secure_train_messages,
+)
 from fairclip.strategies import Policy
-from fairclip.strategies.aggregation import Exchange, RoundSums, sum_replies
+from fairclip.strategies import evaluation as client_evaluation
+from fairclip.strategies.aggregation import Exchange, RoundSums, shard_ids, sum_replies
 from fairclip.strategies.registry import display_name
 
 REPLY_TIMEOUT_SECONDS = 600.0
@@ -79,6 +93,22 @@ class RunDriver(Protocol):
     ) -> dict[str, Any]: ...
 
 
+class EvaluatingRunDriver(RunDriver, Protocol):
+    """A run's server whose clients evaluate the released model (``[evaluation] clients``)."""
+
+    config: Any
+    task: Any
+    rows: list[dict[str, Any]]
+
+    def evaluates_clients(self, round_number: int) -> bool: ...
+
+    def evaluation_sample(self, round_number: int) -> np.ndarray: ...
+
+    def finish_evaluation(
+        self, round_number: int, total: np.ndarray, sampled: int, rounding_slack: float = 0.0
+    ) -> dict[str, Any]: ...
+
+
 @dataclass(frozen=True)
 class _Round:
     number: int
@@ -88,6 +118,16 @@ class _Round:
     exchange: Exchange = Exchange.ROUND
     counts: dict[str, Any] | None = None
     """Reply counts of a counts-first round's first exchange (server-internal)."""
+
+
+@dataclass(frozen=True)
+class _Evaluation:
+    """The clients' evaluation after a round, between its configure and aggregate."""
+
+    number: int
+    sampled: np.ndarray
+    row: dict[str, Any]
+    """The round's row, published once the evaluation is in."""
 
 
 @dataclass
@@ -140,6 +180,7 @@ class PolicyStrategy(Strategy):
         self.events: list[dict[str, Any]] = []
         """Internal record: one row per dropped or unexpected reply (:data:`EVENT_COLUMNS`)."""
         self._round: _Round | None = None
+        self._evaluation: _Evaluation | None = None
         if secure is not None:
             secure.record = lambda t, node, event, reason: self._record(  # "": a round's event
                 t, "" if node is None else node, self.clients_of_node.get(node, ""), event, reason
@@ -198,8 +239,7 @@ class PolicyStrategy(Strategy):
             row = self.server.finish_round(
                 server_round, sums, {"reply_wait_seconds": time.monotonic() - plan.started}
             )
-            if self.on_round is not None:
-                self.on_round(row)
+            self._round_released(server_round, row)
             return ArrayRecord({MODEL: Array(self.server.model)}), MetricRecord(self.public_metrics(row))
         collected = self._collect(replies, server_round, plan.sampled, plan.params, plan.exchange)
         extra = {
@@ -208,9 +248,16 @@ class PolicyStrategy(Strategy):
             "reply_wait_seconds": time.monotonic() - plan.started,
         }
         row = self.server.finish_round(server_round, self._sum(collected), extra)
-        if self.on_round is not None:
-            self.on_round(row)
+        self._round_released(server_round, row)
         return ArrayRecord({MODEL: Array(self.server.model)}), MetricRecord(self.public_metrics(row))
+
+    def _round_released(self, server_round: int, row: dict[str, Any]) -> None:
+        """Publish the round's row now, or once the clients' evaluation that follows it is in."""
+        evaluates = getattr(self.server, "evaluates_clients", None)
+        if evaluates is not None and evaluates(server_round):
+            self._evaluation = _Evaluation(server_round, np.empty(0, dtype=np.int64), row)
+        elif self.on_round is not None:
+            self.on_round(row)
 
     def _collect(
         self,
@@ -287,10 +334,82 @@ class PolicyStrategy(Strategy):
     def configure_evaluate(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
-        return []
+        """The released model to a fresh sample of clients, after a round that evaluates
+        clients and released a model (none otherwise)."""
+        pending = self._evaluation
+        if pending is None or pending.number != server_round:
+            return []
+        server: EvaluatingRunDriver = self.server  # type: ignore[assignment]
+        sampled = np.asarray(server.evaluation_sample(server_round), dtype=np.int64)
+        self._evaluation = _Evaluation(server_round, sampled, pending.row)
+        if self.secure is not None:  # stages 0-1 here; stage 2 is these messages
+            return secure_evaluation_messages(self, grid, server_round, sampled)
+        return [
+            Message(
+                evaluate_content(server.model, server_round),
+                dst_node_id=self.nodes[int(client)],
+                message_type=MessageType.EVALUATE,
+            )
+            for client in sampled
+            if int(client) in self.nodes
+        ]
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
-        return None
+        """Sum the sampled clients' evaluation vectors (checked; securely where the run sums so),
+        release the sum through the run (noise, accountant, the row's public columns), and
+        publish the round's row. A secure sum that is skipped releases nothing."""
+        pending, self._evaluation = self._evaluation, None
+        if pending is None or pending.number != server_round:
+            return None
+        server: EvaluatingRunDriver = self.server  # type: ignore[assignment]
+        total, slack = self._evaluation_sum(server, server_round, replies, pending.sampled)
+        row = pending.row
+        if total is not None:
+            row = server.finish_evaluation(server_round, total, len(pending.sampled), slack)
+        if self.on_round is not None:
+            self.on_round(row)
+        if total is None:
+            return None
+        names = ("client_accuracy_gap", "client_eval_noise_std", "epsilon")
+        return MetricRecord({k: float(row[k]) for k in names if _finite_number(row.get(k))})
+
+    def _evaluation_sum(
+        self, server: EvaluatingRunDriver, server_round: int, replies: Iterable[Message], sampled: np.ndarray
+    ) -> tuple[np.ndarray | None, float]:
+        """(Σ of the evaluation vectors, the rounding slack of its sum); ``None`` where a secure
+        sum was skipped."""
+        evaluation = server.config.evaluation
+        num_cohorts = len(server.task.cohort_names)
+        if self.secure is not None:
+            sums = self.secure.aggregate(server_round, replies)
+            if sums is None:
+                return None, 0.0
+            return sums.contribution_sum, self.secure.rho
+        m, loss_bound = evaluation.max_examples, evaluation.loss_bound
+        collected = collect_replies(
+            replies,
+            self.clients_of_node,
+            {int(client) for client in sampled},
+            lambda content, _client: check_evaluation_reply(
+                content, num_cohorts=num_cohorts, max_examples=m, loss_bound=loss_bound
+            ),
+        )
+        for node in collected.unexpected:
+            client = self.clients_of_node.get(node)
+            self._record(server_round, node, client, "unexpected", "evaluation: a node that was not sampled")
+        for client, reason in collected.dropped:
+            self._record(server_round, self.nodes[client], client, "dropped", f"evaluation: {reason}")
+        ids = np.array(sorted(collected.accepted), dtype=np.int64)
+        blocks = [
+            client_evaluation.block_sum(
+                np.array([collected.accepted[int(c)] for c in block]).reshape(-1, 3 * num_cohorts),
+                num_cohorts,
+                m,
+                loss_bound,
+            )
+            for block in shard_ids(ids, self.num_clients)
+        ]
+        return client_evaluation.add_blocks(blocks, num_cohorts), 0.0
 
 
 def _finite_number(value: Any) -> bool:

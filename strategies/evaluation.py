@@ -120,14 +120,18 @@ def release(
     noise_multiplier: float,
     max_examples: int,
     loss_bound: float,
+    rounding_slack: float = 0.0,
 ) -> tuple[np.ndarray, float]:
-    """(Σ v_i + N(0, (σ_E Δ_E)² I), the noise's standard deviation) from the sampler ``noise``
-    (numpy's generator, or OpenDP's exact sampler in a deployment)."""
+    """(Σ v_i + N(0, (σ_E Δ_E (1+ρ))² I), the noise's standard deviation) from the sampler
+    ``noise`` (numpy's generator, or OpenDP's exact sampler in a deployment). ``rounding_slack``
+    ρ > 0 where the sum was a secure one of quantised vectors, each within Δ_E(1+ρ)
+    (:class:`fairclip.strategies.secure_sum.Layout`); 0 for a sum of checked vectors."""
     if not (math.isfinite(noise_multiplier) and noise_multiplier > 0):
         raise ValueError(f"the evaluation's noise multiplier must be > 0 (got {noise_multiplier!r})")
-    return as_sampler(noise).add_noise(
-        np.asarray(total, dtype=np.float64), noise_multiplier, sensitivity(max_examples, loss_bound)
-    )
+    if not (math.isfinite(rounding_slack) and rounding_slack >= 0):
+        raise ValueError(f"rounding_slack must be >= 0 (got {rounding_slack!r})")
+    bound = sensitivity(max_examples, loss_bound) * (1.0 + float(rounding_slack))
+    return as_sampler(noise).add_noise(np.asarray(total, dtype=np.float64), noise_multiplier, bound)
 
 
 def cohort_metrics(

@@ -327,12 +327,13 @@ def test_a_run_stopped_continues_with_its_evaluations_accounted(tmp_path):
     assert resumed.summary["client_evaluation"] == straight.summary["client_evaluation"]
 
 
-def test_the_flower_apps_refuse_client_evaluation_for_now():
+def test_the_flower_apps_take_client_evaluation():
+    """The Flower path runs it (tests/test_secure_aggregation.py in process, and
+    tests/test_secure_deployment.py on real SuperNodes)."""
     from fairclip.scenarios.flower_config import flower_run
 
-    for setting in ("evaluation.clients=true", "evaluation.clients=true;evaluation.server=false"):
-        with pytest.raises(ConfigError, match="the Flower apps do not yet"):
-            flower_run({"scenario": "flower-local", "set": setting})
+    run = flower_run({"scenario": "flower-local", "set": "evaluation.clients=true;evaluation.server=false"})
+    assert run.config.evaluation.clients and not run.config.evaluation.server
 
 
 def test_the_evaluation_schedule_is_part_of_a_run_whose_clients_evaluate():

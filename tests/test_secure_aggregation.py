@@ -28,7 +28,7 @@ from fairclip.strategies.secure_sum import DEFAULT_RHO
 NUM_CLIENTS = 5
 
 
-def _run_config(policy: str, **extra) -> dict:
+def _run_config(policy: str, secure: bool = True, **extra) -> dict:
     return {
         "scenario": "demo",
         "set": "scenario.cohorts.majority.share=0.6; scenario.cohorts.minority.share=0.4",
@@ -36,7 +36,7 @@ def _run_config(policy: str, **extra) -> dict:
         "federation.sample_rate": 1.0,
         "training.rounds": 2,
         "policy.name": policy,
-        "privacy.secure_aggregation": True,
+        "privacy.secure_aggregation": secure,
         "not-private": True,
         **extra,
     }
@@ -46,9 +46,10 @@ _RUN_IDS = iter(range(7700, 7800))
 
 
 class _Grid:
-    """Delivers each message to its node's ClientApp handler; ``drop[node] = kind`` makes that
-    node silent from the stage of that ``kind`` on (``"mask"``: it never sends its masked
-    vector). Keeps (for the test, not the server) every masked vector and clear vector seen."""
+    """Delivers each message to its node's ClientApp handler (train or evaluate, by its type);
+    ``drop[node] = kind`` makes that node silent from the stage of that ``kind`` on (``"mask"``:
+    it never sends its masked vector). Keeps (for the test, not the server) every masked vector
+    and clear vector seen, by (round, node): training's and evaluations' apart."""
 
     def __init__(
         self,
@@ -75,6 +76,7 @@ class _Grid:
         self.silent: set[int] = set()
         self.masked: list[np.ndarray] = []
         self.vectors: dict[tuple[int, int], np.ndarray] = {}
+        self.evaluation_vectors: dict[tuple[int, int], np.ndarray] = {}
 
     def send_and_receive(self, messages, timeout=None):
         replies = []
@@ -83,7 +85,7 @@ class _Grid:
             node = message.metadata.dst_node_id
             record = message.content.config_records.get(SECAGG)
             kind = None if record is None else record.get("kind")
-            if self.drop.get(node) == kind:
+            if kind is not None and self.drop.get(node) == kind:
                 self.silent.add(node)
             if node in self.silent:
                 if self.superlink_errors:
@@ -92,24 +94,30 @@ class _Grid:
                     replies.append(error)
                 continue
             context = self.contexts[node]
+            evaluate = message.metadata.message_type == "evaluate"
             if kind == "mask":
                 round_number = int(record["at_round"])
-                self.vectors[(round_number, node)] = client_app._vector(context, message.content)
-            reply = client_app.train(message, context)
+                if evaluate:
+                    vector = client_app._evaluation_vector(context, message.content)
+                    self.evaluation_vectors[(round_number, node)] = vector
+                else:
+                    self.vectors[(round_number, node)] = client_app._vector(context, message.content)
+            reply = (client_app.evaluate if evaluate else client_app.train)(message, context)
             if kind == "mask" and not reply.has_error():
                 self.masked.append(reply.content.array_records[UPDATE][MASKED].numpy().copy())
             replies.append(reply)
         return replies
 
 
-def _federation(policy: str, drop=None, superlink_errors: bool = False, **extra):
-    run_config = _run_config(policy, **extra)
+def _federation(policy: str, drop=None, superlink_errors: bool = False, secure: bool = True, **extra):
+    run_config = _run_config(policy, secure, **extra)
     run = flower_run(run_config)
     task = build_task(run.config, run.data_dir)
     server = Run(run.config, task, seeded=True, not_private=True, simulation=False)
     nodes = {client: 1000 + 7 * client for client in range(NUM_CLIENTS)}
-    secure = SecureAggregation.from_config(run.config, server.policy.num_cohorts, "77")
-    strategy = PolicyStrategy(server, nodes, NUM_CLIENTS, None, secure=secure)
+    secagg = SecureAggregation.from_config(run.config, server.policy.num_cohorts, "77") if secure else None
+    cohorts = task.client_cohorts if server.policy.needs_cohorts and not secure else None
+    strategy = PolicyStrategy(server, nodes, NUM_CLIENTS, cohorts, secure=secagg)
     sums = []
     finish = server.finish_round
 
@@ -295,3 +303,106 @@ def test_a_simulation_refuses_secure_aggregation():
     run = flower_run(_run_config("bounded"))
     with pytest.raises(ConfigError, match="Flower apps only"):
         Run(run.config, build_task(run.config, run.data_dir))
+
+
+EVALUATING = {"evaluation.clients": True, "evaluation.server": False}
+
+
+def _capture_evaluations(server):
+    """Wrap ``server.finish_evaluation``: (round, the model evaluated, the sum, its slack) of each."""
+    seen = []
+    finish = server.finish_evaluation
+
+    def capture(round_number, total, sampled, rounding_slack=0.0):
+        seen.append((round_number, server.model.copy(), np.array(total, copy=True), rounding_slack))
+        return finish(round_number, total, sampled, rounding_slack)
+
+    server.finish_evaluation = capture
+    return seen
+
+
+@pytest.mark.parametrize(("secure", "policy"), [(False, "bounded"), (True, "bounded"), (True, "per-cohort")])
+def test_nodes_evaluate_the_released_model_and_the_server_releases_only_the_noisy_sum(
+    server_task_identity, secure, policy
+):
+    """Issue 69 §2 on the Flower path: after each round, a fresh sample of nodes evaluates the
+    released model on its held-out examples; the server sums their vectors (in clear, checked;
+    or securely, never seeing one), noises the sum with σ_E·Δ_E (·(1+ρ) for a secure sum),
+    accounts it, and publishes each round's row with the noisy per-cohort metrics once they are in."""
+    from fairclip.strategies import evaluation as mechanism
+
+    server, strategy, grid, _sums = _federation(policy, secure=secure, **EVALUATING)
+    published = []
+    strategy.on_round = published.append
+    evaluations = _capture_evaluations(server)
+    strategy.start(grid, ArrayRecord({MODEL: Array(server.model)}), num_rounds=2, timeout=10)
+    evaluation = server.config.evaluation
+    m, loss_bound = evaluation.max_examples, evaluation.loss_bound
+    assert [t for t, *_ in evaluations] == [1, 2]
+    assert server.summary["privacy"]["evaluation_releases"] == 2
+    for round_number, model, total, slack in evaluations:
+        sample = server.evaluation_sample(round_number)
+        exact = server.task.evaluation_contributions(model, sample, m, loss_bound).sum(axis=0)
+        if secure:  # quantised: within the rounding of each of the n vectors
+            assert slack == DEFAULT_RHO
+            bound = mechanism.sensitivity(m, loss_bound)
+            assert np.linalg.norm(total - exact) <= len(sample) * DEFAULT_RHO * bound
+        else:
+            assert slack == 0.0
+            np.testing.assert_allclose(total, exact, rtol=1e-12, atol=1e-9)
+        assert exact[1::3].sum() > 0  # the nodes held examples out and evaluated them
+    # each round's row went out once, with its noisy evaluation in it
+    assert [row["round"] for row in published] == [1, 2]
+    expected_std = evaluation.noise_multiplier * mechanism.sensitivity(m, loss_bound) * (1 + slack)
+    for row in published:
+        assert row["client_eval_noise_std"] == pytest.approx(expected_std, rel=1e-12)
+        assert {"majority/client_accuracy", "minority/client_loss", "client_accuracy_gap"} <= set(row)
+        assert {"majority/client_accuracy", "client_accuracy_gap"} <= server.public_columns
+        assert not any(key.endswith("_exact") for key in row)  # a deployment has no exact values
+    assert set(server.summary["cohorts"]) == {"majority", "minority"}  # the noisy ones: no test set
+    if secure:  # the server holds no node's evaluation vector, nor its cohort
+        individual = list(grid.evaluation_vectors.values())
+        assert len(individual) == 2 * NUM_CLIENTS
+        for array in _arrays(strategy):
+            assert not any(array.shape == v.shape and np.array_equal(array, v) for v in individual)
+        assert strategy.client_cohorts is None and strategy.secure._pending is None
+
+
+def test_an_evaluation_reply_outside_the_honest_form_is_dropped_and_recorded(server_task_identity):
+    """A node whose evaluation vector fills two cohorts' slots (norm possibly above Δ_E) is left
+    out of the sum, and the server's internal record says why."""
+    from fairclip.client.protocol import evaluation_reply_content
+
+    server, strategy, grid, _sums = _federation("bounded", secure=False, **EVALUATING)
+    evaluations = _capture_evaluations(server)
+    liar = 1000 + 7 * 3
+    deliver = grid.send_and_receive
+
+    def tampering(messages, timeout=None):
+        replies = deliver(messages, timeout)
+        for reply in replies:
+            if reply.metadata.message_type == "evaluate" and reply.metadata.src_node_id == liar:
+                reply.content = evaluation_reply_content(np.array([10.0, 10.0, 0.0, 10.0, 10.0, 0.0]))
+        return replies
+
+    grid.send_and_receive = tampering
+    strategy.start(grid, ArrayRecord({MODEL: Array(server.model)}), num_rounds=1, timeout=10)
+    ((round_number, model, total, _slack),) = evaluations
+    evaluation = server.config.evaluation
+    honest = [int(c) for c in server.evaluation_sample(round_number) if 1000 + 7 * int(c) != liar]
+    exact = server.task.evaluation_contributions(
+        model, np.array(honest), evaluation.max_examples, evaluation.loss_bound
+    ).sum(axis=0)
+    np.testing.assert_allclose(total, exact, rtol=1e-12, atol=1e-9)
+    dropped = [e for e in strategy.events if e["event"] == "dropped"]
+    assert len(dropped) == 1 and dropped[0]["node"] == liar
+    assert dropped[0]["reason"] == "evaluation: evaluation vector fills 2 cohorts' slots, at most one allowed"
+
+
+def test_a_node_of_a_run_without_client_evaluation_refuses_to_evaluate(server_task_identity):
+    from fairclip.client.protocol import evaluate_content
+
+    context = _Grid(_run_config("bounded", secure=False), {0: 1000}).contexts[1000]
+    message = Message(evaluate_content(np.zeros(22), 1), dst_node_id=1000, message_type="evaluate")
+    with pytest.raises(ValueError, match="does not have its clients evaluate"):
+        client_app.evaluate(message, context)

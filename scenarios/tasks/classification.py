@@ -308,7 +308,9 @@ class ClassificationTask:
         return self._initial.copy()
 
     def use_local_examples(self, client: int, features: np.ndarray, labels: np.ndarray) -> None:
-        """Let ``client`` train on its own examples (a deployed node's data file) from now on."""
+        """Let ``client`` train on its own examples (a deployed node's data file) from now on;
+        where examples are held out for the clients' evaluation (:meth:`hold_out`), ⌊share·n⌋ of
+        these are, a seeded choice of their own (stream ``EVALUATION_DATA``, keyed by the client)."""
         features = np.asarray(features, dtype=np.float32)
         labels = np.asarray(labels)
         if self.generated is not None:
@@ -323,9 +325,17 @@ class ClassificationTask:
         start = self.train_x.shape[0]
         self.train_x = torch.cat([self.train_x, torch.from_numpy(features).to(self.device)])
         self.train_y = torch.cat([self.train_y, torch.from_numpy(labels.astype(np.int64)).to(self.device)])
-        self.client_indices[client] = np.arange(start, start + features.shape[0])
-        self.one_step = self.one_step and features.shape[0] == 1
+        rows = np.arange(start, start + features.shape[0])
+        if self.holdout_indices is not None:
+            count = int(self.holdout_share * len(rows))
+            order = rng(self.seed, Stream.EVALUATION_DATA, int(client)).permutation(len(rows))
+            self.holdout_indices[client] = rows[order[:count]]
+            rows = rows[np.sort(order[count:])]
+        self.client_indices[client] = rows
+        self.one_step = self.one_step and len(rows) == 1
 
+    holdout_share: float = 0.0
+    """The share of each client's examples :meth:`hold_out` held out."""
     holdout_indices: dict[int, np.ndarray] | None = None
     """Each client's held-out examples (rows of ``train_x``), in a seeded order, for its
     evaluation of the model (:meth:`hold_out`); ``None`` where none are held out."""
@@ -355,6 +365,7 @@ class ClassificationTask:
             )
         self.client_indices = training
         self.holdout_indices = held
+        self.holdout_share = float(share)
 
     def evaluation_contributions(
         self, model: np.ndarray, client_ids: np.ndarray, max_examples: int, loss_bound: float
