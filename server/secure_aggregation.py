@@ -72,6 +72,7 @@ from fairclip.strategies.secure_sum import Layout, Segment
 
 TRAINING, EVALUATION = 0, 1
 """The secure sums of a round: its training exchange, and the clients' evaluation after it."""
+EXCHANGE_NAMES = {TRAINING: "training", EVALUATION: "evaluation"}
 
 Record = Callable[[int, int | None, str, str], None]
 """(round, node, event, reason) -> None: the strategy's server-internal record."""
@@ -197,17 +198,17 @@ class SecureAggregation:
         stage = (exchange, message_type)
         step = server_setup(config, nodes, self.neighbours)
         if isinstance(step, SkippedRound):
-            return self._skip(round_number, step)
+            return self._skip(round_number, step, exchange)
         state, setups = step
         adverts = self._exchange(grid, round_number, 0, setups, KeysAdvert, *stage)
         step = server_share_keys(state, adverts)
         if isinstance(step, SkippedRound):
-            return self._skip(round_number, step)
+            return self._skip(round_number, step, exchange)
         state, requests = step
         shares = self._exchange(grid, round_number, 1, requests, EncryptedShares, *stage)
         step = server_forward(state, shares)
         if isinstance(step, SkippedRound):
-            return self._skip(round_number, step)
+            return self._skip(round_number, step, exchange)
         state, masks = step
         extra = layout_fields(layout)
         messages = []
@@ -230,16 +231,18 @@ class SecureAggregation:
         field = pending.state.config.field
         masked: dict[int, np.ndarray] = {}
         active = {int(u) for u in pending.state.active}
-        for node, content in self._replies(round_number, 2, replies, active, pending.sent):
+        name = EXCHANGE_NAMES[pending.exchange]
+        for node, content in self._replies(round_number, f"{name} stage 2", replies, active, pending.sent):
             vector = _masked_vector(content)
             if vector is None:
-                self.record(round_number, node, "dropped", "secagg stage 2: not one uint64 masked array")
+                reason = f"secagg {name} stage 2: not one uint64 masked array"
+                self.record(round_number, node, "dropped", reason)
                 continue
             masked[node] = vector
         step = server_collect_masked(pending.state, masked)
         masked.clear()  # summed (or refused): no individual masked vector is kept
         if isinstance(step, SkippedRound):
-            self._skip(round_number, step)
+            self._skip(round_number, step, pending.exchange)
             return None
         state, requests = step
         shares = self._exchange(
@@ -248,7 +251,7 @@ class SecureAggregation:
         result = server_unmask(state, shares)
         del state, shares
         if isinstance(result, SkippedRound):
-            self._skip(round_number, result)
+            self._skip(round_number, result, pending.exchange)
             return None
         values, moved = pending.layout.release(field, result.total, self.num_clients)
         if moved:
@@ -257,7 +260,7 @@ class SecureAggregation:
             round_number,
             None,
             "secure-sum",
-            f"{len(result.survivors)} survivors, {len(result.dropped)} dropped after masking",
+            f"{name}: {len(result.survivors)} survivors, {len(result.dropped)} dropped after masking",
         )
         dim = pending.layout.segments[0].length
         unknown = np.full(self.num_cohorts, np.nan)
@@ -296,19 +299,20 @@ class SecureAggregation:
         ]
         replies = grid.send_and_receive(messages, timeout=self.stage_timeout) if messages else []
         parsed = {}
-        for node, content in self._replies(round_number, stage, replies, set(requests), messages):
+        where = f"{EXCHANGE_NAMES[exchange]} stage {stage}"
+        for node, content in self._replies(round_number, where, replies, set(requests), messages):
             try:
                 if set(content.keys()) != {SECAGG} or SECAGG not in content.config_records:
                     raise ValueError("the reply holds more than its secure aggregation record")
                 parsed[node] = from_fields(dict(content.config_records[SECAGG]), expected)
             except ValueError as error:
-                self.record(round_number, node, "dropped", f"secagg stage {stage}: {error}")
+                self.record(round_number, node, "dropped", f"secagg {where}: {error}")
         return parsed
 
     def _replies(
         self,
         round_number: int,
-        stage: int,
+        where: str,
         replies: Iterable[Message],
         asked: set[int],
         sent: Iterable[Message] = (),
@@ -323,29 +327,31 @@ class SecureAggregation:
             if reply.has_error() and reply.metadata.reply_to_message_id in sent_to:
                 node = sent_to[reply.metadata.reply_to_message_id]
             if node not in asked:
-                self.record(round_number, node, "unexpected", f"secagg stage {stage}: a node not asked")
+                self.record(round_number, node, "unexpected", f"secagg {where}: a node not asked")
                 continue
             by_node.setdefault(node, []).append(reply)
         out = []
         for node in sorted(asked):
             got = by_node.get(node, [])
             if not got:
-                self.record(round_number, node, "missing", f"secagg stage {stage}: no reply")
+                self.record(round_number, node, "missing", f"secagg {where}: no reply")
             elif len(got) > 1:
-                self.record(round_number, node, "dropped", f"secagg stage {stage}: {len(got)} replies")
+                self.record(round_number, node, "dropped", f"secagg {where}: {len(got)} replies")
             elif got[0].has_error():
-                self.record(round_number, node, "dropped", f"secagg stage {stage}: {got[0].error.reason}")
+                self.record(round_number, node, "dropped", f"secagg {where}: {got[0].error.reason}")
             else:
                 out.append((node, got[0].content))
         return out
 
-    def _skip(self, round_number: int, skipped: SkippedRound) -> list:
+    def _skip(self, round_number: int, skipped: SkippedRound, exchange: int = TRAINING) -> list:
         self._pending = None
+        name = EXCHANGE_NAMES[exchange]
         self.record(
             round_number,
             None,
             "skipped",
-            f"secure aggregation stopped at stage {skipped.stage}: {skipped.reason}; nothing released",
+            f"secure aggregation ({name}) stopped at stage {skipped.stage}: {skipped.reason}; "
+            "nothing released",
         )
         return []
 

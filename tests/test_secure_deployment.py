@@ -23,6 +23,9 @@ SECAGG_CONFIG = {
     # a stage waits this long for a node that died; each message starts a ClientApp process
     "privacy.secagg_stage_timeout": 180.0,
     "training.rounds": 2,  # a node dies in the middle of round 2
+    # per-cohort evaluation on the nodes' held-out examples, under DP, with no server test set
+    "evaluation.clients": True,
+    "evaluation.server": False,
 }
 
 
@@ -87,8 +90,10 @@ def test_secure_aggregation_survives_a_supernode_killed_mid_round(
     2 one of them is killed mid-round: it has advertised its keys and shared its secrets (stages
     0 and 1) and received the masking request (stage 2), and dies before it answers. The round
     completes from the three survivors (the dropout is within the threshold: the survivors'
-    shares remove the dead node's pairwise masks), and the public outputs hold only public
-    columns; no node disclosed its cohort."""
+    shares remove the dead node's pairwise masks). After each round the nodes evaluate the
+    released model on their own held-out examples, summed with a second secure sum and
+    released with noise (the server holds no test set); ε counts both releases. The public
+    outputs hold only public columns; no node disclosed its cohort."""
     import os
     import signal
     import threading
@@ -142,18 +147,34 @@ def test_secure_aggregation_survives_a_supernode_killed_mid_round(
     assert secure["noise_widening"] == 1 + secure["rounding_slack"]
     for row in rounds:  # the noise uses the quantised sensitivity s(1+ρ)
         assert float(row["sensitivity"]) == pytest.approx(float(row["clip_bound"]) * secure["noise_widening"])
+    # the nodes' evaluation: noisy per-cohort metrics in every round's row, accounted in ε
+    from fairclip.strategies.evaluation import sensitivity as evaluation_sensitivity
+
+    evaluation = summary["config"]["evaluation"]
+    delta_e = evaluation_sensitivity(evaluation["max_examples"], evaluation["loss_bound"])
+    std = evaluation["noise_multiplier"] * delta_e
+    for row in rounds:
+        assert {"majority/client_accuracy", "minority/client_loss", "client_accuracy_gap"} <= set(row)
+        assert float(row["client_eval_noise_std"]) == pytest.approx(std * secure["noise_widening"])
+    assert summary["privacy"]["evaluation_releases"] == SECAGG_CONFIG["training.rounds"]
+    assert summary["evaluation"] == "clients (DP)" and set(summary["cohorts"]) == {"majority", "minority"}
     internal = out / "server-internal"
     survivors = [int(row["sampled_clients"]) for row in csv.DictReader((internal / "rounds.csv").open())]
     assert survivors == [SECAGG_NODES, SECAGG_NODES - 1], survivors
     events = list(csv.DictReader((internal / "replies.csv").open()))
     assert not any(e["event"] == "skipped" for e in events), events
-    sums = [e for e in events if e["event"] == "secure-sum"]
-    assert [(int(e["round"]), e["reason"]) for e in sums] == [
-        (1, f"{SECAGG_NODES} survivors, 0 dropped after masking"),
-        (2, f"{SECAGG_NODES - 1} survivors, 1 dropped after masking"),
+    sums = [(int(e["round"]), e["reason"]) for e in events if e["event"] == "secure-sum"]
+    assert sums == [
+        (1, f"training: {SECAGG_NODES} survivors, 0 dropped after masking"),
+        (1, f"evaluation: {SECAGG_NODES} survivors, 0 dropped after masking"),
+        (2, f"training: {SECAGG_NODES - 1} survivors, 1 dropped after masking"),
+        (2, f"evaluation: {SECAGG_NODES - 1} survivors, 0 dropped after masking"),
     ], events
-    # the dead node answered stages 0 and 1 of round 2 and nothing after
-    stage_events = [e["reason"] for e in events if e["round"] == "2" and e["event"] in ("missing", "dropped")]
-    assert stage_events and all("secagg stage 2" in reason for reason in stage_events), events
+    # the dead node answered stages 0 and 1 of round 2's training and nothing after: it is
+    # missing from its stage 2, and from the first stage of the evaluation that follows
+    gone = [e["reason"] for e in events if e["round"] == "2" and e["event"] in ("missing", "dropped")]
+    assert gone and gone[0].startswith("secagg training stage 2: "), events
+    stages = ("secagg training stage 2: ", "secagg evaluation stage 0: ")
+    assert all(r.startswith(stages) for r in gone), events
     nodes_table = list(csv.DictReader((internal / "nodes.csv").open()))
     assert all(n["cohort"] == "" for n in nodes_table), "under secure aggregation no node tells its cohort"
