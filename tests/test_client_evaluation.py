@@ -364,3 +364,16 @@ def test_prv_composes_the_evaluations_as_opacus_does():
         opacus.step(noise_multiplier=config.evaluation.noise_multiplier, sample_rate=q)
     assert result.summary["epsilon"] == pytest.approx(opacus.get_epsilon(config.privacy.delta), rel=0.02)
     assert Run(config, build_task(config)).plan.epsilon_after(3) >= result.summary["epsilon"]
+
+
+def test_flowers_run_config_can_set_every_evaluation_key():
+    """Flower refuses a --run-config key the app does not declare ("Invalid run configuration"):
+    every key of [evaluation] is declared in pyproject.toml's [tool.flwr.app.config]."""
+    import tomllib
+    from pathlib import Path
+
+    from fairclip.scenarios.config import EvaluationSpec
+
+    pyproject = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())
+    declared = pyproject["tool"]["flwr"]["app"]["config"]["evaluation"]
+    assert set(declared) == set(EvaluationSpec.model_fields)
