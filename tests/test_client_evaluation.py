@@ -377,3 +377,27 @@ def test_flowers_run_config_can_set_every_evaluation_key():
     pyproject = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())
     declared = pyproject["tool"]["flwr"]["app"]["config"]["evaluation"]
     assert set(declared) == set(EvaluationSpec.model_fields)
+
+
+def test_a_node_on_its_own_data_file_holds_out_its_own_examples():
+    """A deployed node's data file replaces its partition: ⌊holdout·n⌋ of the file's examples are
+    held out (seeded, the same on every build), the rest trained on, and its evaluation vector
+    counts only held-out examples of the file, in its cohort's slot."""
+    config = _config()
+    rng = np.random.default_rng(3)
+    features = rng.normal(size=(30, 10)).astype(np.float32)
+    labels = rng.integers(0, 2, 30)
+    tasks = [build_task(config), build_task(config)]
+    for task in tasks:
+        task.use_local_examples(7, features, labels)
+    first, second = tasks
+    held, trained = np.asarray(first.holdout_indices[7]), np.asarray(first.client_indices[7])
+    assert len(held) == int(config.evaluation.holdout * 30) == 6 and len(trained) == 24
+    assert set(held).isdisjoint(trained)
+    start = first.train_x.shape[0] - 30  # the file's rows were appended
+    assert set(held) | set(trained) == set(range(start, start + 30))
+    np.testing.assert_array_equal(held, second.holdout_indices[7])  # seeded
+    model = first.initial_model()
+    (vector,) = first.evaluation_contributions(model, np.array([7]), 64, 5.0)
+    cohort = int(first.client_cohorts[7])
+    assert vector[3 * cohort + 1] == 6 and np.count_nonzero(vector) <= 3
