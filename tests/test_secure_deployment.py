@@ -32,8 +32,9 @@ SECAGG_CONFIG = {
 
 
 # The ClientApp of the node that drops out: fairclip's, with a mod that stops at the masking
-# stage (stage 2) of round DIE_ROUND's training sum, after the node has taken part in stages 0 and 1, and tells
-# the test, which then kills the SuperNode: the server has its shares but never its masked vector.
+# stage (stage 2) of round DIE_ROUND's training sum, after the node has taken part in stages 0
+# and 1, and tells the test, which then kills the SuperNode: the server has its shares but never
+# its masked vector.
 DROPOUT_CLIENT = """
 import os
 import time
