@@ -96,6 +96,13 @@ def run_federation(grid: Grid, context: Context, observers: Sequence[RunObserver
     )
     log_randomness(run, server.noise_source)
     secure = config.privacy.secure_aggregation
+    if config.evaluation.clients and not secure and not server.policy.needs_cohorts:
+        log(
+            WARNING,
+            "fairclip: [evaluation] clients without secure aggregation: each evaluating node's "
+            "reply shows the server which cohort it is in (the slot it fills); set "
+            "privacy.secure_aggregation=true to keep cohorts on the nodes",
+        )
     if secure:
         from fairclip.server.secure_aggregation import SecureAggregation, summary_of
         from fairclip.strategies.errors import PolicyConfigError
