@@ -167,7 +167,7 @@ class SecureAggregation:
         )
 
     def exchange_config(
-        self, round_number: int, nodes: int, layout: Layout, exchange: int = 0
+        self, round_number: int, nodes: int, layout: Layout, exchange: int = TRAINING
     ) -> ExchangeConfig:
         others = nodes - 1 if self.neighbours is None else min(self.neighbours, nodes - 1)
         threshold = self.threshold or default_threshold(max(others, 2))
