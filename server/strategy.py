@@ -275,14 +275,17 @@ class PolicyStrategy(Strategy):
             {int(client) for client in sampled},
             lambda content, client: self._check(content, client, params, dim, exchange),
         )
-        for node in collected.unexpected:
-            client = self.clients_of_node.get(node)
-            self._record(server_round, node, client, "unexpected", "reply from a node that was not sampled")
-        for client, reason in collected.dropped:
-            if exchange is Exchange.COUNTS:
-                reason = f"counts: {reason}"
-            self._record(server_round, self.nodes[client], client, "dropped", reason)
+        prefix = "counts: " if exchange is Exchange.COUNTS else ""
+        self._record_rejected(server_round, collected, prefix, "reply from a node that was not sampled")
         return _Collected(collected.accepted, len(collected.dropped), len(collected.unexpected))
+
+    def _record_rejected(self, server_round: int, collected: Any, prefix: str, unexpected: str) -> None:
+        """Record an exchange's replies from nodes not sampled (``unexpected``) and its dropped
+        replies (their reasons after ``prefix``) in the server-internal events."""
+        for node in collected.unexpected:
+            self._record(server_round, node, self.clients_of_node.get(node), "unexpected", unexpected)
+        for client, reason in collected.dropped:
+            self._record(server_round, self.nodes[client], client, "dropped", f"{prefix}{reason}")
 
     def _sum(self, collected: _Collected) -> RoundSums:
         dim = self.server.model.shape[0]
@@ -394,11 +397,8 @@ class PolicyStrategy(Strategy):
                 content, num_cohorts=num_cohorts, max_examples=m, loss_bound=loss_bound
             ),
         )
-        for node in collected.unexpected:
-            client = self.clients_of_node.get(node)
-            self._record(server_round, node, client, "unexpected", "evaluation: a node that was not sampled")
-        for client, reason in collected.dropped:
-            self._record(server_round, self.nodes[client], client, "dropped", f"evaluation: {reason}")
+        unexpected = "evaluation: a node that was not sampled"
+        self._record_rejected(server_round, collected, "evaluation: ", unexpected)
         ids = np.array(sorted(collected.accepted), dtype=np.int64)
         blocks = [
             client_evaluation.block_sum(
