@@ -455,6 +455,59 @@ def test_all_blocks_at_once_equal_the_blocks_one_by_one(sizes, weight_rows, mode
         np.testing.assert_allclose(have, want, rtol=1e-12, atol=1e-12 * (1 + np.abs(want).max(initial=0)))
 
 
+@pytest.mark.parametrize(("limit_blocks", "chunks"), [(2, [2, 2, 1]), (3, [3, 2]), (1, [1] * 5)])
+def test_sums_larger_than_the_limit_are_batched_in_chunks_of_blocks(monkeypatch, limit_blocks, chunks):
+    """Where a group's sums hold more than :data:`BATCHED_SUMS_LIMIT` numbers, they are formed in
+    consecutive chunks of as many blocks as fit (one block alone where none more fits), in block
+    order, and equal the block-by-block sums; on the CPU nothing batches unless asked to."""
+    from fairclip.scenarios.tasks import ghost
+
+    sizes = [3, 0, 5, 2, 4]
+    model = build_model("esipova-cnn", (1, 28, 28), 10)
+    torch.manual_seed(0)
+    features = torch.randn(sum(sizes), 1, 28, 28, generator=torch.Generator().manual_seed(3))
+    gradients = one_step_gradients(model, model_to_vector(model), features, torch.arange(14) % 10, lr=0.3)
+    ends = np.cumsum([0, *sizes])
+    blocks = [slice(int(ends[j]), int(ends[j + 1])) for j in range(len(sizes))]
+    weights = [np.random.default_rng(j).uniform(-1, 1, (2, size)) for j, size in enumerate(sizes)]
+    one_by_one = gradients.block_weighted_sums(blocks, weights, batched=False)
+    monkeypatch.setattr(ghost, "BATCHED_SUMS_LIMIT", limit_blocks * 2 * gradients.dim + 1)
+    formed = []
+    padded_sums = ghost.OneStepGradients._padded_sums
+    monkeypatch.setattr(
+        ghost.OneStepGradients,
+        "_padded_sums",
+        lambda self, chunk, *rest: formed.append(len(chunk)) or padded_sums(self, chunk, *rest),
+    )
+    assert len(gradients.block_weighted_sums(blocks, weights)) == 5 and formed == []  # the CPU
+    at_once = gradients.block_weighted_sums(blocks, weights, batched=True)
+    assert formed == chunks
+    for have, want in zip(at_once, one_by_one, strict=True):
+        np.testing.assert_allclose(have, want, rtol=1e-12, atol=1e-12 * (1 + np.abs(want).max(initial=0)))
+
+
+@pytest.mark.parametrize("layout", [torch.contiguous_format, torch.channels_last])
+@pytest.mark.parametrize(
+    ("channels", "kernel", "stride", "padding", "size"),
+    [
+        (1, 3, 1, 0, 28),
+        (64, 3, 1, 0, 12),
+        (16, 4, 1, 3, 26),
+        (3, (3, 5), (2, 1), (1, 2), 11),
+        (8, 1, 2, 0, 7),
+    ],
+)
+def test_the_gpus_strided_unfold_is_torchs_unfold(layout, channels, kernel, stride, padding, size):
+    """The GPU's unfolded inputs (one copy of a strided view) are ``nn.functional.unfold``'s, the
+    same numbers in the same order, for any kernel, stride, padding and memory layout."""
+    from fairclip.scenarios.tasks.ghost import strided_unfold
+
+    layer = nn.Conv2d(channels, 8, kernel, stride=stride, padding=padding)
+    inputs = torch.randn(5, channels, size, size).contiguous(memory_format=layout)
+    want = nn.functional.unfold(inputs, layer.kernel_size, padding=layer.padding, stride=layer.stride)
+    assert torch.equal(strided_unfold(layer, inputs), want)
+
+
 def _bits_equal(have, want, where: str = "") -> None:
     """The same float64 numbers, bit for bit (-0.0 and +0.0 apart, NaN where NaN)."""
     have = have.cpu().numpy() if isinstance(have, torch.Tensor) else np.asarray(have)

@@ -125,19 +125,23 @@ def _padded(rows: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
 
 
 BATCHED_SUMS_LIMIT = 2**25
-"""Most float64 numbers (blocks × weight rows × parameters) a group's sums may hold for a GPU to
-form them in one batched product (:meth:`OneStepGradients.block_weighted_sums`): 256 MiB, what
-a group's materialised updates may hold (:data:`fairclip.strategies.aggregation.GROUP_BYTES`),
-so a group with one weight row and no empty block always batches. The choice depends only on
-the device, the blocks, the weights and the model, never on the executor: batched and block by
-block sums differ in rounding, so a GPU run must make the same choice in this process and in Ray
-actors (``on_device`` or not) to stay identical.
+"""Most float64 numbers (blocks × weight rows × parameters) one batched product may hold on a GPU
+(:meth:`OneStepGradients.block_weighted_sums`): 256 MiB, what a group's materialised updates
+may hold (:data:`fairclip.strategies.aggregation.GROUP_BYTES`). A group whose sums hold more is
+formed in consecutive chunks of blocks that each hold at most this many (``zhao-cnn``'s 64
+blocks of 805,578 parameters: two chunks, 41 and 23 blocks), one block by itself where a single
+block is larger. The choice depends only on the device, the blocks, the weights and the model,
+never on the executor: batched and block by block sums differ in rounding, so a GPU run must
+make the same choice in this process and in Ray actors (``on_device`` or not) to stay identical.
 
 Measured (W2's data, one worker, examples/s, block by block against batched): with every
 block's sums copied to the host (H100, 2026-11-26, 20 rounds) ``tanh-cnn`` 6,200 against 27,100
 and ``zhao-cnn`` 770 against 530; with the sums added on the device (``on_device``, H200,
 2026-11-26, 10 rounds) ``esipova-cnn`` 8,450 against 19,517 and ``zhao-cnn`` 2,527 against
-3,687. The in-process executor, which adds them on the device, is what a GPU run uses."""
+3,687. The in-process executor, which adds them on the device, is what a GPU run uses. Chunks
+(2026-12-04, H200, W2's one worker, paired in one process with the strided unfold of
+:func:`_unfolded`): ``zhao-cnn`` 2,871-3,387 examples/s block by block, 5,851-6,614 in two
+chunks."""
 
 
 @dataclass
@@ -189,12 +193,27 @@ class OneStepGradients:
         ``on_device``: each block's sums stay where the gradients are, as a float64 tensor (the
         same numbers; no copy to the host, which a GPU otherwise waits on for every block:
         :func:`fairclip.sims.executors.local.add_in_order_on_device`)."""
+        rows = max((w.shape[0] for w in weights), default=0)
+        per_chunk = BATCHED_SUMS_LIMIT // max(1, rows * self.dim)
         if batched is None:
-            rows = max((w.shape[0] for w in weights), default=0)
-            batched = self._device().type != "cpu" and len(blocks) * rows * self.dim <= BATCHED_SUMS_LIMIT
-        if not batched or not blocks or len({w.shape[0] for w in weights}) > 1 or weights[0].shape[0] == 0:
+            batched = self._device().type != "cpu" and per_chunk >= 2
+        if not batched or not blocks or len({w.shape[0] for w in weights}) > 1 or rows == 0:
             one_block = self.device_weighted_sums if on_device else self.weighted_sums
             return [one_block(rows, w) for rows, w in zip(blocks, weights, strict=True)]
+        per_chunk = max(per_chunk, 1)
+        return [
+            block_sums
+            for start in range(0, len(blocks), per_chunk)
+            for block_sums in self._padded_sums(
+                blocks[start : start + per_chunk], weights[start : start + per_chunk], on_device
+            )
+        ]
+
+    def _padded_sums(
+        self, blocks: list[slice], weights: list[np.ndarray], on_device: bool
+    ) -> list[np.ndarray] | list[torch.Tensor]:
+        """The weighted sums of ``blocks`` from one padded product per layer
+        (:meth:`block_weighted_sums`, batched)."""
         count = self.norms.shape[0]
         longest = max(rows.stop - rows.start for rows in blocks)
         index = np.full((len(blocks), longest), count, dtype=np.int64)
@@ -353,7 +372,18 @@ and 32, on a loaded machine (2026-12-02; grouped against batched, ms per call):
 263 against 117 (8 rows) and 7,000 against 340 (32 rows). With more positions the grouped
 convolution is as fast or faster: 64→64 on 7×7 (49 positions) even; ``zhao-cnn``'s 64→64 on
 12×12 (100) 9.3 against 12.5; ``esipova-cnn``'s 32→16 on 26×26 4.7 against 16.8 (32 rows). No
-other built-in model has a convolution with 16 positions or fewer."""
+other built-in model has a convolution with 16 positions or fewer. On a GPU the unfolded inputs
+are formed wherever they take at most :data:`UNFOLD_BYTES`."""
+
+UNFOLD_BYTES = 2**30
+"""Most bytes of unfolded inputs (examples × C_in·k_h·k_w × output positions) that
+:func:`_conv_weight_grads` forms on a GPU, where a grouped convolution with one group per
+example is slow; more, and it takes the grouped convolution, whose memory is the gradients' own.
+``zhao-cnn``'s second convolution at 256 rows: 71 MiB. On an H200 (2026-12-04, 256 rows, ms per
+call, grouped against the strided unfold and one batched product): every convolution of the
+built-in CNNs was faster unfolded, 0.14-0.40 against 0.07-0.15 on one input channel, 0.77-2.6
+against 0.11-0.30 for the second convolutions of ``tanh-cnn``, ``esipova-cnn``, ``zhao-cnn``,
+``xu-cnn`` and ``galli-cnn``, 1.8-6.7 against 0.08-1.1 on ``zhao-resnet18``'s."""
 
 
 def _conv_weight_grads(layer: nn.Conv2d, inputs: torch.Tensor, output_grads: torch.Tensor) -> torch.Tensor:
@@ -375,10 +405,13 @@ def _conv_weight_grads(layer: nn.Conv2d, inputs: torch.Tensor, output_grads: tor
     count, channels, height, width = inputs.shape
     out_channels, out_height, out_width = output_grads.shape[1:]
     kernel_height, kernel_width = layer.kernel_size
-    if out_height * out_width <= UNFOLD_POSITIONS:
-        unfolded = nn.functional.unfold(
-            inputs, layer.kernel_size, dilation=layer.dilation, padding=layer.padding, stride=layer.stride
-        )
+    unfolded_bytes = (
+        count * channels * kernel_height * kernel_width * out_height * out_width * inputs.element_size()
+    )
+    if out_height * out_width <= UNFOLD_POSITIONS or (
+        inputs.device.type != "cpu" and unfolded_bytes <= UNFOLD_BYTES
+    ):
+        unfolded = _unfolded(layer, inputs)
         return torch.bmm(output_grads.reshape(count, out_channels, -1), unfolded.transpose(1, 2))
     grads = nn.grad.conv2d_weight(
         inputs.reshape(1, count * channels, height, width),
@@ -390,6 +423,30 @@ def _conv_weight_grads(layer: nn.Conv2d, inputs: torch.Tensor, output_grads: tor
         groups=count,
     )
     return grads.reshape(count, out_channels, channels * kernel_height * kernel_width)
+
+
+def _unfolded(layer: nn.Conv2d, inputs: torch.Tensor) -> torch.Tensor:
+    """U: the unfolded inputs (n, C_in·k_h·k_w, output positions), ``nn.functional.unfold``'s
+    values and order. On a GPU without dilation: one copy of a strided view of the padded inputs
+    (CUDA's ``unfold`` launches a kernel per example: 260 a call for ``zhao-cnn`` at 256 rows,
+    about 1.8 ms whatever the layer, H200, 2026-12-04). Both are copies of the same numbers."""
+    if inputs.device.type == "cpu" or tuple(layer.dilation) != (1, 1):
+        return nn.functional.unfold(
+            inputs, layer.kernel_size, dilation=layer.dilation, padding=layer.padding, stride=layer.stride
+        )
+    return strided_unfold(layer, inputs)
+
+
+def strided_unfold(layer: nn.Conv2d, inputs: torch.Tensor) -> torch.Tensor:
+    """``nn.functional.unfold`` of an undilated convolution's inputs as one copy of a strided
+    view of the padded inputs (:func:`_unfolded`)."""
+    (pad_height, pad_width), (kernel_height, kernel_width) = layer.padding, layer.kernel_size
+    padded = nn.functional.pad(inputs, (pad_width, pad_width, pad_height, pad_height))
+    patches = padded.unfold(2, kernel_height, layer.stride[0]).unfold(3, kernel_width, layer.stride[1])
+    count, channels, out_height, out_width = patches.shape[:4]  # (n, C, H', W', k_h, k_w)
+    return patches.permute(0, 1, 4, 5, 2, 3).reshape(
+        count, channels * kernel_height * kernel_width, out_height * out_width
+    )
 
 
 def _zero_rows(piece: _OuterProduct | _PerExample, finite: torch.Tensor) -> _OuterProduct | _PerExample:
