@@ -456,7 +456,10 @@ def test_a_reproduction_on_ray_killed_writes_the_checkpoints_of_its_running_task
         while True:  # Ray names a worker after the task it runs
             started = driver.children(recursive=True)
             tasks = [p for p in started if _title(p).startswith("ray::run_simulation")]
-            if len(tasks) == 2:
+            # At least 2: a process that a task's worker forks carries its title too. A CI run
+            # (2026-12-04) never saw exactly 2 in the 150 s both runs took under load, where the
+            # same reproduction alone, or beside 3 busy loops, showed exactly 2 throughout.
+            if len(tasks) >= 2:
                 break
             assert process.poll() is None, process.communicate()
             assert time.monotonic() < deadline, "the two runs did not start on Ray in time"
