@@ -193,11 +193,11 @@ class OneStepGradients:
         ``on_device``: each block's sums stay where the gradients are, as a float64 tensor (the
         same numbers; no copy to the host, which a GPU otherwise waits on for every block:
         :func:`fairclip.sims.executors.local.add_in_order_on_device`)."""
-        rows = max((w.shape[0] for w in weights), default=0)
-        per_chunk = BATCHED_SUMS_LIMIT // max(1, rows * self.dim)
+        weight_rows = max((w.shape[0] for w in weights), default=0)
+        per_chunk = BATCHED_SUMS_LIMIT // max(1, weight_rows * self.dim)  # blocks one product may hold
         if batched is None:
             batched = self._device().type != "cpu" and per_chunk >= 2
-        if not batched or not blocks or len({w.shape[0] for w in weights}) > 1 or rows == 0:
+        if not batched or not blocks or len({w.shape[0] for w in weights}) > 1 or weight_rows == 0:
             one_block = self.device_weighted_sums if on_device else self.weighted_sums
             return [one_block(rows, w) for rows, w in zip(blocks, weights, strict=True)]
         per_chunk = max(per_chunk, 1)
