@@ -53,7 +53,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
 from fairclip.client.protocol import MODEL, evaluate_content, train_content
-from fairclip.server.replies import check_evaluation_reply, check_reply, collect_replies
+from fairclip.server.replies import Collected, check_evaluation_reply, check_reply, collect_replies
 from fairclip.server.secure_aggregation import (
     SecureAggregation,
     secure_evaluation_messages,
@@ -279,7 +279,7 @@ class PolicyStrategy(Strategy):
         self._record_rejected(server_round, collected, prefix, "reply from a node that was not sampled")
         return _Collected(collected.accepted, len(collected.dropped), len(collected.unexpected))
 
-    def _record_rejected(self, server_round: int, collected: Any, prefix: str, unexpected: str) -> None:
+    def _record_rejected(self, server_round: int, collected: Collected, prefix: str, unexpected: str) -> None:
         """Record an exchange's replies from nodes not sampled (``unexpected``) and its dropped
         replies (their reasons after ``prefix``) in the server-internal events."""
         for node in collected.unexpected:
