@@ -402,8 +402,10 @@ def test_the_client_app_keeps_its_task_across_copies_of_itself(monkeypatch, tmp_
     from fairclip.client import app as client_app_module
 
     built = []
-    original = client_app_module.build_task
-    monkeypatch.setattr(client_app_module, "build_task", lambda *a, **k: built.append(1) or original(*a, **k))
+    original = client_app_module._build_task
+    monkeypatch.setattr(
+        client_app_module, "_build_task", lambda *a, **k: built.append(1) or original(*a, **k)
+    )
     run_config = {"scenario": "demo", "out": str(tmp_path), "seed": 0, "set": "federation.num_clients=6"}
     # The app's handlers are bound methods of this object: it travels by value with the app.
     shipped = cloudpickle.dumps(client_app_module.clients)
@@ -420,3 +422,24 @@ def test_the_client_app_keeps_its_task_across_copies_of_itself(monkeypatch, tmp_
         client = copy.local_client(context)
         assert client.client_id == node
     assert len(built) == 1
+
+
+def test_a_clientapp_process_starts_light_and_a_serverapp_logs_each_line_once():
+    """Flower starts a ClientApp process for every message of a deployment, and most stages of
+    a secure sum train nothing: importing the ClientApp brings neither Opacus (never used by a
+    client; with SciPy it cost 3 of a start's 7 s) nor torch and pandas (2.6 s more), which a
+    message that trains or evaluates imports. A ServerApp imports Opacus (its accountants), and
+    the root handler Opacus' import adds is removed, else Flower's lines print twice."""
+    code = (
+        "import logging, sys\n"
+        "import fairclip.client.app\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('opacus', 'scipy', 'torch', 'pandas')))\n"
+        "import fairclip.server.app\n"
+        "from fairclip.client.flower_logging import OPACUS_FORMAT, OPACUS_LOGGING_MODULE\n"
+        "print(OPACUS_LOGGING_MODULE in sys.modules)\n"
+        "print([h.formatter._fmt for h in logging.getLogger().handlers if h.formatter])\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    client_modules, server_imported, root_formats = done.stdout.strip().split("\n")
+    assert client_modules == "[]"
+    assert server_imported == "True" and "%(asctime)s:%(levelname)s" not in root_formats
