@@ -317,7 +317,9 @@ def _use_data_file(task: Any, client_id: int, path: Path, cohort_name: str) -> i
 def _build_task(config: Any, data_dir: Any) -> Any:
     from fairclip.scenarios.tasks import build_task
 
-    return build_task(config, data_dir)
+    task = build_task(config, data_dir)
+    drop_opacus_root_handler()  # where a task (a user's own) brought Opacus
+    return task
 
 
 def load_client_run(run_config: dict[str, Any]) -> ClientRun:
