@@ -94,7 +94,7 @@ class LocalClient:
     def contribute(self, params: Any, updates: np.ndarray) -> RoundSums:
         """This client's clipped contribution and reports of its one update row (the function the
         Ray executor calls, :func:`fairclip.client.contributions.contribute`)."""
-        from fairclip.client.contributions import contribute  # brings torch: see _build_task
+        from fairclip.client.contributions import contribute  # brings torch: see _build_task's docstring
 
         return contribute(self.policy, params, updates, np.array([self.cohort]), self.num_cohorts)
 
@@ -308,13 +308,13 @@ def _use_data_file(task: Any, client_id: int, path: Path, cohort_name: str) -> i
     return task.cohort_names.index(cohort_name)
 
 
-# Flower starts a ClientApp process for every message of a deployment, and most stages of a
-# secure sum (keys, shares, unmasking) train nothing: the modules that bring torch and pandas
-# (a task, the clipping of a contribution) are imported where a message needs them, which
-# starts such a process in 1.3 s rather than 3.9 s.
-
-
 def _build_task(config: Any, data_dir: Any) -> Any:
+    """The run's scenario task, its modules imported here rather than at the top.
+
+    Flower starts a ClientApp process for every message of a deployment, and most stages of a
+    secure sum (keys, shares, unmasking) train nothing: the modules that bring torch and pandas
+    (a task here, the clipping in :meth:`LocalClient.contribute`) are imported where a message
+    needs them, which starts such a process in 1.3 s rather than 3.9 s."""
     from fairclip.scenarios.tasks import build_task
 
     task = build_task(config, data_dir)
