@@ -212,6 +212,16 @@ class ClassificationSpec(_ScenarioBase):
     (seeded, without replacement) before the split into training and test rows (``adult`` with
     ``balance = false``, ``dutch``); a group not named keeps no row. Seed 004's unbalanced Dutch:
     ``{ female = 30000, male = 10000 }``."""
+    group_rows_by: Literal["sex", "marital-status"] | None = None
+    """Dutch: the attribute whose groups ``group_rows`` names, where it is not ``protected`` (seed
+    000's code draws 14,000 rows of each sex and groups them by marital status:
+    ``protected = "marital-status"``, ``group_rows_by = "sex"``); unset: the protected attribute."""
+    test_rows: Literal["split", "left-out"] = "split"
+    """Where rows are sampled (``group_rows``, Adult's ``balance``): ``split`` tests on
+    ``test_fraction`` of the sample; ``left-out`` on every row the sample left out, and trains on
+    the sample's other ``1 - test_fraction``; with ``evaluate_on = "validation"`` the runs train
+    on the same rows and evaluate on the sample's held-out share (seed 000's code, which validates
+    its grid runs there and trains its final models on the rest)."""
     include_protected: bool = True
     """Whether the sex column is an input feature (``adult``, ``dutch``); seed 004 trains on
     the unprotected attributes only (``false``)."""
@@ -244,7 +254,8 @@ class ClassificationSpec(_ScenarioBase):
     seed, so that no seed's test rows were seen by the selection)."""
     evaluate_on: Literal["test", "validation"] = "test"
     """``validation``: hold out ``test_fraction`` of the training rows (seeded) and evaluate on them
-    instead of the test set, which is then not used (hyper-parameter selection, real datasets)."""
+    instead of the test set, which is then not used (hyper-parameter selection, real datasets);
+    with ``test_rows = "left-out"``, evaluate on the sample's held-out share instead."""
     test_limit: Annotated[int, Field(ge=1)] | None = None
     """Evaluate on a seeded subset of at most this many of the test (or validation) rows instead of
     all of them (real datasets; smoke runs: the numbers then describe a smaller evaluation set)."""
@@ -301,6 +312,13 @@ class ClassificationSpec(_ScenarioBase):
             )
         if self.group_rows is not None and self.dataset not in row_split:
             raise ValueError(f"group_rows applies to the {' and '.join(row_split)} datasets only")
+        if self.group_rows_by is not None and (self.dataset != "dutch" or self.group_rows is None):
+            raise ValueError("group_rows_by applies to the dutch dataset with group_rows only")
+        sampled = self.group_rows is not None or (self.dataset == "adult" and self.balance)
+        if self.test_rows != "split" and (self.dataset not in row_split or not sampled):
+            raise ValueError(
+                "test_rows = left-out needs sampled rows: group_rows, or the adult dataset's balance"
+            )
         if self.group_rows is not None and self.dataset == "adult" and self.balance:
             raise ValueError("group_rows samples Adult's groups itself: set balance = false")
         if not self.include_protected and self.dataset not in row_split:

@@ -611,6 +611,54 @@ def test_dutch_group_rows_sample_each_group_before_the_split(dutch) -> None:
         load_dutch(path, seed=0, group_rows={"men": 10})
 
 
+def test_dutch_can_sample_by_sex_group_by_marital_status_and_test_on_the_rows_left_out(dutch) -> None:
+    """Seed 000's code: 14,000 rows of each sex, grouped by marital status (code 4 against the
+    rest); the models train on 70 % of the sample and are tested on every row it did not draw."""
+    path = need("dutch/dutch_census_2001.arff")
+    options = {"protected": "marital-status", "group_rows": {"male": 14_000, "female": 14_000}}
+    split = load_dutch(path, seed=3, test_fraction=0.3, group_rows_by="sex", **options)
+    left_out = load_dutch(
+        path, seed=3, test_fraction=0.3, group_rows_by="sex", test_rows="left-out", **options
+    )
+    assert left_out.group_names == ("marital-other", "marital-4")
+    assert left_out.num_train == split.num_train == 19_600  # the same training rows either way
+    np.testing.assert_array_equal(left_out.x_train, split.x_train)
+    total = dutch.num_train + dutch.num_test
+    assert (split.num_test, left_out.num_test) == (8_400, total - 28_000)
+
+    def women(*parts: np.ndarray) -> int:
+        return int(np.concatenate(parts)[:, dutch.feature_names.index("sex=female")].sum())
+
+    assert women(split.x_train, split.x_test) == 14_000  # 14,000 of each sex drawn
+    all_women = women(dutch.x_train, dutch.x_test)
+    assert women(left_out.x_test) == all_women - 14_000  # the test rows are exactly those not drawn
+    assert 0 < left_out.g_test.sum() < left_out.num_test  # both marital groups are tested
+    validating = load_dutch(
+        path, seed=3, test_fraction=0.3, group_rows_by="sex", test_rows="left-out", validate=True, **options
+    )  # the grid runs: the same training rows, evaluated on the sample's held-out 30 %
+    np.testing.assert_array_equal(validating.x_train, split.x_train)
+    np.testing.assert_array_equal(validating.x_test, split.x_test)
+    with pytest.raises(ValueError, match="needs a sample of the rows"):
+        load_dutch(path, seed=0, test_rows="left-out")
+    with pytest.raises(ValueError, match="group_rows_by must be one of sex, marital-status"):
+        load_dutch(path, seed=0, group_rows={"male": 10}, group_rows_by="age")
+
+
+def test_adult_can_test_on_the_complete_rows_its_balanced_sample_left_out(adult) -> None:
+    """Seed 000's code tests Adult on the rows its 14,000 + 14,000 sample left out."""
+    path = need("adult/adult.data", "adult/adult.test")
+    left_out = load_adult(path, seed=0, test_fraction=0.3, test_rows="left-out")
+    split = load_adult(path, seed=0, test_fraction=0.3)
+    assert left_out.num_train == split.num_train == 19_600
+    np.testing.assert_array_equal(left_out.x_train, split.x_train)  # scaled by the same rows
+    complete = load_adult(path, seed=0, balance=False)
+    assert left_out.num_test == complete.num_train + complete.num_test - 28_000
+    women = int(complete.g_train.sum() + complete.g_test.sum())
+    assert int(left_out.g_test.sum()) == women - 14_000
+    with pytest.raises(ValueError, match="needs a sample of the rows"):
+        load_adult(path, seed=0, balance=False, test_rows="left-out")
+
+
 def test_adult_group_rows_need_balance_off() -> None:
     path = need("adult/adult.data", "adult/adult.test")
     sampled = load_adult(path, seed=0, balance=False, group_rows={"male": 3_000, "female": 1_000})
@@ -637,6 +685,11 @@ def test_the_protected_column_can_be_left_out_of_the_inputs(dutch, adult) -> Non
     [
         (["scenario.group_rows={ female = 10 }"], "group_rows samples Adult's groups itself"),
         (["scenario.include_protected=false", "scenario.dataset=mnist"], "include_protected applies"),
+        (["scenario.group_rows_by=sex"], "group_rows_by applies to the dutch dataset with group_rows"),
+        (
+            ["scenario.test_rows=left-out", "scenario.balance=false"],
+            "test_rows = left-out needs sampled rows",
+        ),
     ],
 )
 def test_group_rows_and_include_protected_are_checked_in_one_line(settings, mentions) -> None:

@@ -216,6 +216,36 @@ def split_rows(rows: np.ndarray, test_fraction: float, rng: np.random.Generator)
     return shuffled[n_test:], shuffled[:n_test]
 
 
+TEST_ROWS = ("split", "left-out")
+"""Where a sampled census set's test rows come from (``test_rows`` of the Adult and Dutch
+loaders): ``split``, ``test_fraction`` of the sample; ``left-out``, every row the sample did not
+draw, while ``1 - test_fraction`` of the sample trains and its held-out share only validates
+(seed 000's code: its grid runs are compared there, its final models tested on the rest)."""
+
+
+def split_sample(
+    rows: np.ndarray,
+    total: int,
+    test_fraction: float,
+    rng: np.random.Generator,
+    test_rows: str = "split",
+    sampled: bool = True,
+    validate: bool = False,
+) -> tuple[np.ndarray, np.ndarray]:
+    """The training and test rows of ``rows``, a sample (``sampled``) of ``total`` rows, under
+    ``test_rows`` (:data:`TEST_ROWS`); ``split`` is :func:`split_rows`. ``validate`` with
+    ``left-out``: the sample's held-out share in place of the test rows (the validation rows of
+    seed 000's grid runs, which train on the same rows as its final runs)."""
+    if test_rows not in TEST_ROWS:
+        raise ValueError(f"test_rows must be one of {', '.join(TEST_ROWS)}, not {test_rows!r}")
+    if test_rows == "left-out" and not sampled:
+        raise ValueError("test_rows = left-out needs a sample of the rows (group_rows, or Adult's balance)")
+    train, held_out = split_rows(rows, test_fraction, rng)
+    if test_rows == "left-out" and not validate:
+        return train, np.setdiff1d(np.arange(total), rows)
+    return train, held_out
+
+
 def sample_group_rows(
     g: np.ndarray,
     group_names: tuple[str, ...],

@@ -49,7 +49,8 @@ def load(spec: ClassificationSpec, data_dir: Path | None, seed: int) -> Dataset:
         dataset = skew_class(
             dataset, cls=spec.skew_class, keep=spec.skew_keep, seed=seed, count=spec.skew_count
         )
-    if spec.evaluate_on == "validation":
+    if spec.evaluate_on == "validation" and spec.test_rows == "split":  # left-out: the loader
+        # returned the sample's held-out share as the evaluation rows already
         dataset = validation_split(dataset, spec.test_fraction, seed, refit=_refit(spec))
     if spec.test_limit is not None:
         dataset = limit_test_rows(dataset, spec.test_limit, seed)

@@ -72,7 +72,7 @@ from fairclip.scenarios.data.datasets import (
     malformed,
     one_hot,
     sample_group_rows,
-    split_rows,
+    split_sample,
     tabular,
 )
 from fairclip.scenarios.data.files import mirrored, resolve_data_dir, verified_path
@@ -316,6 +316,8 @@ def load_adult(
     age_split: str = "public",
     balance_by: str | None = None,
     group_rows: Mapping[str, int] | None = None,
+    test_rows: str = "split",
+    validate: bool = False,
 ) -> Dataset:
     """UCI Adult, income > 50K; see the module docstring. The protected attribute is sex (0 male,
     1 female), or with ``protected="age"`` the age binarised at ``age_split`` (0 younger, 1 at
@@ -323,7 +325,9 @@ def load_adult(
     complete rows: seed 001's second grouping); ``balance`` samples ``per_group`` rows of each
     group of the protected attribute, or of ``balance_by`` (one of :data:`PROTECTED_ATTRIBUTES`)
     where given, ``group_rows`` (with ``balance=False``) the given number of rows of each group
-    by name (:func:`sample_group_rows`). ``scaling`` is one of :data:`ADULT_SCALINGS`."""
+    by name (:func:`sample_group_rows`). ``test_rows`` (:data:`TEST_ROWS`) ``"left-out"`` tests on
+    every complete row such a sample left out (``validate``: on the sample's held-out share
+    instead, :func:`split_sample`). ``scaling`` is one of :data:`ADULT_SCALINGS`."""
     check_split_args(seed, test_fraction)
     if protected not in PROTECTED_ATTRIBUTES:
         raise ValueError(f"protected must be one of {', '.join(PROTECTED_ATTRIBUTES)}, not {protected!r}")
@@ -366,7 +370,8 @@ def load_adult(
         rows = np.sort(np.concatenate(chosen))
     else:
         rows = np.arange(len(frame))
-    train, test = split_rows(rows, test_fraction, rng)
+    sampled = balance or group_rows is not None
+    train, test = split_sample(rows, len(frame), test_fraction, rng, test_rows, sampled, validate)
 
     columns: list[np.ndarray] = []
     names: list[str] = []
@@ -453,6 +458,8 @@ def _from_scenario(spec: Any, directory: Path, rows_seed: int) -> Dataset:
         balance_by=spec.balance_by,
         include_protected=spec.include_protected,
         group_rows=spec.group_rows,
+        test_rows=spec.test_rows,
+        validate=spec.evaluate_on == "validation",
     )
 
 

@@ -65,7 +65,7 @@ from fairclip.scenarios.data.datasets import (
     malformed,
     one_hot,
     sample_group_rows,
-    split_rows,
+    split_sample,
     tabular,
 )
 from fairclip.scenarios.data.files import resolve_data_dir, verified_path
@@ -85,7 +85,7 @@ SOURCES = {
 MARITAL_GROUPS = ("marital-other", "marital-4")
 """Dutch groups with ``protected="marital-status"``: ``Marital_status`` codes 1-3, and code 4."""
 DUTCH_PROTECTED = ("sex", "marital-status")
-"""Dutch's groupings (``load_dutch``'s ``protected``)."""
+"""Dutch's groupings (``load_dutch``'s ``protected`` and ``group_rows_by``)."""
 
 DUTCH_ATTRIBUTES = (
     "sex",
@@ -184,11 +184,19 @@ def load_dutch(
     include_protected: bool = True,
     protected: str = "sex",
     group_rows: Mapping[str, int] | None = None,
+    group_rows_by: str | None = None,
+    test_rows: str = "split",
+    validate: bool = False,
 ) -> Dataset:
     """Dutch census 2001, high-level occupation, protected attribute sex (0 male, 1 female).
 
     ``group_rows`` keeps the given number of rows of each group by name, drawn before the split
     (:func:`sample_group_rows`; seed 004's unbalanced Dutch); the split then shuffles those.
+    ``group_rows_by`` names the attribute whose groups ``group_rows`` counts (default
+    ``protected``). ``test_rows`` (:data:`TEST_ROWS`) ``"left-out"`` tests on every row the sample
+    left out: seed 000's code, which draws 14,000 rows of each sex, trains on 70 % of them and
+    tests on the rows it did not draw (``validate``: on the sample's held-out share instead,
+    :func:`split_sample`).
 
     ``protected="marital-status"`` groups the rows by ``Marital_status`` code 4 (``g = 1``,
     ``marital-4``) against codes 1-3 (``g = 0``, ``marital-other``) instead: the grouping seed
@@ -218,15 +226,22 @@ def load_dutch(
         names.extend(labels)
     x = np.concatenate(columns, axis=1)
 
-    if protected == "marital-status":
-        g, group_names = (frame["Marital_status"] == "4").to_numpy(dtype=np.int64), MARITAL_GROUPS
-    else:
-        g, group_names = sex, SEX_GROUPS
+    groupings = {
+        "sex": (sex, SEX_GROUPS),
+        "marital-status": ((frame["Marital_status"] == "4").to_numpy(dtype=np.int64), MARITAL_GROUPS),
+    }
+    if group_rows_by is not None and group_rows_by not in DUTCH_PROTECTED:
+        known = ", ".join(DUTCH_PROTECTED)
+        raise ValueError(f"group_rows_by must be one of {known} for dutch, not {group_rows_by!r}")
+    g, group_names = groupings[protected]
     rng = np.random.default_rng(seed)
     rows = np.arange(len(frame))
     if group_rows is not None:
-        rows = sample_group_rows(g, group_names, group_rows, rng, "Dutch")
-    train, test = split_rows(rows, test_fraction, rng)
+        strata, strata_names = groupings[group_rows_by or protected]
+        rows = sample_group_rows(strata, strata_names, group_rows, rng, "Dutch")
+    train, test = split_sample(
+        rows, len(frame), test_fraction, rng, test_rows, group_rows is not None, validate
+    )
     return tabular(x, y, g, train, test, "dutch", names, group_names)
 
 
@@ -239,6 +254,9 @@ def _from_scenario(spec: Any, directory: Path, rows_seed: int) -> Dataset:
         protected=spec.protected,
         include_protected=spec.include_protected,
         group_rows=spec.group_rows,
+        group_rows_by=spec.group_rows_by,
+        test_rows=spec.test_rows,
+        validate=spec.evaluate_on == "validation",
     )
 
 
