@@ -225,6 +225,21 @@ def test_a_split_seed_gives_every_seed_the_same_test_rows(scenario):
         assert _multiset_of_rows(load(spec, data_dir, seed=seed), "test") != _multiset_of_rows(first, "test")
 
 
+def test_with_left_out_test_rows_a_validation_run_trains_on_the_final_runs_rows():
+    """Seed 000's protocol (zhao-adult, zhao-dutch): the grid runs (``evaluate_on = validation``)
+    train on the rows the final runs train on and are compared on the sample's held-out 30 %; the
+    final runs test on the rows the sample left out."""
+    data_dir = data_dir_for("adult")
+    spec = scenario_spec("adult").model_copy(update={"test_rows": "left-out", "test_fraction": 0.3})
+    final = load(spec, data_dir, seed=0)
+    grid = load(spec.model_copy(update={"evaluate_on": "validation"}), data_dir, seed=0)
+    np.testing.assert_array_equal(grid.x_train, final.x_train)
+    assert (len(grid.y_train), len(grid.y_test)) == (19_600, 8_400)
+    assert len(final.y_test) == 45_222 - 28_000  # the complete rows the sample left out
+    women = [int(part.sum()) for part in (grid.g_train, grid.g_test, final.g_test)]
+    assert sum(women[:2]) == 14_000 and sum(women) == 14_695  # the held-out women are sampled ones
+
+
 def test_validation_split_holds_out_training_rows_and_drops_the_test_set():
     data_dir = data_dir_for("adult")
     spec = scenario_spec("adult")
