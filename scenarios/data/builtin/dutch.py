@@ -204,9 +204,11 @@ def load_dutch(
     for Dutch is the last one-hot column of ``Marital_status``, not sex). The inputs, the rows
     and the split are the same as with ``sex``; the ``sex`` input column stays sex."""
     check_split_args(seed, test_fraction)
+    known = ", ".join(DUTCH_PROTECTED)
     if protected not in DUTCH_PROTECTED:
-        known = ", ".join(DUTCH_PROTECTED)
         raise ValueError(f"protected must be one of {known} for dutch, not {protected!r}")
+    if group_rows_by is not None and group_rows_by not in DUTCH_PROTECTED:
+        raise ValueError(f"group_rows_by must be one of {known} for dutch, not {group_rows_by!r}")
     root = resolve_data_dir(data_dir)
     path = verified_path(root, "dutch/dutch_census_2001.arff")
     frame = _dutch_rows(file_key(path))
@@ -230,9 +232,6 @@ def load_dutch(
         "sex": (sex, SEX_GROUPS),
         "marital-status": ((frame["Marital_status"] == "4").to_numpy(dtype=np.int64), MARITAL_GROUPS),
     }
-    if group_rows_by is not None and group_rows_by not in DUTCH_PROTECTED:
-        known = ", ".join(DUTCH_PROTECTED)
-        raise ValueError(f"group_rows_by must be one of {known} for dutch, not {group_rows_by!r}")
     g, group_names = groupings[protected]
     rng = np.random.default_rng(seed)
     rows = np.arange(len(frame))
