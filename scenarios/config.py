@@ -222,6 +222,12 @@ class ClassificationSpec(_ScenarioBase):
     the sample's other ``1 - test_fraction``; with ``evaluate_on = "validation"`` the runs train
     on the same rows and evaluate on the sample's held-out share (seed 000's code, which validates
     its grid runs there and trains its final models on the rest)."""
+    one_hot: Literal["every", "drop-first"] = "every"
+    """How the categorical attributes become inputs (``adult``, ``dutch``): ``every`` category gets
+    an indicator, or ``drop-first``: each attribute's first category, in sorted order, gets none,
+    as scikit-learn's ``OneHotEncoder(drop="first")`` does (seed 000's code; on Adult it drops
+    the unknown value ``?`` of workclass, occupation and native country, so those keep every
+    documented value)."""
     include_protected: bool = True
     """Whether the sex column is an input feature (``adult``, ``dutch``); seed 004 trains on
     the unprotected attributes only (``false``)."""
@@ -321,6 +327,8 @@ class ClassificationSpec(_ScenarioBase):
             )
         if self.group_rows is not None and self.dataset == "adult" and self.balance:
             raise ValueError("group_rows samples Adult's groups itself: set balance = false")
+        if self.one_hot != "every" and self.dataset not in row_split:
+            raise ValueError(f"one_hot applies to the {' and '.join(row_split)} datasets only")
         if not self.include_protected and self.dataset not in row_split:
             raise ValueError(f"include_protected applies to the {' and '.join(row_split)} datasets only")
         if self.balance_per_group != 14_000 and (self.dataset != "adult" or not self.balance):

@@ -279,11 +279,31 @@ def sample_group_rows(
     return np.sort(np.concatenate(chosen))
 
 
-def one_hot(values: pd.Series, column: str, categories: list[str]) -> tuple[np.ndarray, list[str]]:
+ONE_HOT = ("every", "drop-first")
+"""How a census set's categorical attributes become inputs (``one_hot`` of the Adult and Dutch
+loaders): ``every`` category gets an indicator, or each attribute's first category (in sorted
+order) gets none, as scikit-learn's ``OneHotEncoder(drop="first")`` encodes them (seed 000's
+code). With a bias in the model the two span the same functions, but DP-SGD clips and noises
+each coordinate of the gradient, so the runs differ."""
+
+
+def check_one_hot(one_hot: str) -> None:
+    """Refuse a ``one_hot`` that is not one of :data:`ONE_HOT`."""
+    if one_hot not in ONE_HOT:
+        raise ValueError(f"one_hot must be one of {', '.join(ONE_HOT)}, not {one_hot!r}")
+
+
+def one_hot_columns(
+    values: pd.Series, column: str, categories: list[str], drop_first: bool = False
+) -> tuple[np.ndarray, list[str]]:
+    """One indicator column per category of ``categories`` (in that order), named
+    ``column=category``; ``drop_first``: none for ``categories[0]`` (its rows are all zero)."""
     codes = pd.Categorical(values, categories=categories).codes
     matrix = np.zeros((len(values), len(categories)), dtype=np.float32)
     matrix[np.arange(len(values)), codes] = 1.0
-    return matrix, [f"{column}={category}" for category in categories]
+    names = [f"{column}={category}" for category in categories]
+    start = 1 if drop_first else 0
+    return np.ascontiguousarray(matrix[:, start:]), names[start:]
 
 
 def tabular(

@@ -37,7 +37,9 @@ Adult (:func:`load_adult`; Esipova et al. 2023, appendix B.1, and their code ``f
       that ``adult.names`` documents (:data:`ADULT_CATEGORIES`; ``workclass`` less
       ``Never-worked``, which no complete row holds), sorted by name: the layout (98 features in
       all) is public and does not depend on the rows, the seed or the balancing (``fair-dp``
-      one-hot encodes the values seen after its sampling instead).
+      one-hot encodes the values seen after its sampling instead). ``one_hot="drop-first"``
+      leaves out the first value of education, marital_status and relationship (95 features):
+      seed 000's encoding of the complete rows (:data:`ADULT_UNKNOWN`).
 
     With ``protected="age"`` the groups are age below 40 (``younger``) and 40 or more
     (``older``), a public threshold (:data:`ADULT_AGE_THRESHOLD`); ``age_split="median"`` splits
@@ -67,10 +69,11 @@ import pandas as pd
 from fairclip.scenarios.data.datasets import (
     SEX_GROUPS,
     Dataset,
+    check_one_hot,
     check_split_args,
     file_key,
     malformed,
-    one_hot,
+    one_hot_columns,
     sample_group_rows,
     split_sample,
     tabular,
@@ -267,6 +270,11 @@ name), so the layout is public. ``workclass`` leaves out the listed ``Never-work
 who never worked has no occupation, and all 10 such rows have occupation ``?``, so no complete
 row holds it. A complete row with a value not listed here is a malformed file."""
 ADULT_CATEGORICAL = tuple(ADULT_CATEGORIES)
+ADULT_UNKNOWN = ("workclass", "occupation", "native_country")
+"""The categorical attributes whose value is unknown (``?``) in some rows of the files: 2,799
+rows lack workclass, 2,809 occupation, 857 native country. ``one_hot="drop-first"`` encodes
+them as seed 000's code does on all 48,842 rows: scikit-learn's ``OneHotEncoder(drop="first")``
+drops ``?``, which sorts first, so every documented value keeps its indicator."""
 _ADULT_INCOME = {"<=50K": 0, ">50K": 1, "<=50K.": 0, ">50K.": 1}
 
 
@@ -318,6 +326,7 @@ def load_adult(
     group_rows: Mapping[str, int] | None = None,
     test_rows: str = "split",
     validate: bool = False,
+    one_hot: str = "every",
 ) -> Dataset:
     """UCI Adult, income > 50K; see the module docstring. The protected attribute is sex (0 male,
     1 female), or with ``protected="age"`` the age binarised at ``age_split`` (0 younger, 1 at
@@ -327,8 +336,14 @@ def load_adult(
     where given, ``group_rows`` (with ``balance=False``) the given number of rows of each group
     by name (:func:`sample_group_rows`). ``test_rows`` (:data:`TEST_ROWS`) ``"left-out"`` tests on
     every complete row such a sample left out (``validate``: on the sample's held-out share
-    instead, :func:`split_sample`). ``scaling`` is one of :data:`ADULT_SCALINGS`."""
+    instead, :func:`split_sample`). ``scaling`` is one of :data:`ADULT_SCALINGS`.
+
+    ``one_hot`` (:data:`ONE_HOT`) ``"drop-first"`` gives no indicator to the first documented
+    value (in sorted order) of ``education``, ``marital_status`` and ``relationship``: the
+    layout seed 000's code gives the complete rows (:data:`ADULT_UNKNOWN`; 95 features with sex
+    instead of 98)."""
     check_split_args(seed, test_fraction)
+    check_one_hot(one_hot)
     if protected not in PROTECTED_ATTRIBUTES:
         raise ValueError(f"protected must be one of {', '.join(PROTECTED_ATTRIBUTES)}, not {protected!r}")
     if scaling not in ADULT_SCALINGS:
@@ -392,7 +407,8 @@ def load_adult(
         if unlisted.any():
             value = frame[column][unlisted].iloc[0]
             raise malformed(train_path, f"{column} {value!r} in a complete row is not listed in adult.names")
-        matrix, labels = one_hot(frame[column], column, sorted(categories))
+        drop_first = one_hot == "drop-first" and column not in ADULT_UNKNOWN
+        matrix, labels = one_hot_columns(frame[column], column, sorted(categories), drop_first)
         columns.append(matrix)
         names.extend(labels)
     x = np.concatenate(columns, axis=1)
@@ -460,6 +476,7 @@ def _from_scenario(spec: Any, directory: Path, rows_seed: int) -> Dataset:
         group_rows=spec.group_rows,
         test_rows=spec.test_rows,
         validate=spec.evaluate_on == "validation",
+        one_hot=spec.one_hot,
     )
 
 

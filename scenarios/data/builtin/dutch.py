@@ -36,7 +36,8 @@ Dutch census 2001 (:func:`load_dutch`; Esipova et al. 2023, appendix B.1, ``fair
       that no row holds (age 1-3, 16 and 17; edu_level 9; economic_status 210 and 221-224;
       cur_eco_activity 200) have no column, which keeps the 59-feature layout of the recorded
       Dutch results. Which codes occur is, strictly, a fact of the rows (fixed here by the
-      file's checksum).
+      file's checksum). ``one_hot="drop-first"`` leaves out each one-hot attribute's lowest
+      code present (50 features), as seed 000's code encodes Dutch.
     * No group rebalancing by default; ``numpy.random.default_rng(seed)`` shuffles the rows and
       the first ``round(test_fraction·n)`` (12,084) form the test set, the remaining 48,336 the
       training set. ``group_rows`` first draws the given number of rows of each group from the
@@ -60,10 +61,11 @@ import pandas as pd
 from fairclip.scenarios.data.datasets import (
     SEX_GROUPS,
     Dataset,
+    check_one_hot,
     check_split_args,
     file_key,
     malformed,
-    one_hot,
+    one_hot_columns,
     sample_group_rows,
     split_sample,
     tabular,
@@ -187,6 +189,7 @@ def load_dutch(
     group_rows_by: str | None = None,
     test_rows: str = "split",
     validate: bool = False,
+    one_hot: str = "every",
 ) -> Dataset:
     """Dutch census 2001, high-level occupation, protected attribute sex (0 male, 1 female).
 
@@ -202,8 +205,13 @@ def load_dutch(
     ``marital-4``) against codes 1-3 (``g = 0``, ``marital-other``) instead: the grouping seed
     000's code evaluates (its group accuracies take the last input column, ``X[:, -1]``, which
     for Dutch is the last one-hot column of ``Marital_status``, not sex). The inputs, the rows
-    and the split are the same as with ``sex``; the ``sex`` input column stays sex."""
+    and the split are the same as with ``sex``; the ``sex`` input column stays sex.
+
+    ``one_hot`` (:data:`ONE_HOT`) ``"drop-first"`` gives no indicator to each one-hot attribute's
+    lowest code present (50 features with sex instead of 59), as seed 000's code encodes Dutch;
+    ``prev_residence_place`` is one indicator (code 2) either way."""
     check_split_args(seed, test_fraction)
+    check_one_hot(one_hot)
     known = ", ".join(DUTCH_PROTECTED)
     if protected not in DUTCH_PROTECTED:
         raise ValueError(f"protected must be one of {known} for dutch, not {protected!r}")
@@ -223,7 +231,8 @@ def load_dutch(
     columns.append((frame["prev_residence_place"] == "2").to_numpy(dtype=np.float32)[:, None])
     names.append("prev_residence_place=2")
     for column in DUTCH_ONE_HOT:
-        matrix, labels = one_hot(frame[column], column, sorted(frame[column].unique(), key=int))
+        codes = sorted(frame[column].unique(), key=int)
+        matrix, labels = one_hot_columns(frame[column], column, codes, one_hot == "drop-first")
         columns.append(matrix)
         names.extend(labels)
     x = np.concatenate(columns, axis=1)
@@ -256,6 +265,7 @@ def _from_scenario(spec: Any, directory: Path, rows_seed: int) -> Dataset:
         group_rows_by=spec.group_rows_by,
         test_rows=spec.test_rows,
         validate=spec.evaluate_on == "validation",
+        one_hot=spec.one_hot,
     )
 
 
