@@ -240,6 +240,20 @@ def test_with_left_out_test_rows_a_validation_run_trains_on_the_final_runs_rows(
     assert sum(women[:2]) == 14_000 and sum(women) == 14_695  # the held-out women are sampled ones
 
 
+@pytest.mark.parametrize(("dataset", "every", "dropped"), [("dutch", 59, 50), ("adult", 98, 95)])
+def test_scenario_one_hot_reaches_the_loader_and_its_validation_split(dataset, every, dropped):
+    """``scenario.one_hot = "drop-first"`` (seed 000's inputs) gives the loaders' narrower layout,
+    for the final runs and for a grid run's validation split alike (Adult's numeric columns are
+    found again by name there)."""
+    data_dir = data_dir_for(dataset)
+    spec = scenario_spec(dataset)
+    assert load(spec, data_dir, seed=0).x_train.shape[1] == every
+    narrow = spec.model_copy(update={"one_hot": "drop-first"})
+    for run in (narrow, narrow.model_copy(update={"evaluate_on": "validation"})):
+        loaded = load(run, data_dir, seed=0)
+        assert loaded.x_train.shape[1] == loaded.x_test.shape[1] == dropped
+
+
 def test_validation_split_holds_out_training_rows_and_drops_the_test_set():
     data_dir = data_dir_for("adult")
     spec = scenario_spec("adult")
