@@ -20,6 +20,7 @@ import pytest
 from fairclip.scenarios.config import validate
 from fairclip.scenarios.data import DATASET_FILES
 from fairclip.scenarios.errors import ConfigError
+from fairclip.sims.reproduce import claims as claims_module
 from fairclip.sims.reproduce import planning, tables
 from fairclip.sims.reproduce import reproduction as repro
 from fairclip.sims.reproduce import setups as setup_files
@@ -100,7 +101,9 @@ def test_every_setup_runs_a_few_steps(ray_session, cli, tmp_path, name, request)
     table = pd.read_csv(out / "reproduction.csv", keep_default_na=False)
     assert list(table.columns) == tables.COLUMNS
     assert sorted(set(table["policy"])) == sorted(policies)
-    assert len(table) == len(policies) * len(setup.epsilons) * len(setup.metrics)
+    non_private = {s.name for s in setup.policies if s.policy_name == "none"}  # tabulated once
+    rows_each = [1 if name in non_private else len(setup.epsilons) for name in policies]
+    assert len(table) == sum(rows_each) * len(setup.metrics)
     absolute = table["policy"] == setup.relative_to  # a reference's own rows: absolute values
     sources = {f"{cohort}/{metric}" for cohort, metric in setup.metrics.values()}
     assert set(table.loc[~absolute, "metric"]) == set(setup.metrics)
@@ -241,6 +244,40 @@ def test_a_non_private_policy_is_shown_at_infinite_epsilon_beside_a_target():
     report = tables.markdown(setup, rows, 1.0, [])
     assert "| `none` | inf | inf / inf | accuracy |" in report
     assert "`none` accuracy (ε inf)" in report and "`dpsgd-c0.1` accuracy (ε 8.0)" in report
+
+
+def test_a_non_private_reference_runs_at_each_target_but_is_tabulated_once():
+    """zhao-dutch has three targets and a non-private reference (``none``): its runs at each target
+    are the same runs, so the table shows them once, and the fairest policy is ranked at each ε
+    against the reference's runs of that ε."""
+    setup = setup_files.select_policies(setup_files.load_setup("zhao-dutch"), ["none", "constant"])
+    runs, summaries = [], {}
+    for policy, accuracy in (("none", 0.83), ("constant", 0.80)):
+        for epsilon in (0.1, 0.2, 0.5):
+            for seed in (0, 1):
+                key = f"{policy}-{epsilon}-{seed}"
+                runs.append(setup_files.Run(key, policy, epsilon, seed, {}))
+                value = accuracy + (epsilon / 100 if policy == "constant" else 0) + seed / 1000
+                summaries[key] = {
+                    "epsilon": "inf" if policy == "none" else epsilon,
+                    "cohorts": {
+                        "marital-other": {"accuracy": value},
+                        "marital-4": {"accuracy": value - 0.01},
+                    },
+                    "privacy": {
+                        "effective_noise_multiplier": 0.0 if policy == "none" else 5.0,
+                        "sample_rate": 0.5,
+                        "rounds": 80,
+                        "delta": 1e-5,
+                    },
+                }
+    rows = tables.table_rows(setup, runs, summaries)
+    assert [(r["policy"], r["epsilon"]) for r in rows if r["policy"] == "none"] == [("none", "inf")] * 2
+    assert {r["epsilon"] for r in rows if r["policy"] == "constant"} == {0.1, 0.2, 0.5}
+    per_seed = pd.DataFrame(tables.per_seed_rows(setup, runs, summaries))
+    fairest = claims_module.fairest_rows(setup.name, per_seed, "none", ["marital-other", "marital-4"])
+    costs = {row["target_epsilon"]: row["worst_group_cost"] for row in fairest}
+    assert costs == pytest.approx({"0.1": 0.029, "0.2": 0.028, "0.5": 0.025})
 
 
 def test_resume_reuses_finished_runs_and_refuses_other_settings(ray_session, cli, tmp_path):

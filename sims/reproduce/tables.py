@@ -105,7 +105,9 @@ def tolerance(paper_stderr: float | None, stderr: float = math.nan) -> float:
 
 
 def table_rows(setup: Setup, runs: list[Run], summaries: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
-    """One row per (policy, ε, metric): the columns of ``reproduction.csv`` plus ``outside``."""
+    """One row per (policy, ε, metric): the columns of ``reproduction.csv`` plus ``outside``. A
+    policy that is not private runs at each target ε of the setup (the target sets no noise, so
+    its runs are the same at each): its rows appear once, those of its first target ε."""
     rows = []
     for policy in setup.policies:
         for epsilon in setup.epsilons:
@@ -115,6 +117,8 @@ def table_rows(setup: Setup, runs: list[Run], summaries: dict[str, dict[str, Any
             found = [summaries[run.key] for run in mine]
             spent = [float(s["epsilon"]) if s["epsilon"] != "inf" else math.inf for s in found]
             if any(math.isinf(value) for value in spent):  # not private, whatever the target
+                if any(row["policy"] == policy.name for row in rows):
+                    continue
                 shown = math.inf
             else:
                 shown = epsilon if epsilon is not None else float(np.mean(spent))
