@@ -13,6 +13,7 @@ import shutil
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from fairclip.scenarios.data import (
@@ -707,10 +708,9 @@ def test_dutch_one_hot_can_drop_each_attributes_first_code_as_seed_000s_code_doe
     assert dropped.x_train.shape == (48_336, 50)
     np.testing.assert_array_equal(dropped.x_train, dutch.x_train[:, kept])  # same rows, fewer columns
     np.testing.assert_array_equal(dropped.x_test, dutch.x_test[:, kept])
-    frame, _ = dutch_module.read_arff(
-        path / "dutch/dutch_census_2001.arff"
-    )  # the codes as integers, as the authors' CSV holds them
+    frame, _ = dutch_module.read_arff(path / "dutch/dutch_census_2001.arff")
     columns = [*dutch_module.DUTCH_ONE_HOT, "prev_residence_place"]
+    # the codes as integers, as the authors' CSV holds them
     expected = _drop_first_names(frame[columns].astype(int), columns)
     assert set(dropped.feature_names) - {"sex=female"} == expected
     assert "Marital_status=4" in dropped.feature_names  # the column seed 000's code groups by
@@ -721,8 +721,6 @@ def test_dutch_one_hot_can_drop_each_attributes_first_code_as_seed_000s_code_doe
 def test_adult_one_hot_drop_first_is_seed_000s_encoding_of_the_complete_rows(adult) -> None:
     """Seed 000's code encodes all 48,842 rows, ``?`` included, and drops each attribute's first
     value: ``?`` where an attribute has unknown values, else its first documented value."""
-    import pandas as pd
-
     path = need("adult/adult.data", "adult/adult.test")
     dropped = load_adult(path, seed=0, one_hot="drop-first")
     gone = set(adult.feature_names) - set(dropped.feature_names)
