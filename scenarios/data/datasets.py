@@ -283,8 +283,8 @@ ONE_HOT = ("every", "drop-first")
 """How a census set's categorical attributes become inputs (``one_hot`` of the Adult and Dutch
 loaders): ``every`` category gets an indicator, or each attribute's first category (in sorted
 order) gets none, as scikit-learn's ``OneHotEncoder(drop="first")`` encodes them (seed 000's
-code). With a bias in the model the two span the same functions, but DP-SGD clips and noises
-each coordinate of the gradient, so the runs differ."""
+code). With a bias in the model the two span the same functions, but DP-SGD clips each
+example's gradient by its norm and noises every coordinate, so the runs differ."""
 
 
 def check_one_hot(one_hot: str) -> None:
