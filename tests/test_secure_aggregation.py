@@ -194,31 +194,39 @@ def test_the_secure_sum_is_the_plain_sum_within_rounding_and_the_server_keeps_no
     assert not any(k.startswith(SECAGG) for c in grid.contexts.values() for k in c.state)
 
 
-def test_one_dropout_after_masking_within_the_threshold_completes_the_round(server_task_identity):
+# per-cohort sums a one-hot cohort count beside the update: a dropout must leave both consistent
+@pytest.mark.parametrize("policy", ["bounded", "per-cohort"])
+def test_one_dropout_after_masking_within_the_threshold_completes_the_round(server_task_identity, policy):
     dropped = 1000 + 7 * 2
-    server, strategy, grid, sums = _federation("bounded", drop={dropped: "unmask"})
+    server, strategy, grid, sums = _federation(policy, drop={dropped: "unmask"})
     strategy.start(grid, ArrayRecord({MODEL: Array(server.model)}), num_rounds=2, timeout=10)
     # its masked vector arrived before it dropped: it is in the sum, its self mask rebuilt
     assert [s.num_reports for _, s in sums] == [NUM_CLIENTS, NUM_CLIENTS - 1]
-    round_one = [v for (t, _), v in grid.vectors.items() if t == 1]
+    round_one = np.sum([v for (t, _), v in grid.vectors.items() if t == 1], axis=0)
     dim = sums[0][1].contribution_sum.shape[0]
     bound = server.rows[0]["sensitivity"] / (1 + DEFAULT_RHO)
-    error = np.linalg.norm(sums[0][1].contribution_sum - np.sum(round_one, axis=0)[:dim])
+    error = np.linalg.norm(sums[0][1].contribution_sum - round_one[:dim])
     assert error <= NUM_CLIENTS * DEFAULT_RHO * bound
+    np.testing.assert_array_equal(sums[0][1].report_sum, round_one[dim:])
     assert len(server.rows) == 2
 
 
-def test_a_dropout_before_the_masked_vector_leaves_it_out_of_the_sum(server_task_identity):
+@pytest.mark.parametrize("policy", ["bounded", "per-cohort"])
+def test_a_dropout_before_the_masked_vector_leaves_it_out_of_the_sum(server_task_identity, policy):
     dropped = 1000 + 7 * 4
-    server, strategy, grid, sums = _federation("bounded", drop={dropped: "mask"}, superlink_errors=True)
+    server, strategy, grid, sums = _federation(policy, drop={dropped: "mask"}, superlink_errors=True)
     strategy.start(grid, ArrayRecord({MODEL: Array(server.model)}), num_rounds=1, timeout=10)
     ((_, round_sums),) = sums
-    survivors = [v for (t, node), v in grid.vectors.items() if t == 1 and node != dropped]
+    survivors = np.sum([v for (t, node), v in grid.vectors.items() if t == 1 and node != dropped], axis=0)
     dim = round_sums.contribution_sum.shape[0]
     assert round_sums.num_reports == NUM_CLIENTS - 1
     bound = server.rows[0]["sensitivity"] / (1 + DEFAULT_RHO)
-    error = np.linalg.norm(round_sums.contribution_sum - np.sum(survivors, axis=0)[:dim])
+    error = np.linalg.norm(round_sums.contribution_sum - survivors[:dim])
     assert error <= (NUM_CLIENTS - 1) * DEFAULT_RHO * bound
+    # the counts are exact: the dead node's cohort bit (per-cohort: its one-hot count) is not in them
+    np.testing.assert_array_equal(round_sums.report_sum, survivors[dim:])
+    if policy == "per-cohort":
+        assert survivors[dim:].sum() == NUM_CLIENTS - 1
     # the SuperLink's error for the offline node is matched to that node, not taken as a stranger's
     assert any(
         e["event"] == "dropped" and e["node"] == dropped and "node unavailable" in e["reason"]

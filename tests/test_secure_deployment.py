@@ -85,11 +85,9 @@ def _with_dropout_client(app: Path, marker: Path, partition: int, round_number: 
 
 @pytest.mark.slow
 @pytest.mark.skipif(not _fairclip_apps_present(), reason="fairclip's ServerApp/ClientApp are not there yet")
-@pytest.mark.parametrize("policy", ["bounded", "per-cohort"])
 def test_secure_aggregation_survives_a_supernode_killed_mid_round(
     tmp_path: Path,
     app_dir: Path,  # noqa: F811 (the fixture imported above)
-    policy: str,
     record_property: pytest.RecordProperty,
 ) -> None:
     """Issue 69: four SuperNodes (TLS, node authentication) sum with fairclip's SecAgg+; one of
@@ -99,7 +97,12 @@ def test_secure_aggregation_survives_a_supernode_killed_mid_round(
     shares remove the dead node's pairwise masks). After each round the nodes evaluate the
     released model on their own held-out examples (the three left), summed with a second secure sum and
     released with noise (the server holds no test set); ε counts both releases. The public
-    outputs hold only public columns; no node disclosed its cohort."""
+    outputs hold only public columns; no node disclosed its cohort.
+
+    One policy, bounded: what the real processes add (TLS, node authentication, a SuperNode
+    killed, Flower's own timeouts) does not depend on it. Each round here takes minutes, so
+    per-cohort's dropouts (its one-hot counts in the masked vector) are checked in process by
+    tests/test_secure_aggregation.py's dropout tests."""
     import os
     import signal
     import threading
@@ -111,7 +114,7 @@ def test_secure_aggregation_survives_a_supernode_killed_mid_round(
     marker = tmp_path / "stopped-before-masking"
     dying = SECAGG_NODES - 1
     _with_dropout_client(app_dir, marker, dying, round_number=1)
-    config = {**SECAGG_CONFIG, "policy.name": policy, "out": str(out)}
+    config = {**SECAGG_CONFIG, "policy.name": "bounded", "out": str(out)}
     with deployment(tmp_path / "deploy") as dep:
         dep.start_superlink()
         keys = [make_node_keys(tmp_path / "keys", f"supernode-{i}") for i in range(SECAGG_NODES)]
