@@ -9,12 +9,12 @@ import pytest
 os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
 
 LONGEST_FILES_FIRST = (
-    "test_secure_deployment.py",
-    "test_reproduce.py",
-    "test_compare.py",
-    "test_flower_app.py",
     "test_bench.py",
+    "test_reproduce.py",
     "test_deployment.py",
+    "test_flower_app.py",
+    "test_secure_deployment.py",
+    "test_compare.py",
     "test_client_evaluation.py",
     "test_ray_cluster.py",
     "test_checkpoint.py",

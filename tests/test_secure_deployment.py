@@ -1,7 +1,7 @@
 """Issue 69: a real deployment (flower-superlink and flower-supernode processes on 127.0.0.1,
 TLS and node authentication) sums with fairclip's SecAgg+. Its own file, apart from
-tests/test_deployment.py's (whose helpers it uses), so that the suite's two workers take the two
-long files at once."""
+tests/test_deployment.py's (whose helpers it uses), so that the suite's two workers can take the
+two long files at once."""
 
 from __future__ import annotations
 
