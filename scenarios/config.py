@@ -451,14 +451,16 @@ class TrainingSpec(_Section):
     cohorts, two classes, the in-process executor."""
     fairlens_weights: Annotated[list[NonNegativeFloat], Field(min_length=2, max_length=2)] = [1.0, 1.0]
     """γ_1 and γ_2 of ``objective = "fairlens"`` (seed 003, appendix B.2: both 1)."""
-    train_loss: bool = False
-    """Also report each cohort's mean cross-entropy on its clients' training examples under the
-    final model (``<cohort>/train_loss`` in summary.json): seed 003's tables' Loss columns, which
-    its authors' code takes from the training batches. A simulation-only diagnostic of private
-    data, not covered by DP; the Flower apps refuse it."""
+    train_loss: bool | Literal["last-epoch"] = False
+    """Also report each cohort's mean training cross-entropy (``<cohort>/train_loss`` in
+    summary.json): ``true``, over its clients' training examples under the final model;
+    ``"last-epoch"``, as seed 003's authors' code takes its tables' Loss columns, each round's
+    mean over the batch's examples of the cohort under θ_t (0 where the batch holds none),
+    averaged over the last epoch's ⌈1/q⌉ rounds (:mod:`fairclip.server.last_epoch_losses`). A
+    simulation-only diagnostic of private data, not covered by DP; the Flower apps refuse it."""
     train_loss_limit: Annotated[int, Field(ge=1)] | None = None
-    """With ``train_loss``: compute each cohort's training loss on a seeded subset of at most
-    this many of its clients' examples instead of all of them (smoke runs: evaluating every
+    """With ``train_loss = true``: compute each cohort's training loss on a seeded subset of at
+    most this many of its clients' examples instead of all of them (smoke runs: evaluating every
     training image dominated a short run)."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """Where clients train and the server evaluates (classification): ``auto`` picks a GPU when
@@ -808,7 +810,7 @@ def _check_objective(config: RunConfig) -> None:
     scenario = config.scenario
     if training.train_loss and not isinstance(scenario, ClassificationSpec | FederatedDatasetSpec):
         raise ConfigError(f"training.train_loss needs a classification task (got {scenario.task!r})")
-    if training.train_loss_limit is not None and not training.train_loss:
+    if training.train_loss_limit is not None and training.train_loss is not True:
         raise ConfigError("training.train_loss_limit applies only with training.train_loss = true")
     if training.objective == "cross-entropy":
         return

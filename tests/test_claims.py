@@ -156,12 +156,30 @@ second = { policy = "constant", metric = "accuracy_male" }
     per_seed = pd.read_csv(out / "per_seed.csv", keep_default_na=False)
     assert len(per_seed) == 4 and set(per_seed["seed"]) == {0, 1}
     assert {"accuracy_female", "accuracy_male", "female/accuracy", "male/accuracy"} <= set(per_seed.columns)
-    claims = pd.read_csv(out / "claims.csv", keep_default_na=False)
-    assert list(claims["id"]) == ["women-keep-more"] and claims["seeds"].iloc[0] == 2
-    constant = per_seed[per_seed["policy"] == "constant"]
+    claims = pd.read_csv(out / "claims.csv", keep_default_na=False).set_index("id")
+    # the setup's own claims on these two policies: DP-SGD's privacy cost for men against women's
+    assert list(claims.index) == ["constant-costs-male-more", "women-keep-more"]
+    assert (claims["seeds"] == 2).all()
+    constant = per_seed[per_seed["policy"] == "constant"].set_index("seed")
     expected = (constant["accuracy_female"] - constant["accuracy_male"]).mean()
-    assert claims["mean_difference"].iloc[0] == pytest.approx(expected)
-    assert claims["verdict"].iloc[0] in ("holds", "reverses", "inconclusive")
+    assert claims.loc["women-keep-more", "mean_difference"] == pytest.approx(expected)
+    assert claims.loc["women-keep-more", "verdict"] in ("holds", "reverses", "inconclusive")
+    # paired metrics: each seed's constant run against the none run of the same seed
+    none = per_seed[per_seed["policy"] == "none"].set_index("seed")
+    costs = {sex: none[f"accuracy_{sex}"] - constant[f"accuracy_{sex}"] for sex in ("male", "female")}
+    assert (none["privacy_cost_male"] == "").all()  # the reference has none
+    assert constant["privacy_cost_male"].astype(float).tolist() == pytest.approx(costs["male"].tolist())
+    gaps = (costs["male"] - costs["female"]).abs()
+    assert constant["privacy_cost_gap"].astype(float).tolist() == pytest.approx(gaps.tolist())
+    risks = constant["loss_female"] - none["loss_female"]
+    assert constant["excessive_risk_female"].astype(float).tolist() == pytest.approx(risks.tolist())
+    difference = (costs["male"] - costs["female"]).mean()
+    assert claims.loc["constant-costs-male-more", "mean_difference"] == pytest.approx(difference)
+    table = pd.read_csv(out / "reproduction.csv", keep_default_na=False)
+    gap = table[(table["policy"] == "constant") & (table["metric"] == "privacy_cost_gap")]
+    assert len(gap) == 1 and float(gap["fairclip_mean"].iloc[0]) == pytest.approx(gaps.mean(), abs=1e-6)
+    assert float(gap["paper"].iloc[0]) == 0.034
+    assert (table["policy"] == "none").sum() == 4  # the reference: its own four metrics only
     fairest = pd.read_csv(out / "fairest.csv", keep_default_na=False)
     assert list(fairest["policy"]) == ["constant"] and fairest["rank"].iloc[0] == 1
     report = (out / "reproduction.md").read_text()

@@ -40,6 +40,21 @@ def skip_without_data(setup: setup_files.Setup) -> None:
             pytest.skip(f"{DATA_DIR / relative} is absent: set FAIRCLIP_DATA to the benchmark data folder")
 
 
+def expected_rows(setup, policies: list[str] | None = None) -> int:
+    """The rows of a reproduction's table of ``policies`` (all of the setup's): each metric per
+    target ε (a non-private policy's once), and each paired metric for every policy but the
+    reference, where the reference ran."""
+    policies = [s.name for s in setup.policies] if policies is None else policies
+    non_private = {s.name for s in setup.policies if s.policy_name == "none"}
+    reference = tables.reference_policy(setup)
+    total = 0
+    for name in policies:
+        times = 1 if name in non_private else len(setup.epsilons)
+        paired = len(setup.paired_metrics) if name != reference and reference in policies else 0
+        total += times * (len(setup.metrics) + paired)
+    return total
+
+
 def test_list_names_every_setup(cli):
     status, out, _ = cli("reproduce", "--list")
     assert status == 0
@@ -80,7 +95,7 @@ def test_every_setup_runs_a_few_steps(ray_session, cli, tmp_path, name, request)
     args = ["reproduce", name, "--seeds", "1", "--max-rounds", "1", "--grid-limit", "1", "--out", str(out)]
     args += ["--max-batch", str(max_batch), "--data-dir", str(DATA_DIR)]
     overrides = [f"scenario.test_limit={SMOKE_TEST_ROWS}"]  # evaluation took most of an image run
-    if setup.settings.get("training.train_loss"):  # and each training image's loss 85 % of the rest
+    if setup.settings.get("training.train_loss") is True:  # and each training image's loss 85 % of the rest
         overrides.append(f"training.train_loss_limit={SMOKE_TEST_ROWS}")
     for override in overrides:
         args += ["--set", override]
@@ -101,20 +116,21 @@ def test_every_setup_runs_a_few_steps(ray_session, cli, tmp_path, name, request)
     table = pd.read_csv(out / "reproduction.csv", keep_default_na=False)
     assert list(table.columns) == tables.COLUMNS
     assert sorted(set(table["policy"])) == sorted(policies)
-    non_private = {s.name for s in setup.policies if s.policy_name == "none"}  # tabulated once
-    rows_each = [1 if name in non_private else len(setup.epsilons) for name in policies]
-    assert len(table) == sum(rows_each) * len(setup.metrics)
+    assert len(table) == expected_rows(setup, policies)
     absolute = table["policy"] == setup.relative_to  # a reference's own rows: absolute values
     sources = {f"{cohort}/{metric}" for cohort, metric in setup.metrics.values()}
-    assert set(table.loc[~absolute, "metric"]) == set(setup.metrics)
+    assert set(table.loc[~absolute, "metric"]) == set(setup.metric_names)
     assert set(table.loc[absolute, "metric"]) == (sources if setup.relative_to else set())
     assert (table["seeds"] == 1).all()
     means = table["fairclip_mean"].astype(float)
-    rates = ~table["metric"].str.contains("loss")  # accuracies lie in [0, 1]; a loss need not
+    paired = table["metric"].isin([metric.name for metric in setup.paired_metrics])
+    rates = ~table["metric"].str.contains("loss") & ~paired  # accuracies lie in [0, 1]; a loss need not
     levels = means[absolute & rates] if setup.relative_to else means[rates]
     assert ((levels >= 0) & (levels <= 1)).all()
     assert (means[rates].abs() <= 1).all()  # a change against the reference lies in [-1, 1]
-    assert setup.relative_to or (means[~rates] >= 0).all()
+    assert setup.relative_to or (means[~rates & ~paired] >= 0).all()
+    costs = paired & table["metric"].str.startswith("privacy_cost")  # accuracy lost: in [-1, 1]
+    assert (means[costs].abs() <= 1).all() and means[paired].map(math.isfinite).all()
     report = (out / "reproduction.md").read_text()
     assert setup.title in report and "Wall time" in report
     smoke = "Smoke run (not a reproduction): at most 1 rounds per run; "
@@ -125,6 +141,8 @@ def test_every_setup_runs_a_few_steps(ray_session, cli, tmp_path, name, request)
     assert said + ", ".join(f"`{o}`" for o in overrides) + "." in report
     summaries = [json.loads(path.read_text()) for path in out.glob("runs/*/summary.json")]
     assert summaries and all(s["config"]["training"]["rounds"] == 1 for s in summaries)
+    if setup.settings.get("training.train_loss") == "last-epoch":  # its one round is the last epoch
+        assert all(s["train_loss_rounds"] == 1 for s in summaries)
     assert all(s["config"]["scenario"]["test_limit"] == SMOKE_TEST_ROWS for s in summaries)
     rates = {
         s["config"]["federation"]["sample_rate"] * s["config"]["federation"]["num_clients"] for s in summaries
@@ -330,7 +348,7 @@ def test_the_api_runs_here_or_on_ray_with_the_same_numbers(ray_session, cli, tmp
         here = fairclip.reproduce("esipova-dutch", out=tmp_path / "here", **smoke)
     assert isinstance(here, fairclip.Reproduction) and here.name == "esipova-dutch"
     assert list(here.table.columns) == tables.COLUMNS
-    assert len(here.table) == len(setup.policies) * len(setup.metrics) and here.wall_seconds > 0
+    assert len(here.table) == expected_rows(setup) and here.wall_seconds > 0
     on_file = pd.read_csv(here.folder / "reproduction.csv", keep_default_na=False)
     assert list(on_file["fairclip_mean"].astype(float)) == list(here.table["fairclip_mean"].astype(float))
 
@@ -529,7 +547,7 @@ def test_policies_run_a_subset_and_extend_adds_the_rest(ray_session, cli, tmp_pa
     assert status == 0, err
     table = pd.read_csv(out / "reproduction.csv", keep_default_na=False)
     assert sorted(set(table["policy"])) == ["global", "none"]
-    assert len(table) == 2 * len(setup.metrics)
+    assert len(table) == expected_rows(setup, ["none", "global"])  # global's paired metrics too
     assert "Policies: none, global of the setup's" in stdout
     # stderr is no terminal here: one plain progress line per finished run, the last with eta 0
     lines = re.findall(r"^reproduce esipova-dutch: (\d)/2 runs done \((\w+)__.*\), .* eta (.*)$", err, re.M)

@@ -37,10 +37,18 @@ import pandas as pd
 from fairclip.atomic import atomic_write_text, write_json
 from fairclip.scenarios.errors import ConfigError
 from fairclip.server.provenance import git_commit, machine
-from fairclip.sims.reproduce.claims import claims_markdown, fairest_markdown
+from fairclip.sims.reproduce.claims import claims_markdown, epsilon_text, fairest_markdown
+from fairclip.sims.reproduce.paired_metrics import add_paired_metrics
 from fairclip.sims.reproduce.reproduction import RUN_KEYS_FILE, merge_specs
 from fairclip.sims.reproduce.setups import builtin_setups, load_setup
-from fairclip.sims.reproduce.tables import POINTS, notes_line, tolerance
+from fairclip.sims.reproduce.tables import (
+    POINTS,
+    notes_line,
+    paired_metric_rows,
+    reference_policy,
+    tolerance,
+    write_outputs,
+)
 from fairclip.sims.sweeps.folder import canonical_spec, read_table
 
 REPOSITORY = Path(__file__).resolve().parents[1]
@@ -330,6 +338,70 @@ def refresh_notes(folder: Path) -> bool:
     return True
 
 
+def retabulate(folder: Path) -> bool:
+    """Tabulate the recorded reproduction in ``folder`` again from its recorded per-seed values
+    (``per_seed.csv``), under its setup file's current paired metrics and claims: the paired
+    metrics' table rows and per-seed columns, ``claims.csv``, ``fairest.csv`` and the report; the
+    runs' own rows, their paired tests, the notes' place, the report's other lines and its wall
+    time stay as recorded. Whether anything changed. A setup with a grid is refused (its chosen
+    points are not recorded: rerun it), as is a record without per-seed values."""
+    folder = Path(folder)
+    setup = load_setup(json.loads((folder / "record.json").read_text())["setup"])
+    if setup.has_grid:
+        raise ValueError(f"{setup.name} has a grid, whose chosen points its record lacks: rerun it instead")
+    if not (folder / "per_seed.csv").is_file():
+        raise FileNotFoundError(f"{folder} holds no per_seed.csv: its per-seed values were not recorded")
+    paired = {metric.name for metric in setup.paired_metrics}
+    as_written = {"keep_default_na": False, "dtype": {"target_epsilon": str}}  # "" stays "", ε stays text
+    per_seed = read_table(folder / "per_seed.csv", **as_written)
+    per_seed = per_seed.drop(columns=[column for column in per_seed.columns if column in paired])
+    reference = reference_policy(setup)
+    per_seed_rows = add_paired_metrics(setup.paired_metrics, reference, per_seed.to_dict("records"))
+    recorded = read_table(folder / "reproduction.csv", keep_default_na=False).to_dict("records")
+    rows = [_recorded_row(row) for row in recorded if row["metric"] not in paired]
+    table = pd.DataFrame(per_seed_rows)
+    policies = {policy.name: policy for policy in setup.policies}
+    with_paired: list[dict[str, Any]] = []
+    for index, row in enumerate(rows):  # each policy's paired rows follow its own rows
+        with_paired.append(row)
+        following = rows[index + 1] if index + 1 < len(rows) else None
+        if following is None or (following["policy"], following["epsilon"]) != (
+            row["policy"],
+            row["epsilon"],
+        ):
+            text = _target_text(setup, row["epsilon"])
+            with_paired += paired_metric_rows(setup, policies[row["policy"]], text, table, row)
+    tested = folder / "paired_tests.csv"
+    tests = read_table(tested, **as_written).to_dict("records") if tested.is_file() else []
+    report = (folder / "reproduction.md").read_text().split("\n")
+    notes = next(index for index, line in enumerate(report) if line.startswith("Notes: "))
+    wall = next(index for index, line in enumerate(report) if line.startswith("Wall time: "))
+    names = [name for name in (*FILES, *OPTIONAL_FILES) if (folder / name).is_file()]
+    before = {name: (folder / name).read_bytes() for name in names}
+    seconds = float(report[wall].removeprefix("Wall time: ").removesuffix(" s."))
+    write_outputs(folder, setup, with_paired, seconds, report[notes + 1 : wall - 1], tests, per_seed_rows)
+    return any((folder / name).read_bytes() != before.get(name) for name in (*FILES, *OPTIONAL_FILES))
+
+
+def _recorded_row(row: dict[str, Any]) -> dict[str, Any]:
+    """A row of a recorded ``reproduction.csv`` as :func:`table_rows` gives it (no grid point)."""
+    numbers = {
+        key: ("" if row[key] == "" else float(row[key]))
+        for key in ("paper", "paper_stderr", "fairclip_stderr")
+    }
+    return {**row, **numbers, "outside": str(row["outside"]) == "True", "grid_point": {}}
+
+
+def _target_text(setup: Any, shown: Any) -> str:
+    """The target ε (as text) of a recorded row that shows ε ``shown``: the setup's only one
+    where it has none, else ``shown`` itself (a non-private policy shows inf: its first target)."""
+    if setup.epsilons == [None]:
+        return ""
+    if str(shown) == "inf":
+        return epsilon_text(setup.epsilons[0])
+    return epsilon_text(float(shown))
+
+
 def _link(folder: Path) -> str:
     try:
         return str(folder.resolve().relative_to(REPOSITORY) / "reproduction.md")
@@ -465,9 +537,9 @@ def write_claims_page(page: Path = CLAIMS_PAGE, results: Path = RESULTS_DIR) -> 
 
 
 def main(argv: list[str]) -> int:
-    """``record OUT NAME --command TEXT``, ``keep OUT NAME``, ``notes NAME`` or ``claims``; a
-    folder that holds no reproduction (or no finished one, for ``record``) is one line on stderr
-    and status 2."""
+    """``record OUT NAME --command TEXT``, ``keep OUT NAME``, ``notes NAME``, ``retabulate NAME``
+    or ``claims``; a folder that holds no reproduction (or no finished one, for ``record``) is one
+    line on stderr and status 2."""
     try:
         return _main(argv)
     except (FileNotFoundError, ValueError) as error:
@@ -501,6 +573,10 @@ def _main(argv: list[str]) -> int:
         changed = refresh_notes(_setup_folder(RESULTS_DIR, argv[1]))
         print(f"{argv[1]}: notes {'refreshed' if changed else 'already current'}")
         return 0
+    if argv[:1] == ["retabulate"] and len(argv) == 2:
+        changed = retabulate(_setup_folder(RESULTS_DIR, argv[1]))
+        print(f"{argv[1]}: {'tabulated again' if changed else 'already current'}")
+        return 0
     if argv[:1] == ["claims"] and len(argv) == 1:
         print(f"{CLAIMS_PAGE} {'written' if write_claims_page() else 'already current'}")
         return 0
@@ -511,7 +587,8 @@ def _main(argv: list[str]) -> int:
         )
         return 0
     print(
-        "usage: python -m tools.results record OUT NAME --command TEXT | keep OUT NAME | notes NAME | claims",
+        "usage: python -m tools.results record OUT NAME --command TEXT | keep OUT NAME | notes NAME"
+        " | retabulate NAME | claims",
         file=sys.stderr,
     )
     return 2

@@ -542,6 +542,26 @@ class ClassificationTask:
             for name, rows in cohort_rows.items()
         }
 
+    def cohort_batch_losses(self, model: np.ndarray, client_ids: np.ndarray) -> np.ndarray:
+        """Each cohort's mean cross-entropy of ``model`` over the training examples of the sampled
+        clients ``client_ids`` that belong to it, NaN where none does (``training.train_loss =
+        "last-epoch"``, :mod:`fairclip.server.last_epoch_losses`): a simulation-only diagnostic
+        of private data. Reads the evaluation model only; no randomness is drawn."""
+        if self.generated is not None or self.client_indices is None:
+            raise ValueError("training.train_loss needs the clients' examples held in memory")
+        means = np.full(len(self.cohort_names), np.nan)
+        ids = np.asarray(client_ids, dtype=np.int64)
+        if not len(ids):
+            return means
+        features, labels = self._examples(ids)
+        logits = predict(self.evaluation_model, model, features)
+        losses = nn.functional.cross_entropy(logits, labels, reduction="none").double().cpu().numpy()
+        sizes = [len(self.client_indices[client]) for client in ids]
+        cohorts = np.repeat(self.client_cohorts[ids], sizes)
+        for index in np.unique(cohorts):
+            means[index] = float(losses[cohorts == index].mean())
+        return means
+
     def summary(self, model: np.ndarray) -> dict[str, Any]:
         """``preprocessing.outside_epsilon``, the preprocessing steps outside the run's ε, where
         there are any (Adult scaled by the training rows' statistics, say); nothing otherwise."""

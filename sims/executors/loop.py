@@ -66,6 +66,7 @@ def simulate(
         begin_round = getattr(task, "begin_round", None)
         for round_number in range(server.rounds_completed + 1, server.rounds_to_run + 1):
             client_ids = server.sample(round_number)
+            server.note_batch_losses(round_number, client_ids)  # training.train_loss = "last-epoch"
             if begin_round is not None:  # a batch term of the training objective (FairLens)
                 begin_round(server.model, client_ids, round_number)
             if server.policy.counts_first:

@@ -36,7 +36,11 @@ A fairclip mean is flagged when it lies outside the paper's mean ± 2 combined s
 Each run's metrics are kept by seed (``per_seed.csv``), and the paper's qualitative claims
 (``[[claims]]`` of the setup file) are tested on them with paired tests (``claims.csv``), beside
 the setup's answer to which policy makes its worst group pay least (``fairest.csv``;
-:mod:`fairclip.sims.reproduce.claims`).
+:mod:`fairclip.sims.reproduce.claims`). A paper that reports a policy's costs against the
+non-private run of the same seed (seed 003's privacy costs and excessive risks, and their gaps)
+has them as paired metrics (``[setup.paired_metrics]``,
+:mod:`fairclip.sims.reproduce.paired_metrics`): rows of the table and columns of
+``per_seed.csv`` like any metric.
 """
 
 from __future__ import annotations

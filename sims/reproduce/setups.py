@@ -24,6 +24,7 @@ from fairclip.sims.reproduce.claims import (
     epsilon_text,
     parse_claims,
 )
+from fairclip.sims.reproduce.paired_metrics import PairedMetric, parse_paired_metrics
 from fairclip.strategies.errors import did_you_mean
 
 SETUP_DIR = Path(__file__).parent / "builtin"
@@ -100,6 +101,14 @@ class Setup:
     claims: tuple[Claim, ...] = ()
     """The paper's qualitative claims its runs test (``[[claims]]``,
     :mod:`fairclip.sims.reproduce.claims`)."""
+    paired_metrics: tuple[PairedMetric, ...] = ()
+    """Metrics paired with the reference run of the same seed (``[setup.paired_metrics]``:
+    privacy costs, excessive risks and their gaps, :mod:`fairclip.sims.reproduce.paired_metrics`)."""
+
+    @property
+    def metric_names(self) -> list[str]:
+        """The setup's metrics, then its paired metrics: every name a paper value or a claim may use."""
+        return [*self.metrics, *(metric.name for metric in self.paired_metrics)]
 
     @property
     def has_grid(self) -> bool:
@@ -189,10 +198,20 @@ def load_setup(name: str) -> Setup:
         _refuse_per_run_keys(setup, where)
         if setup.relative_to is not None and setup.relative_to not in {s.name for s in policies}:
             raise ConfigError(f"{where}: setup.relative_to names no policy of the setup")
+        if "paired_metrics" in head:
+            if setup.relative_to is not None:
+                raise ConfigError(
+                    f"{where}: setup.paired_metrics and setup.relative_to exclude each other "
+                    "(relative_to's metrics are paired with the reference already)"
+                )
+            if not any(s.policy_name == "none" for s in policies):
+                raise ConfigError(f"{where}: setup.paired_metrics needs a policy that runs none")
+            paired = parse_paired_metrics(head["paired_metrics"], list(metrics), where)
+            setup = replace(setup, paired_metrics=paired)
         claims = parse_claims(
             raw.get("claims", []),
             policies=[policy.name for policy in policies],
-            metrics=list(metrics),
+            metrics=setup.metric_names,
             epsilons=[epsilon_text(epsilon) for epsilon in setup.epsilons],
             where=where,
         )

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import pandas as pd
 
 from fairclip.atomic import atomic_write_text, write_csv
 from fairclip.scenarios.errors import ConfigError
@@ -26,7 +27,8 @@ from fairclip.sims.reproduce.claims import (
     fairest_markdown,
     fairest_rows,
 )
-from fairclip.sims.reproduce.setups import Run, Setup
+from fairclip.sims.reproduce.paired_metrics import add_paired_metrics, per_seed_values
+from fairclip.sims.reproduce.setups import PolicySetup, Run, Setup
 from fairclip.sims.sweeps.statistics import paired_test_rows
 from fairclip.strategies import accounting
 from fairclip.strategies.errors import PolicyConfigError
@@ -107,8 +109,10 @@ def tolerance(paper_stderr: float | None, stderr: float = math.nan) -> float:
 def table_rows(setup: Setup, runs: list[Run], summaries: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
     """One row per (policy, ε, metric): the columns of ``reproduction.csv`` plus ``outside``. A
     policy that is not private runs at each target ε of the setup (the target sets no noise, so
-    its runs are the same at each): its rows appear once, those of its first target ε."""
+    its runs are the same at each): its rows appear once, those of its first target ε. The
+    setup's paired metrics follow each policy's metrics (:func:`paired_metric_rows`)."""
     rows = []
+    per_seed: pd.DataFrame | None = None  # formed once, where the setup has paired metrics
     for policy in setup.policies:
         for epsilon in setup.epsilons:
             mine = [run for run in runs if run.policy == policy.name and run.target_epsilon == epsilon]
@@ -126,6 +130,7 @@ def table_rows(setup: Setup, runs: list[Run], summaries: dict[str, dict[str, Any
             reference = None
             if setup.relative_to is not None and policy.name != setup.relative_to:
                 reference = _paired_reference(setup.relative_to, epsilon, mine, runs, summaries)
+            first_row = len(rows)
             for metric, (cohort, name) in setup.metrics.items():
                 values = [metric_value(s, cohort, name) for s in found]
                 if reference is not None:  # the paired change against the same seed's reference
@@ -134,9 +139,6 @@ def table_rows(setup: Setup, runs: list[Run], summaries: dict[str, dict[str, Any
                     ]
                 elif setup.relative_to is not None:  # the reference itself: absolute values
                     metric = f"{cohort}/{name}"
-                mean, stderr = mean_stderr(values)
-                paper = policy.paper.get(text, {}).get(metric)
-                paper_se = policy.paper_stderr.get(text, {}).get(metric)
                 rows.append(
                     {
                         "setup": setup.name,
@@ -146,17 +148,45 @@ def table_rows(setup: Setup, runs: list[Run], summaries: dict[str, dict[str, Any
                             f"epsilon_{name}": both_accountants(found, name, mine[0].search_runs)
                             for name in ("rdp", "prv")
                         },
-                        "metric": metric,
-                        "paper": "" if paper is None else paper,
-                        "paper_stderr": "" if paper_se is None else paper_se,
-                        "fairclip_mean": round(mean, 6),
-                        "fairclip_stderr": "" if math.isnan(stderr) else round(stderr, 6),
-                        "seeds": len(found),
-                        "outside": outside(paper, paper_se, mean, stderr),
+                        **_against_the_paper(policy, text, metric, values),
                         "grid_point": mine[0].grid_point,
                     }
                 )
+            if setup.paired_metrics:
+                if per_seed is None:
+                    per_seed = pd.DataFrame(per_seed_rows(setup, runs, summaries))
+                rows += paired_metric_rows(setup, policy, text, per_seed, rows[first_row])
     return rows
+
+
+def paired_metric_rows(
+    setup: Setup, policy: PolicySetup, epsilon: str, per_seed: pd.DataFrame, template: dict[str, Any]
+) -> list[dict[str, Any]]:
+    """The table rows of the setup's paired metrics for ``policy`` at target ε ``epsilon``
+    (text), from ``per_seed`` (:func:`fairclip.sims.reproduce.paired_metrics.add_paired_metrics`);
+    their other columns (ε, grid point) are those of ``template``, a row of the same policy and ε.
+    No rows for the reference itself, or where it did not run."""
+    values = per_seed_values(per_seed, policy.name, epsilon, setup.paired_metrics)
+    return [
+        {**template, **_against_the_paper(policy, epsilon, metric, each)} for metric, each in values.items()
+    ]
+
+
+def _against_the_paper(policy: PolicySetup, epsilon: str, metric: str, values: list[float]) -> dict[str, Any]:
+    """The columns of a table row that compare ``metric``'s ``values`` over the seeds with the
+    paper's number for ``policy`` at target ε ``epsilon`` (text)."""
+    mean, stderr = mean_stderr(values)
+    paper = policy.paper.get(epsilon, {}).get(metric)
+    paper_se = policy.paper_stderr.get(epsilon, {}).get(metric)
+    return {
+        "metric": metric,
+        "paper": "" if paper is None else paper,
+        "paper_stderr": "" if paper_se is None else paper_se,
+        "fairclip_mean": round(mean, 6),
+        "fairclip_stderr": "" if math.isnan(stderr) else round(stderr, 6),
+        "seeds": len(values),
+        "outside": outside(paper, paper_se, mean, stderr),
+    }
 
 
 def _paired_reference(
@@ -213,8 +243,6 @@ def paired_rows(setup: Setup, runs: list[Run], summaries: dict[str, dict[str, An
     and the sampling, so two policies' runs of one seed form a pair). The values compared are
     the metrics themselves, so for a ``relative_to`` setup the difference of two policies'
     changes is the same number."""
-    import pandas as pd
-
     records = []
     for run in runs:
         summary = summaries[run.key]
@@ -238,7 +266,8 @@ def per_seed_rows(
     the setup's metrics as the table reads it -- the change against the reference's run of the
     same seed where the setup has ``relative_to`` (0 for the reference itself) -- and each
     cohort's accuracy (absolute, ``COHORT/accuracy``), the quantities the claims and the
-    fairest-policy ranking are paired tests of (:mod:`fairclip.sims.reproduce.claims`)."""
+    fairest-policy ranking are paired tests of (:mod:`fairclip.sims.reproduce.claims`), and the
+    setup's paired metrics (:func:`fairclip.sims.reproduce.paired_metrics.add_paired_metrics`)."""
     rows = []
     for policy in setup.policies:
         for epsilon in setup.epsilons:
@@ -264,7 +293,7 @@ def per_seed_rows(
                     if values.get("accuracy") is not None:
                         row[COHORT_ACCURACY.format(cohort=cohort)] = float(values["accuracy"])
                 rows.append(row)
-    return rows
+    return add_paired_metrics(setup.paired_metrics, reference_policy(setup), rows)
 
 
 def reference_policy(setup: Setup) -> str | None:
@@ -278,15 +307,18 @@ def reference_policy(setup: Setup) -> str | None:
 def claim_and_fairest_rows(
     setup: Setup, per_seed: list[dict[str, Any]]
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """The setup's claims tested on ``per_seed`` (those whose policies all ran), and its
+    """The setup's claims tested on ``per_seed`` (those whose policies and metrics are there), and its
     policies ranked by worst-group privacy cost (:mod:`fairclip.sims.reproduce.claims`)."""
-    import pandas as pd
-
     table = pd.DataFrame(per_seed)
     if table.empty:
         return [], []
     ran = set(table["policy"])
-    claims = [c for c in setup.claims if {c.first.policy, c.second.policy} <= ran]
+    measured = set(table.columns)  # paired metrics only where the reference ran
+    claims = [
+        c
+        for c in setup.claims
+        if {c.first.policy, c.second.policy} <= ran and {c.first.metric, c.second.metric} <= measured
+    ]
     suffix = COHORT_ACCURACY.format(cohort="")
     cohorts = [column[: -len(suffix)] for column in table.columns if column.endswith(suffix)]
     reference = reference_policy(setup)
