@@ -13,6 +13,11 @@ committed files when the site builds), and :func:`write_claims_page` writes ``do
         --command "fairclip reproduce xu-dutch --seeds 3"
     python -m tools.results claims
 
+A record keeps its runs' per-seed values (``per_seed.csv``), so paired metrics or claims added
+to its setup afterwards need no runs: :func:`retabulate` (``python -m tools.results retabulate
+NAME``) forms them and writes the record's tables, claims and report again. The notes of a
+recorded report follow its setup file through :func:`refresh_notes` (``notes NAME``).
+
 A reproduction of many hours outlives the session that started it through :func:`keep`: it
 copies what ``--resume`` needs -- the folder's ``sweep.json`` and each *finished* run's
 ``summary.json`` -- into ``results/in-progress/<setup>/`` with ``progress.json`` (runs
