@@ -32,17 +32,20 @@ LAST_EPOCH = "last-epoch"
 class LastEpochLosses:
     """The running sums of the last epoch's per-batch cohort means (module docstring)."""
 
-    def __init__(self, num_cohorts: int, sample_rate: float, last_round: int):
+    def __init__(self, num_cohorts: int, sample_rate: float):
         self.epoch_rounds = max(1, math.ceil(1.0 / sample_rate - 1e-9))
         """E = ⌈1/q⌉: the rounds of an epoch."""
-        self.first_round = max(1, last_round - self.epoch_rounds + 1)
-        """The first round of the last epoch (the run's first where it is shorter than one)."""
         self.sums = np.zeros(num_cohorts)
         self.rounds = 0
 
-    def wants(self, round_number: int) -> bool:
-        """Whether round ``round_number`` belongs to the last epoch."""
-        return round_number >= self.first_round
+    def first_round(self, last_round: int) -> int:
+        """The first round of the epoch that ends with ``last_round`` (1 for a shorter run)."""
+        return max(1, last_round - self.epoch_rounds + 1)
+
+    def wants(self, round_number: int, last_round: int) -> bool:
+        """Whether round ``round_number`` belongs to the last epoch of a run that ends with
+        ``last_round`` (asked each round: a resume may end the run earlier than planned)."""
+        return round_number >= self.first_round(last_round)
 
     def add(self, batch_means: np.ndarray) -> None:
         """One batch's mean loss per cohort under θ_t (NaN where the batch holds none: 0)."""

@@ -114,7 +114,7 @@ class Run:
         """How many client evaluations were released and accounted (``[evaluation] clients``)."""
         self.last_epoch_losses: LastEpochLosses | None = None
         """The last epoch's per-batch cohort losses (``training.train_loss = "last-epoch"``),
-        from :meth:`note_batch_losses`; set once the rounds to run are known (below)."""
+        from :meth:`note_batch_losses`; set below, with the run's other settings."""
         self.client_evaluation: dict[str, Any] | None = None
         """The last client evaluation released: its round, noise and noisy metrics (summary.json)."""
         self.rounds = Rounds(
@@ -159,9 +159,8 @@ class Run:
         """Rounds released before an interruption that the checkpoint did not hold, recomputed
         with fresh noise after it, and so accounted twice (:meth:`charge_released_again`)."""
         if config.training.train_loss == LAST_EPOCH:
-            last_round = self.rounds_to_run
             rate = config.federation.sample_rate
-            self.last_epoch_losses = LastEpochLosses(len(task.cohort_names), rate, last_round)
+            self.last_epoch_losses = LastEpochLosses(len(task.cohort_names), rate)
         self._final_claim = in_background(self.plan.epsilon_after, self.rounds_to_run)
         """ε after the last round, computed while the rounds run (PRV for W1's 5 rounds: 0.025 s
         of CPU since the accountants share their RDP work, 0.15 s before; when the summary
@@ -351,7 +350,7 @@ class Run:
         the round is one of the last epoch's, add each cohort's mean loss of the sampled clients'
         examples under θ_t (:mod:`fairclip.server.last_epoch_losses`). The model is only read."""
         losses = self.last_epoch_losses
-        if losses is not None and losses.wants(round_number):
+        if losses is not None and losses.wants(round_number, self.rounds_to_run):
             losses.add(self.task.cohort_batch_losses(self.model, client_ids))
 
     def evaluates_clients(self, round_number: int) -> bool:

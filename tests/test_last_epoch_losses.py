@@ -137,16 +137,16 @@ def test_the_diagnostic_leaves_the_training_as_it_is():
 
 
 def test_the_last_epoch_is_the_last_ceil_one_over_q_rounds():
-    losses = LastEpochLosses(3, sample_rate=256 / 48336, last_round=3777)
-    assert losses.epoch_rounds == 189 and losses.first_round == 3777 - 188
-    assert not losses.wants(3588) and losses.wants(3589)
+    losses = LastEpochLosses(3, sample_rate=256 / 48336)
+    assert losses.epoch_rounds == 189 and losses.first_round(3777) == 3777 - 188
+    assert not losses.wants(3588, 3777) and losses.wants(3589, 3777)
     assert np.isnan(losses.means()).all()
     losses.add(np.array([1.0, np.nan, 3.0]))
     losses.add(np.array([3.0, 2.0, np.nan]))
     assert losses.means().tolist() == [2.0, 1.0, 1.5]
-    short = LastEpochLosses(1, sample_rate=0.01, last_round=20)  # a run shorter than an epoch
-    assert short.first_round == 1 and short.wants(1)
-    copy = LastEpochLosses(3, 0.5, 10)
+    short = LastEpochLosses(1, sample_rate=0.01)  # a run shorter than an epoch
+    assert short.first_round(20) == 1 and short.wants(1, 20)
+    copy = LastEpochLosses(3, 0.5)
     copy.restore(losses.state())
     assert copy.means().tolist() == losses.means().tolist()
 

@@ -34,6 +34,7 @@ import datetime as dt
 import json
 import shutil
 import sys
+from itertools import groupby
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +46,7 @@ from fairclip.server.provenance import git_commit, machine
 from fairclip.sims.reproduce.claims import claims_markdown, epsilon_text, fairest_markdown
 from fairclip.sims.reproduce.paired_metrics import add_paired_metrics
 from fairclip.sims.reproduce.reproduction import RUN_KEYS_FILE, merge_specs
-from fairclip.sims.reproduce.setups import builtin_setups, load_setup
+from fairclip.sims.reproduce.setups import Setup, builtin_setups, load_setup
 from fairclip.sims.reproduce.tables import (
     POINTS,
     notes_line,
@@ -367,15 +368,10 @@ def retabulate(folder: Path) -> bool:
     table = pd.DataFrame(per_seed_rows)
     policies = {policy.name: policy for policy in setup.policies}
     with_paired: list[dict[str, Any]] = []
-    for index, row in enumerate(rows):  # each policy's paired rows follow its own rows
-        with_paired.append(row)
-        following = rows[index + 1] if index + 1 < len(rows) else None
-        if following is None or (following["policy"], following["epsilon"]) != (
-            row["policy"],
-            row["epsilon"],
-        ):
-            text = _target_text(setup, row["epsilon"])
-            with_paired += paired_metric_rows(setup, policies[row["policy"]], text, table, row)
+    for (policy, shown), group in groupby(rows, key=lambda row: (row["policy"], row["epsilon"])):
+        own = list(group)  # each policy's paired rows follow its own rows at that ε
+        text = _target_text(setup, shown)
+        with_paired += [*own, *paired_metric_rows(setup, policies[policy], text, table, own[0])]
     tested = folder / "paired_tests.csv"
     tests = read_table(tested, **as_written).to_dict("records") if tested.is_file() else []
     report = (folder / "reproduction.md").read_text().split("\n")
@@ -397,7 +393,7 @@ def _recorded_row(row: dict[str, Any]) -> dict[str, Any]:
     return {**row, **numbers, "outside": str(row["outside"]) == "True", "grid_point": {}}
 
 
-def _target_text(setup: Any, shown: Any) -> str:
+def _target_text(setup: Setup, shown: Any) -> str:
     """The target ε (as text) of a recorded row that shows ε ``shown``: the setup's only one
     where it has none, else ``shown`` itself (a non-private policy shows inf: its first target)."""
     if setup.epsilons == [None]:

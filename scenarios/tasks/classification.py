@@ -534,9 +534,7 @@ class ClassificationTask:
             cohort_rows[name] = rows
         needed = np.unique(np.concatenate([np.empty(0, dtype=np.int64), *cohort_rows.values()]))
         rows_tensor = torch.from_numpy(needed).to(self.train_x.device)
-        logits = predict(self.evaluation_model, model, self.train_x[rows_tensor])
-        losses = nn.functional.cross_entropy(logits, self.train_y[rows_tensor], reduction="none")
-        losses = losses.double().cpu().numpy()
+        losses = self._cross_entropies(model, self.train_x[rows_tensor], self.train_y[rows_tensor])
         return {
             name: float(losses[np.searchsorted(needed, rows)].mean()) if rows.size else float("nan")
             for name, rows in cohort_rows.items()
@@ -553,14 +551,17 @@ class ClassificationTask:
         ids = np.asarray(client_ids, dtype=np.int64)
         if not len(ids):
             return means
-        features, labels = self._examples(ids)
-        logits = predict(self.evaluation_model, model, features)
-        losses = nn.functional.cross_entropy(logits, labels, reduction="none").double().cpu().numpy()
+        losses = self._cross_entropies(model, *self._examples(ids))
         sizes = [len(self.client_indices[client]) for client in ids]
         cohorts = np.repeat(self.client_cohorts[ids], sizes)
         for index in np.unique(cohorts):
             means[index] = float(losses[cohorts == index].mean())
         return means
+
+    def _cross_entropies(self, model: np.ndarray, features: torch.Tensor, labels: torch.Tensor) -> np.ndarray:
+        """Each example's cross-entropy under ``model`` (float64), with the evaluation model."""
+        logits = predict(self.evaluation_model, model, features)
+        return nn.functional.cross_entropy(logits, labels, reduction="none").double().cpu().numpy()
 
     def summary(self, model: np.ndarray) -> dict[str, Any]:
         """``preprocessing.outside_epsilon``, the preprocessing steps outside the run's ε, where
