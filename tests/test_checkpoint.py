@@ -312,7 +312,7 @@ def test_runs_on_ray_left_by_their_driver_stop_and_write_their_checkpoint(ray_se
     jobs = [("short", _config("constant").as_dict()), ("long", long.as_dict())]
     results = simulate_jobs(jobs, data_dir=None, ray=True, checkpoints=paths.__getitem__)
     assert next(results)[0] == "short"
-    time.sleep(10.0)  # the long run is in its rounds (its worker may start later: about 4 s)
+    _wait_until_a_run_has_worked(seconds_of_cpu=8.0)  # imports, the task, then its rounds
     assert not paths["long"].exists(), "no periodic checkpoint is due yet"
     closing = time.monotonic()
     results.close()
@@ -488,6 +488,29 @@ def test_a_reproduction_on_ray_killed_writes_the_checkpoints_of_its_running_task
 
 def _ignore_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _wait_until_a_run_has_worked(seconds_of_cpu: float, deadline: float = 240.0) -> None:
+    """Wait until a Ray worker of this test runs ``run_simulation`` and has spent
+    ``seconds_of_cpu`` of CPU time since it was first seen in it: past its imports and into
+    its rounds (a demo round takes well under a second). A fixed sleep is not enough on a
+    loaded machine, where the worker may start its task late (CI: 10 s did not suffice)."""
+    import psutil
+
+    start = time.monotonic()
+    seen: dict[int, float] = {}
+    while time.monotonic() - start < deadline:
+        for worker in psutil.Process().children(recursive=True):
+            if not _title(worker).startswith("ray::run_simulation"):
+                continue
+            try:
+                used = sum(worker.cpu_times()[:2])
+            except psutil.Error:  # it has just ended
+                continue
+            if used - seen.setdefault(worker.pid, used) >= seconds_of_cpu:
+                return
+        time.sleep(0.2)
+    pytest.fail(f"no run started within {deadline:.0f} s")
 
 
 def _title(process) -> str:
