@@ -360,7 +360,7 @@ def test_a_reproduction_killed_in_a_run_continues_that_run_with_resume(tmp_path)
         assert process.poll() is None, process.communicate()
         assert time.monotonic() < deadline, "the first run did not finish in time"
         time.sleep(0.05)
-    time.sleep(1.0)  # inside the second run (about 15 ms a round here)
+    _wait_for_cpu(process.pid, 1.0)  # inside the second run (about 15 ms a round here)
     process.send_signal(signal.SIGTERM)
     _, err = process.communicate(timeout=120)
     assert process.returncode == 143, err
@@ -488,6 +488,18 @@ def test_a_reproduction_on_ray_killed_writes_the_checkpoints_of_its_running_task
 
 def _ignore_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _wait_for_cpu(pid: int, seconds: float, deadline: float = 120.0) -> None:
+    """Wait until process ``pid`` has spent ``seconds`` more of CPU time: the same progress on
+    a loaded machine as on an idle one, where a sleep of fixed length is not."""
+    import psutil
+
+    process = psutil.Process(pid)
+    start, began = sum(process.cpu_times()[:2]), time.monotonic()
+    while sum(process.cpu_times()[:2]) - start < seconds:
+        assert time.monotonic() - began < deadline, f"process {pid} did not work for {seconds} s of CPU"
+        time.sleep(0.02)
 
 
 def _wait_until_a_run_has_worked(seconds_of_cpu: float, deadline: float = 240.0) -> None:
