@@ -250,3 +250,19 @@ def test_without_the_reference_the_paired_claims_are_left_out_not_failed():
     )
     assert [row["id"] for row in claims] == ["constant-costs-male-more"]
     assert claims[0]["first_mean"] == pytest.approx(0.1) and claims[0]["second_mean"] == pytest.approx(0.0)
+
+
+def test_retabulate_takes_the_paper_values_and_flags_from_the_setup_file(tmp_path):
+    """A record tabulated under older paper values (here: the non-private loss on women, whose
+    printed ± 0.000 was stored as 0 and fell back to ± 2 points) gets the setup file's current
+    value, error and flag from ``retabulate``, while its means stay as recorded."""
+    folder = tmp_path / "esipova-dutch"
+    shutil.copytree(results.RESULTS_DIR / "esipova-dutch", folder)
+    committed = {path.name: path.read_bytes() for path in folder.iterdir()}
+    table = pd.read_csv(folder / "reproduction.csv", keep_default_na=False)
+    row = (table["policy"] == "none") & (table["metric"] == "loss_female")
+    assert table.loc[row, "outside"].tolist() == [True]
+    table.loc[row, ["paper_stderr", "outside"]] = ["0.0", False]
+    table.to_csv(folder / "reproduction.csv", index=False)
+    assert results.retabulate(folder) is True
+    assert {path.name: path.read_bytes() for path in folder.iterdir()} == committed

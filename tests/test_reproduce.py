@@ -180,6 +180,22 @@ def test_flagging_on_constructed_numbers():
     assert tables.outside(0.80, None, math.nan)
 
 
+@pytest.mark.parametrize("name", sorted(setup_files.builtin_setups()))
+def test_a_paper_error_printed_as_zero_is_stored_as_half_its_last_digit(name):
+    """A stored standard error of 0 counts as none (± 2 points: 0.02 in a loss); a paper that
+    prints ± 0.000 gives one below 0.0005, stored as that bound, so no built-in setup stores 0."""
+    setup = setup_files.load_setup(name)
+    zeros = [
+        (policy.name, epsilon, metric)
+        for policy in setup.policies
+        for epsilon, errors in policy.paper_stderr.items()
+        for metric, error in errors.items()
+        if not error > 0
+    ]
+    assert not zeros
+    assert tables.tolerance(0.0005, 0.0003) < tables.tolerance(0.0, 0.0003) == tables.POINTS
+
+
 def test_table_rows_flag_constructed_summaries():
     setup = setup_files.load_setup("esipova-dutch")
     runs, summaries = [], {}

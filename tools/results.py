@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import math
 import shutil
 import sys
 from itertools import groupby
@@ -46,11 +47,12 @@ from fairclip.server.provenance import git_commit, machine
 from fairclip.sims.reproduce.claims import claims_markdown, epsilon_text, fairest_markdown
 from fairclip.sims.reproduce.paired_metrics import add_paired_metrics
 from fairclip.sims.reproduce.reproduction import RUN_KEYS_FILE, merge_specs
-from fairclip.sims.reproduce.setups import Setup, builtin_setups, load_setup
+from fairclip.sims.reproduce.setups import PolicySetup, Setup, builtin_setups, load_setup
 from fairclip.sims.reproduce.tables import (
     POINTS,
     notes_line,
     paired_metric_rows,
+    paper_columns,
     reference_policy,
     tolerance,
     write_outputs,
@@ -346,10 +348,11 @@ def refresh_notes(folder: Path) -> bool:
 
 def retabulate(folder: Path) -> bool:
     """Tabulate the recorded reproduction in ``folder`` again from its recorded per-seed values
-    (``per_seed.csv``), under its setup file's current paired metrics and claims: the paired
-    metrics' table rows and per-seed columns, ``claims.csv``, ``fairest.csv`` and the report; the
-    runs' own rows, their paired tests, the notes' place, the report's other lines and its wall
-    time stay as recorded. Whether anything changed. A setup with a grid is refused (its chosen
+    (``per_seed.csv``), under its setup file's current paper values, paired metrics and claims:
+    the paired metrics' table rows and per-seed columns, every row's paper value, error and flag,
+    ``claims.csv``, ``fairest.csv`` and the report; the means and errors of the runs' own rows,
+    their paired tests, the notes' place, the report's other lines and its wall time stay as
+    recorded. Whether anything changed. A setup with a grid is refused (its chosen
     points are not recorded: rerun it), as is a record without per-seed values."""
     folder = Path(folder)
     setup = load_setup(json.loads((folder / "record.json").read_text())["setup"])
@@ -369,8 +372,9 @@ def retabulate(folder: Path) -> bool:
     policies = {policy.name: policy for policy in setup.policies}
     with_paired: list[dict[str, Any]] = []
     for (policy, shown), group in groupby(rows, key=lambda row: (row["policy"], row["epsilon"])):
-        own = list(group)  # each policy's paired rows follow its own rows at that ε
         text = _target_text(setup, shown)
+        own = [_with_current_paper(row, policies[policy], text) for row in group]
+        # each policy's paired rows follow its own rows at that ε
         with_paired += [*own, *paired_metric_rows(setup, policies[policy], text, table, own[0])]
     tested = folder / "paired_tests.csv"
     tests = read_table(tested, **as_written).to_dict("records") if tested.is_file() else []
@@ -391,6 +395,13 @@ def _recorded_row(row: dict[str, Any]) -> dict[str, Any]:
         for key in ("paper", "paper_stderr", "fairclip_stderr")
     }
     return {**row, **numbers, "outside": str(row["outside"]) == "True", "grid_point": {}}
+
+
+def _with_current_paper(row: dict[str, Any], policy: PolicySetup, epsilon: str) -> dict[str, Any]:
+    """A recorded row with the paper's number, its standard error and the flag as the setup
+    file now gives them; fairclip's mean and standard error stay as recorded."""
+    stderr = math.nan if row["fairclip_stderr"] == "" else float(row["fairclip_stderr"])
+    return {**row, **paper_columns(policy, epsilon, row["metric"], float(row["fairclip_mean"]), stderr)}
 
 
 def _target_text(setup: Setup, shown: Any) -> str:

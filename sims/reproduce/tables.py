@@ -176,15 +176,25 @@ def _against_the_paper(policy: PolicySetup, epsilon: str, metric: str, values: l
     """The columns of a table row that compare ``metric``'s ``values`` over the seeds with the
     paper's number for ``policy`` at target ε ``epsilon`` (text)."""
     mean, stderr = mean_stderr(values)
-    paper = policy.paper.get(epsilon, {}).get(metric)
-    paper_se = policy.paper_stderr.get(epsilon, {}).get(metric)
     return {
         "metric": metric,
-        "paper": "" if paper is None else paper,
-        "paper_stderr": "" if paper_se is None else paper_se,
         "fairclip_mean": round(mean, 6),
         "fairclip_stderr": "" if math.isnan(stderr) else round(stderr, 6),
         "seeds": len(values),
+        **paper_columns(policy, epsilon, metric, mean, stderr),
+    }
+
+
+def paper_columns(
+    policy: PolicySetup, epsilon: str, metric: str, mean: float, stderr: float
+) -> dict[str, Any]:
+    """The paper's number for ``policy``'s ``metric`` at target ε ``epsilon`` (text), its
+    standard error, and whether fairclip's ``mean`` ± ``stderr`` lies outside it (:func:`outside`)."""
+    paper = policy.paper.get(epsilon, {}).get(metric)
+    paper_se = policy.paper_stderr.get(epsilon, {}).get(metric)
+    return {
+        "paper": "" if paper is None else paper,
+        "paper_stderr": "" if paper_se is None else paper_se,
         "outside": outside(paper, paper_se, mean, stderr),
     }
 
