@@ -180,20 +180,18 @@ def test_flagging_on_constructed_numbers():
     assert tables.outside(0.80, None, math.nan)
 
 
-@pytest.mark.parametrize("name", sorted(setup_files.builtin_setups()))
-def test_a_paper_error_printed_as_zero_is_stored_as_half_its_last_digit(name):
-    """A stored standard error of 0 counts as none (± 2 points: 0.02 in a loss); a paper that
-    prints ± 0.000 gives one below 0.0005, stored as that bound, so no built-in setup stores 0."""
-    setup = setup_files.load_setup(name)
-    zeros = [
-        (policy.name, epsilon, metric)
-        for policy in setup.policies
-        for epsilon, errors in policy.paper_stderr.items()
-        for metric, error in errors.items()
-        if not error > 0
-    ]
-    assert not zeros
+def test_a_paper_error_of_zero_is_refused_in_one_line(tmp_path, monkeypatch):
+    """A stored standard error of 0 would count as none (± 2 points: 0.02 in a loss); a paper
+    that prints ± 0.000 gives one below 0.0005, which the setup file stores instead."""
     assert tables.tolerance(0.0005, 0.0003) < tables.tolerance(0.0, 0.0003) == tables.POINTS
+    text = setup_files.builtin_setups()["esipova-dutch"].read_text()
+    line = "paper_stderr = { accuracy_male = 0.002, accuracy_female = 0.0005,"
+    assert text.count(line) == 1
+    (tmp_path / "esipova-dutch.toml").write_text(text.replace(line, line.replace("0.0005", "0.0")))
+    monkeypatch.setattr(setup_files, "SETUP_DIR", tmp_path)
+    refused = r"policies.none.paper_stderr.accuracy_female must be > 0 \(got 0.0\)"
+    with pytest.raises(ConfigError, match=refused):
+        setup_files.load_setup("esipova-dutch")
 
 
 def test_table_rows_flag_constructed_summaries():

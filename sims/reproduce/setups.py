@@ -268,12 +268,20 @@ def _policy(name: str, table: dict[str, Any], where: str) -> PolicySetup:
         value = table.get(key)
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
             raise ConfigError(f"{where}: policies.{name}.{key} must be a positive integer")
+    paper_stderr = _by_epsilon(table.get("paper_stderr", {}))
+    for errors in paper_stderr.values():
+        for metric, error in errors.items():
+            if not error > 0:  # 0 would count as no error: a window of ± 2 points
+                raise ConfigError(
+                    f"{where}: policies.{name}.paper_stderr.{metric} must be > 0 (got {error}); a "
+                    "printed ± 0.000 is below half its last digit: store that, 0.0005"
+                )
     return PolicySetup(
         name=name,
         policy=policy,
         settings=canonical_mapping(table.get("settings", {}), f"{where}: policies.{name}.settings"),
         paper=_by_epsilon(table.get("paper", {})),
-        paper_stderr=_by_epsilon(table.get("paper_stderr", {})),
+        paper_stderr=paper_stderr,
         grid=_axes(table.get("grid", {}), f"{where}: policies.{name}.grid"),
         full_grid=_axes(table.get("full_grid", {}), f"{where}: policies.{name}.full_grid"),
         epochs=table.get("epochs"),
