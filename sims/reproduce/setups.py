@@ -273,8 +273,8 @@ def _policy(name: str, table: dict[str, Any], where: str) -> PolicySetup:
         for metric, error in errors.items():
             if not error > 0:  # 0 would count as no error: a window of ± 2 points
                 raise ConfigError(
-                    f"{where}: policies.{name}.paper_stderr.{metric} must be > 0 (got {error}); a "
-                    "printed ± 0.000 is below half its last digit: store that, 0.0005"
+                    f"{where}: policies.{name}.paper_stderr.{metric} must be > 0 (got {error}): a "
+                    "printed ± 0.000 means an error below half its last digit; store that bound (0.0005)"
                 )
     return PolicySetup(
         name=name,
