@@ -367,13 +367,13 @@ def retabulate(folder: Path) -> bool:
     reference = reference_policy(setup)
     per_seed_rows = add_paired_metrics(setup.paired_metrics, reference, per_seed.to_dict("records"))
     recorded = read_table(folder / "reproduction.csv", keep_default_na=False).to_dict("records")
-    rows = [_recorded_row(row) for row in recorded if row["metric"] not in paired]
+    rows = [row for row in recorded if row["metric"] not in paired]
     table = pd.DataFrame(per_seed_rows)
     policies = {policy.name: policy for policy in setup.policies}
     with_paired: list[dict[str, Any]] = []
     for (policy, shown), group in groupby(rows, key=lambda row: (row["policy"], row["epsilon"])):
         text = _target_text(setup, shown)
-        own = [_with_current_paper(row, policies[policy], text) for row in group]
+        own = [_recorded_row(row, policies[policy], text) for row in group]
         # each policy's paired rows follow its own rows at that ε
         with_paired += [*own, *paired_metric_rows(setup, policies[policy], text, table, own[0])]
     tested = folder / "paired_tests.csv"
@@ -388,20 +388,14 @@ def retabulate(folder: Path) -> bool:
     return any((folder / name).read_bytes() != before.get(name) for name in (*FILES, *OPTIONAL_FILES))
 
 
-def _recorded_row(row: dict[str, Any]) -> dict[str, Any]:
-    """A row of a recorded ``reproduction.csv`` as :func:`table_rows` gives it (no grid point)."""
-    numbers = {
-        key: ("" if row[key] == "" else float(row[key]))
-        for key in ("paper", "paper_stderr", "fairclip_stderr")
-    }
-    return {**row, **numbers, "outside": str(row["outside"]) == "True", "grid_point": {}}
-
-
-def _with_current_paper(row: dict[str, Any], policy: PolicySetup, epsilon: str) -> dict[str, Any]:
-    """A recorded row with the paper's number, its standard error and the flag as the setup
-    file now gives them; fairclip's mean and standard error stay as recorded."""
-    stderr = math.nan if row["fairclip_stderr"] == "" else float(row["fairclip_stderr"])
-    return {**row, **paper_columns(policy, epsilon, row["metric"], float(row["fairclip_mean"]), stderr)}
+def _recorded_row(row: dict[str, Any], policy: PolicySetup, epsilon: str) -> dict[str, Any]:
+    """A row of a recorded ``reproduction.csv`` as :func:`table_rows` gives it (no grid point),
+    with the paper's number, its standard error and the flag as the setup file now gives them;
+    fairclip's mean and standard error stay as recorded."""
+    stderr = "" if row["fairclip_stderr"] == "" else float(row["fairclip_stderr"])
+    mean = float(row["fairclip_mean"])
+    against = paper_columns(policy, epsilon, row["metric"], mean, math.nan if stderr == "" else stderr)
+    return {**row, "fairclip_stderr": stderr, **against, "grid_point": {}}
 
 
 def _target_text(setup: Setup, shown: Any) -> str:
