@@ -503,23 +503,17 @@ def _wait_for_cpu(pid: int, seconds: float, deadline: float = 120.0) -> None:
 
 
 def _wait_until_a_run_has_worked(seconds_of_cpu: float, deadline: float = 240.0) -> None:
-    """Wait until a Ray worker of this test runs ``run_simulation`` and has spent
-    ``seconds_of_cpu`` of CPU time since it was first seen in it: past its imports and into
-    its rounds (a demo round takes well under a second). A fixed sleep is not enough on a
-    loaded machine, where the worker may start its task late (CI: 10 s did not suffice)."""
+    """Wait until a Ray worker of this test runs ``run_simulation``, then until it has spent
+    ``seconds_of_cpu`` of CPU time since (:func:`_wait_for_cpu`): past its imports and into its
+    rounds (a demo round takes well under a second). A fixed sleep is not enough on a loaded
+    machine, where the worker may start its task late (CI: 10 s did not suffice)."""
     import psutil
 
     start = time.monotonic()
-    seen: dict[int, float] = {}
     while time.monotonic() - start < deadline:
         for worker in psutil.Process().children(recursive=True):
-            if not _title(worker).startswith("ray::run_simulation"):
-                continue
-            try:
-                used = sum(worker.cpu_times()[:2])
-            except psutil.Error:  # it has just ended
-                continue
-            if used - seen.setdefault(worker.pid, used) >= seconds_of_cpu:
+            if _title(worker).startswith("ray::run_simulation"):
+                _wait_for_cpu(worker.pid, seconds_of_cpu, deadline)
                 return
         time.sleep(0.2)
     pytest.fail(f"no run started within {deadline:.0f} s")
