@@ -135,7 +135,8 @@ def reproduce(
         )
     if setup.budget == "per-grid":
         extra.append(budget_line(setup, planner))
-    rows = table_rows(setup, final, summaries)
+    per_seed = per_seed_rows(setup, final, summaries)
+    rows = table_rows(setup, final, summaries, per_seed)
     wall = time.perf_counter() - started
     if reused:
         extra.append(
@@ -166,7 +167,7 @@ def reproduce(
     if limits:
         extra.append(f"Smoke run (not a reproduction): {'; '.join(limits)}.")
     tests = paired_rows(setup, final, summaries)
-    write_outputs(out, setup, rows, wall, extra, tests, per_seed_rows(setup, final, summaries))
+    write_outputs(out, setup, rows, wall, extra, tests, per_seed)
     write_json(out / RUN_KEYS_FILE, {"grid": [run.key for run in grid], "final": [run.key for run in final]})
     in_order = [(s.name, e) for s in setup.policies for e in setup.epsilons if (s.name, e) in chosen]
     write_json(out / "chosen.json", {f"{s}@{epsilon_text(e) or 'none'}": chosen[s, e] for s, e in in_order})

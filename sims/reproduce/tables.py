@@ -106,13 +106,19 @@ def tolerance(paper_stderr: float | None, stderr: float = math.nan) -> float:
     return 2.0 * math.hypot(paper_stderr, stderr) if both else POINTS
 
 
-def table_rows(setup: Setup, runs: list[Run], summaries: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+def table_rows(
+    setup: Setup,
+    runs: list[Run],
+    summaries: dict[str, dict[str, Any]],
+    per_seed: list[dict[str, Any]] | None = None,
+) -> list[dict[str, Any]]:
     """One row per (policy, ε, metric): the columns of ``reproduction.csv`` plus ``outside``. A
     policy that is not private runs at each target ε of the setup (the target sets no noise, so
     its runs are the same at each): its rows appear once, those of its first target ε. The
-    setup's paired metrics follow each policy's metrics (:func:`paired_metric_rows`)."""
+    setup's paired metrics follow each policy's metrics (:func:`paired_metric_rows`), read from
+    ``per_seed`` (:func:`per_seed_rows` of the same runs; formed here when not given)."""
     rows = []
-    per_seed: pd.DataFrame | None = None  # formed once, where the setup has paired metrics
+    seeds_table: pd.DataFrame | None = None  # formed once, where the setup has paired metrics
     for policy in setup.policies:
         for epsilon in setup.epsilons:
             mine = [run for run in runs if run.policy == policy.name and run.target_epsilon == epsilon]
@@ -153,9 +159,10 @@ def table_rows(setup: Setup, runs: list[Run], summaries: dict[str, dict[str, Any
                     }
                 )
             if setup.paired_metrics:
-                if per_seed is None:
-                    per_seed = pd.DataFrame(per_seed_rows(setup, runs, summaries))
-                rows += paired_metric_rows(setup, policy, text, per_seed, rows[first_row])
+                if seeds_table is None:
+                    found_rows = per_seed if per_seed is not None else per_seed_rows(setup, runs, summaries)
+                    seeds_table = pd.DataFrame(found_rows)
+                rows += paired_metric_rows(setup, policy, text, seeds_table, rows[first_row])
     return rows
 
 
