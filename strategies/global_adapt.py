@@ -3,15 +3,19 @@
 Esipova, Ghomi, Luo, Cresswell, "Disparate Impact in Differential Privacy from Gradient
 Misalignment", ICLR 2023, Algorithm 2 (DPSGD-Global-Adapt)::
 
-    Δ̄_i = Δ_i · C_0 / Z_t         if ||Δ_i|| <= Z_t
-    Δ̄_i = Δ_i · C_0 / ||Δ_i||     otherwise                 s_t = C_0
+    Δ̄_i = Δ_i · C_0 / max(||Δ_i||, Z'_t),   Z'_t = max(Z_t, C_0)      s_t = C_0
     b_i = 1[ ||Δ_i|| > τ · Z_t ]
 
     Z_{t+1} = Z_t · exp(−η_Z + b̃),   b̃ = clamp((Σ b_i + N(0, σ_b²)) / m̂, 0, 1)
 
-Updates under Z_t keep their relative sizes (one common scale, so no misalignment); updates
-above it are clipped to C_0 instead of dropped. Z shrinks by exp(−η_Z) per round unless a
-fraction above η_Z of the updates exceeds τ·Z_t. Defaults: Z_0 = 50, η_Z = 0.1, τ = 1.
+Where Z_t >= C_0, which Algorithm 2 requires, these are its two cases: the common scale C_0 / Z_t
+at or below Z_t, clipping to C_0 above it (instead of the dropping of ``global``). Updates under
+Z_t keep their relative sizes (one common scale, so no misalignment). Z shrinks by exp(−η_Z) per
+round unless a fraction above η_Z of the updates exceeds τ·Z_t, so the adaptive rule can take it
+below C_0; there the scale is plain clipping at C_0, min(1, C_0 / ||Δ_i||), never a factor above
+1, as the authors' code computes it (``layer6ai-labs/fair-dp``,
+``DPSGD_Global_Adaptive_Optimizer``: the scale C_0/Z applies only where it is at most the clipping
+factor). The count keeps Z_t itself. Defaults: Z_0 = 50, η_Z = 0.1, τ = 1.
 """
 
 from __future__ import annotations
@@ -80,7 +84,7 @@ class GlobalAdaptiveScaling(Policy):
     def scales(self, norms, cohorts, params) -> RowScales:
         bound = float(params["bound"])
         threshold = float(params["scale_threshold"])
-        divisor = np.maximum(norms, threshold)
+        divisor = np.maximum(norms, max(threshold, bound))  # Z' = max(Z, C_0): never scale up
         above = norms > float(params["threshold_multiplier"]) * threshold
         return RowScales(bound / divisor, above[:, None].astype(np.float64), above)
 

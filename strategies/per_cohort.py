@@ -22,9 +22,12 @@ post-processing of the released counts:
 
   with the batch size b of the paper's fixed batches taken as the public expected batch m̂ = qN
   (a Poisson batch's size is private). The paper is silent on noisy counts outside their range;
-  here the counts are clamped to >= 0, f_k = 0 where b̃_k = 0 (no released member: no
-  evidence of clipping), and m̃ / m̂ is clamped to [1/m̂, 1] (without noise it lies in [0, 1];
-  below one clipped update per round it is noise), so C_0 <= C_k <= C_0 (1 + m̂).
+  here the counts are clamped to >= 0, f_k = 1 where b̃_k = 0 (an empty cohort counts as
+  clipped, "0/0 = 1", as in seed 003's re-implementation of the authors' code and in the public
+  adaptations of that code; for a small cohort under count noise, such as seed 004's class 8, an
+  empty release is frequent, and 0 there would hold its bound at C_0 in those rounds), and
+  m̃ / m̂ is clamped to [1/m̂, 1] (without noise it lies in [0, 1]; below one clipped update per
+  round it is noise), so C_0 <= C_k <= C_0 (1 + m̂).
 * ``"esipova"``, seed 003's Algorithm 3 as its authors' code computes it::
 
       m̃_k, õ_k = max(int(count + N(0, σ_1²)), 0)          (int truncates toward zero)
@@ -180,7 +183,7 @@ class PerCohortClipping(Policy):
             counts = np.maximum(released, 0.0)
             above, below = counts[:, 0], counts[:, 1]
             sizes = above + below
-            cohort_fraction = np.divide(above, sizes, out=np.zeros_like(above), where=sizes > 0)
+            cohort_fraction = np.divide(above, sizes, out=np.ones_like(above), where=sizes > 0)
             cohort_fraction = np.clip(cohort_fraction, 0.0, 1.0)
             overall_fraction = min(max(above.sum() / expected_clients, 1.0 / expected_clients), 1.0)
             bounds = self.initial_bound * (1.0 + cohort_fraction / overall_fraction)

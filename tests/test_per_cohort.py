@@ -44,31 +44,34 @@ def _policy(**params) -> object:
 @pytest.mark.parametrize("same_round", [False, True])
 def test_xu_rule_is_algorithm_2_in_both_modes(same_round):
     """C_k = C_0 (1 + f_k / (m̃/m̂)): the overall fraction over the public m̂, not a mean of
-    fractions; an empty cohort's fraction is 0, so its bound is C_0."""
+    fractions; an empty cohort counts as clipped (f_k = 1, "0/0 = 1", as the authors' code
+    lineage does), so its bound is C_0 (1 + m̂/m̃), not C_0."""
     policy = _policy(rule="xu", same_round=same_round)
     state = policy.initial_state(2)
     bounds = (policy.with_counts if same_round else lambda s, c, m: policy.next_state(s, None, c, m))(
         state, COUNTS, 10.0
     ).bounds
     overall = 4 / 10
-    expected = (2.0 * (1 + (1 / 6) / overall), 2.0 * (1 + (3 / 4) / overall), 2.0)
+    expected = (2.0 * (1 + (1 / 6) / overall), 2.0 * (1 + (3 / 4) / overall), 2.0 * (1 + 1 / overall))
     assert bounds == pytest.approx(expected, rel=1e-12)
 
 
 def test_xu_rule_post_processing_keeps_bounds_between_c0_and_c0_times_one_plus_m():
     policy = _policy(rule="xu", same_round=True)
     state = policy.initial_state(2)
-    # negative noisy counts are clamped to 0; a fraction m̃/m̂ above 1 is clamped to 1
+    # negative noisy counts are clamped to 0 (both of cohort 2's: empty, so counted as clipped); a
+    # fraction m̃/m̂ above 1 is clamped to 1
     assert policy.with_counts(state, np.array([-4, 2, 5, -3, -1, -1.0]), 10.0).bounds == pytest.approx(
-        (2.0, 2.0 * (1 + 1 / 0.5), 2.0), rel=1e-12
+        (2.0, 2.0 * (1 + 1 / 0.5), 2.0 * (1 + 1 / 0.5)), rel=1e-12
     )
     assert policy.with_counts(state, np.array([30.0, 0, 0, 5, 0, 0]), 10.0).bounds == pytest.approx(
-        (4.0, 2.0, 2.0), rel=1e-12
+        (4.0, 2.0, 4.0), rel=1e-12
     )
     # fewer than one clipped update in all: m̃/m̂ floored at 1/m̂, so C_k <= C_0 (1 + m̂)
     tiny = policy.with_counts(state, np.array([0.01, 0, 0, 3, 0, 0]), 10.0)
-    assert tiny.bounds == pytest.approx((2.0 * 11, 2.0, 2.0), rel=1e-12)
-    assert policy.with_counts(state, np.zeros(6), 10.0).bounds == (2.0, 2.0, 2.0)
+    assert tiny.bounds == pytest.approx((2.0 * 11, 2.0, 2.0 * 11), rel=1e-12)
+    # nothing released: every cohort counts as clipped, at the largest bound the rule allows
+    assert policy.with_counts(state, np.zeros(6), 10.0).bounds == pytest.approx((22.0,) * 3, rel=1e-12)
 
 
 @pytest.mark.parametrize("same_round", [False, True])

@@ -242,7 +242,7 @@ def check_semantics(name: str, policy, params: dict, updates: np.ndarray, cohort
         np.testing.assert_allclose(contributions[keep], expected[keep], rtol=1e-6, atol=1e-12 * bound)
     elif name == "global-adapt":
         bound, threshold = params["bound"], params["scale_threshold"]
-        close(contributions, rows / np.maximum(norms, threshold)[:, None] * bound, bound)
+        close(contributions, rows / np.maximum(norms, max(threshold, bound))[:, None] * bound, bound)
         bit(params["threshold_multiplier"] * threshold)
     elif name == "per-cohort":
         own = np.asarray(params["cohort_bounds"])[labels]
@@ -464,6 +464,18 @@ def test_global_adapt_threshold_follows_its_rule(threshold, threshold_lr, expect
     assert result.sensitivity == policy.initial_bound
 
 
+def test_global_adapt_below_its_bound_clips_and_never_scales_up():
+    """Z_t < C_0 (the adaptive rule can take it there; Algorithm 2 requires Z >= C_0): plain
+    clipping at C_0, as the authors' code computes it, not C_0 / Z_t > 1 on the small updates;
+    the count still uses Z_t."""
+    policy = build_policy("global-adapt", {"initial_bound": 1.0, "scale_threshold": 0.25})
+    params = policy.broadcast(policy.initial_state(2))
+    updates = np.array([[0.1, 0.0], [0.0, 0.5], [3.0, 4.0]])  # norms 0.1, 0.5, 5
+    out = policy.client_side(updates, np.zeros(3, dtype=int), params)
+    np.testing.assert_allclose(out.contributions, [[0.1, 0.0], [0.0, 0.5], [0.6, 0.8]], rtol=1e-6)
+    assert out.reports[:, 0].tolist() == [0.0, 1.0, 1.0]  # above τ Z_t = 0.25
+
+
 def _exact_step(policy, state, report_sum, expected_clients, d=2):
     return policy.server_side(
         state,
@@ -477,19 +489,20 @@ def _exact_step(policy, state, report_sum, expected_clients, d=2):
 
 
 def test_per_cohort_bounds_follow_the_clipped_fractions():
-    """C_k = C_0 (1 + (m̃_k / b̃_k) / (m̃ / m̂)); counts are [above_k, below_k] per cohort."""
+    """C_k = C_0 (1 + (m̃_k / b̃_k) / (m̃ / m̂)); counts are [above_k, below_k] per cohort; an
+    empty cohort counts as clipped (m̃_k / b̃_k = 1)."""
     policy = build_policy("per-cohort", {"initial_bound": 2.0}, num_cohorts=3)
     state = policy.initial_state(2)
     result = _exact_step(policy, state, [1, 5, 3, 1, 0, 0], expected_clients=10.0)
     overall = 4 / 10
     assert result.state.bounds == pytest.approx(
-        (2.0 * (1 + (1 / 6) / overall), 2.0 * (1 + (3 / 4) / overall), 2.0), rel=1e-12
+        (2.0 * (1 + (1 / 6) / overall), 2.0 * (1 + (3 / 4) / overall), 2.0 * (1 + 1 / overall)), rel=1e-12
     )
-    # the cohort whose updates are clipped most gets the largest bound; the noise follows it
+    # the cohorts clipped most (here the empty one) get the largest bound; the noise follows it
     assert policy.sensitivity(result.state) == max(result.state.bounds)
     # negative noisy counts are clamped to 0 (post-processing) and never lower a bound below C_0
     clamped = _exact_step(policy, state, [-4, 2, 5, -3, -1, -1], expected_clients=10.0)
-    assert clamped.state.bounds == pytest.approx((2.0, 2.0 * (1 + 1 / 0.5), 2.0), rel=1e-12)
+    assert clamped.state.bounds == pytest.approx((2.0, 2.0 * (1 + 1 / 0.5), 2.0 * (1 + 1 / 0.5)), rel=1e-12)
 
 
 def test_per_cohort_reports_count_above_and_below_the_base_bound():
