@@ -228,6 +228,11 @@ class ClassificationSpec(_ScenarioBase):
     as scikit-learn's ``OneHotEncoder(drop="first")`` does (seed 000's code; on Adult it drops
     the unknown value ``?`` of workclass, occupation and native country, so those keep every
     documented value)."""
+    incomplete_rows: Literal["drop", "keep"] = "drop"
+    """Adult: ``drop`` the 3,620 rows with an unknown (``?``) workclass, occupation or native
+    country (seeds 003 and 004, and their code), or ``keep`` all 48,842, an unknown value getting
+    no indicator (seed 000's code, which encodes ``?`` as a value and drops it as the first in
+    sorted order)."""
     include_protected: bool = True
     """Whether the sex column is an input feature (``adult``, ``dutch``); seed 004 trains on
     the unprotected attributes only (``false``)."""
@@ -329,6 +334,8 @@ class ClassificationSpec(_ScenarioBase):
             raise ValueError("group_rows samples Adult's groups itself: set balance = false")
         if self.one_hot != "every" and self.dataset not in row_split:
             raise ValueError(f"one_hot applies to the {' and '.join(row_split)} datasets only")
+        if self.incomplete_rows != "drop" and self.dataset != "adult":
+            raise ValueError("incomplete_rows applies to the adult dataset only (its unknown values)")
         if not self.include_protected and self.dataset not in row_split:
             raise ValueError(f"include_protected applies to the {' and '.join(row_split)} datasets only")
         if self.balance_per_group != 14_000 and (self.dataset != "adult" or not self.balance):

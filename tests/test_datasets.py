@@ -747,6 +747,34 @@ def test_adult_one_hot_drop_first_is_seed_000s_encoding_of_the_complete_rows(adu
     # Never-worked: a workclass no complete row holds, so fairclip has no column for it.
     assert expected - ours == {"workclass=Never-worked"} and ours <= expected
 
+    # incomplete_rows = "keep": all 48,842 rows, with seed 000's encoding of them exactly (its
+    # 96 inputs: these 94 indicators, the 5 numeric columns, race and sex, less the label's)
+    every = load_adult(path, seed=0, balance=False, one_hot="drop-first", incomplete_rows="keep")
+    assert every.num_train + every.num_test == 48_842 and every.x_train.shape[1] == 96
+    ours = {name for name in every.feature_names if name.split("=")[0] in columns}
+    assert ours == expected
+    x = np.concatenate([every.x_train, every.x_test])
+    for column in adult_module.ADULT_UNKNOWN:  # an unknown value: no indicator, as sklearn drops ?
+        block = [k for k, name in enumerate(every.feature_names) if name.startswith(f"{column}=")]
+        per_row = x[:, block].sum(axis=1)
+        assert set(np.unique(per_row).tolist()) == {0.0, 1.0}
+        assert int((per_row == 0).sum()) == int((frame[column] == "?").sum())
+
+
+def test_adult_keeping_incomplete_rows_samples_and_tests_on_all_of_them() -> None:
+    """Seed 000's rows: 14,000 of each sex drawn from all 48,842 rows; the test rows are every row
+    left out (20,842, 2,192 of them women, where the complete rows leave 17,222 and 695)."""
+    path = need("adult/adult.data", "adult/adult.test")
+    options = {"seed": 3, "test_fraction": 0.3, "test_rows": "left-out", "one_hot": "drop-first"}
+    every = load_adult(path, incomplete_rows="keep", **options)
+    complete = load_adult(path, **options)
+    assert (every.num_train, every.num_test) == (19_600, 20_842)
+    assert (complete.num_train, complete.num_test) == (19_600, 17_222)
+    assert np.bincount(every.g_test).tolist() == [18_650, 2_192]
+    assert np.bincount(complete.g_test).tolist() == [16_527, 695]
+    with pytest.raises(ValueError, match="incomplete_rows must be one of drop, keep"):
+        load_adult(path, incomplete_rows="all")
+
 
 @pytest.mark.parametrize(
     ("settings", "mentions"),
@@ -754,6 +782,7 @@ def test_adult_one_hot_drop_first_is_seed_000s_encoding_of_the_complete_rows(adu
         (["scenario.group_rows={ female = 10 }"], "group_rows samples Adult's groups itself"),
         (["scenario.one_hot=drop-first", "scenario.dataset=mnist"], "one_hot applies to the"),
         (["scenario.include_protected=false", "scenario.dataset=mnist"], "include_protected applies"),
+        (["scenario.incomplete_rows=keep", "scenario.dataset=dutch"], "incomplete_rows applies to the adult"),
         (["scenario.group_rows_by=sex"], "group_rows_by applies to the dutch dataset with group_rows"),
         (
             ["scenario.test_rows=left-out", "scenario.balance=false"],

@@ -297,10 +297,12 @@ def one_hot_columns(
     values: pd.Series, column: str, categories: list[str], drop_first: bool = False
 ) -> tuple[np.ndarray, list[str]]:
     """One indicator column per category of ``categories`` (in that order), named
-    ``column=category``; ``drop_first``: none for ``categories[0]`` (its rows are all zero)."""
+    ``column=category``; ``drop_first``: none for ``categories[0]`` (its rows are all zero). A
+    value outside ``categories`` (a missing one) gets no indicator: its row is all zero."""
     codes = pd.Categorical(values, categories=categories).codes
     matrix = np.zeros((len(values), len(categories)), dtype=np.float32)
-    matrix[np.arange(len(values)), codes] = 1.0
+    known = np.flatnonzero(codes >= 0)
+    matrix[known, codes[known]] = 1.0
     names = [f"{column}={category}" for category in categories]
     start = 1 if drop_first else 0
     return np.ascontiguousarray(matrix[:, start:]), names[start:]

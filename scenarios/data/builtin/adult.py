@@ -7,14 +7,15 @@ Adult (:func:`load_adult`; Esipova et al. 2023, appendix B.1, and their code ``f
     ``adult.data`` (32,561 rows) and ``adult.test`` (16,281 rows; its first line, a banner, is
     skipped) are concatenated; fields are comma-separated with a leading space. ``fnlwgt`` (a
     sampling weight) is dropped and every row with a ``?`` in any field is dropped, leaving the
-    45,222 complete rows. Label: 1 iff income is ``>50K`` (``>50K.`` in adult.test, whose labels
-    carry a trailing period), else 0. Protected attribute: ``sex``, ``g = 0`` male, ``g = 1``
-    female (``group_names = ("male", "female")``, the coding of Esipova et al.). With
-    ``balance=True`` (default), ``per_group`` = 14,000 female and 14,000 male rows are drawn
-    without replacement (28,000 rows; there are 14,695 complete female rows). The rows (all, or
-    the balanced 28,000) are then shuffled and the first ``round(test_fraction·n)`` form the test
-    set (5,600 of 28,000 by default), the rest the training set (22,400). Both draws come from
-    ``numpy.random.default_rng(seed)``, in that order. Features, in this order:
+    45,222 complete rows (``incomplete_rows="keep"`` keeps all 48,842: see below). Label: 1 iff
+    income is ``>50K`` (``>50K.`` in adult.test, whose labels carry a trailing period), else 0.
+    Protected attribute: ``sex``, ``g = 0`` male, ``g = 1`` female (``group_names = ("male",
+    "female")``, the coding of Esipova et al.). With ``balance=True`` (default), ``per_group`` =
+    14,000 female and 14,000 male rows are drawn without replacement (28,000 rows; there are 14,695
+    complete female rows). The rows (all, or the balanced 28,000) are then shuffled and the first
+    ``round(test_fraction·n)`` form the test set (5,600 of 28,000 by default), the rest the training
+    set (22,400). Both draws come from ``numpy.random.default_rng(seed)``, in that order.
+    Features, in this order:
 
     * ``age``, ``education_num``, ``capital_gain``, ``capital_loss``, ``hours_per_week``. By
       default (``scaling="public"``) each is clipped to its documented domain and mapped into
@@ -40,6 +41,15 @@ Adult (:func:`load_adult`; Esipova et al. 2023, appendix B.1, and their code ``f
       one-hot encodes the values seen after its sampling instead). ``one_hot="drop-first"``
       leaves out the first value of education, marital_status and relationship (95 features):
       seed 000's encoding of the complete rows (:data:`ADULT_UNKNOWN`).
+
+    ``incomplete_rows="keep"`` (seed 000's code, which reads all 48,842 rows and encodes ``?`` as
+    a value) keeps the 3,620 rows whose workclass, occupation or native country is unknown. Such
+    a value gets no indicator (its attribute's indicators are all zero, which is what
+    ``OneHotEncoder(drop="first")`` gives ``?``, the first value in sorted order), and
+    ``workclass`` gains ``Never-worked``, which 10 of those rows hold (96 features with
+    ``one_hot="drop-first"``, the input size of seed 000's model for Adult; 99 with ``every``).
+    Balancing then draws from all rows of each group (16,192 women), and ``test_rows="left-out"``
+    tests on every row the sample left out.
 
     With ``protected="age"`` the groups are age below 40 (``younger``) and 40 or more
     (``older``), a public threshold (:data:`ADULT_AGE_THRESHOLD`); ``age_split="median"`` splits
@@ -164,8 +174,12 @@ from age discrimination in employment: a documented threshold that no row decide
 age of the complete rows, 37, is a statistic of the rows)."""
 ADULT_AGE_SPLITS = ("public", "median")
 """``load_adult``'s ``age_split``: at :data:`ADULT_AGE_THRESHOLD` (the default), or at the
-median age of all 45,222 complete rows, test rows included (seed 001's grouping; a statistic
-of the rows, outside ε)."""
+median age of all 45,222 complete rows (of all rows loaded), test rows included (seed 001's
+grouping; a statistic of the rows, outside ε)."""
+ADULT_INCOMPLETE_ROWS = ("drop", "keep")
+"""``load_adult``'s ``incomplete_rows``: ``drop`` the 3,620 rows with an unknown value (``?``;
+seeds 003 and 004 and their code), or ``keep`` them with the unknown value as no indicator
+(seed 000's code)."""
 
 ADULT_CATEGORIES = {
     "workclass": (
@@ -305,10 +319,21 @@ def _read_adult_file(path: Path, skip_rows: int) -> pd.DataFrame:
 
 
 @functools.lru_cache(maxsize=2)
-def _adult_complete_rows(train_key: tuple[str, int, int], test_key: tuple[str, int, int]) -> pd.DataFrame:
+def _adult_rows(
+    train_key: tuple[str, int, int], test_key: tuple[str, int, int], incomplete_rows: str
+) -> pd.DataFrame:
+    """Both files' rows less ``fnlwgt``: the complete ones, or with ``incomplete_rows="keep"``
+    all (an unknown value, NaN, in :data:`ADULT_UNKNOWN` only)."""
     frames = [_read_adult_file(Path(train_key[0]), 0), _read_adult_file(Path(test_key[0]), 1)]
     frame = pd.concat(frames, ignore_index=True).drop(columns="fnlwgt")
-    return frame.dropna(how="any").reset_index(drop=True)
+    if incomplete_rows == "drop":
+        return frame.dropna(how="any").reset_index(drop=True)
+    unknown = frame.drop(columns=list(ADULT_UNKNOWN)).isna().any()
+    if unknown.any():
+        column = unknown[unknown].index[0]
+        allowed = ", ".join(ADULT_UNKNOWN)
+        raise malformed(Path(train_key[0]), f"{column} is unknown (?) in some row; only {allowed} may be")
+    return frame
 
 
 def load_adult(
@@ -327,6 +352,7 @@ def load_adult(
     test_rows: str = "split",
     validate: bool = False,
     one_hot: str = "every",
+    incomplete_rows: str = "drop",
 ) -> Dataset:
     """UCI Adult, income > 50K; see the module docstring. The protected attribute is sex (0 male,
     1 female), or with ``protected="age"`` the age binarised at ``age_split`` (0 younger, 1 at
@@ -341,9 +367,14 @@ def load_adult(
     ``one_hot`` (:data:`ONE_HOT`) ``"drop-first"`` gives no indicator to the first documented
     value (in sorted order) of ``education``, ``marital_status`` and ``relationship``: the
     layout seed 000's code gives the complete rows (:data:`ADULT_UNKNOWN`; 95 features with sex
-    instead of 98)."""
+    instead of 98). ``incomplete_rows`` (:data:`ADULT_INCOMPLETE_ROWS`) ``"keep"`` loads all
+    48,842 rows, an unknown value as no indicator, and ``workclass=Never-worked`` besides."""
     check_split_args(seed, test_fraction)
     check_one_hot(one_hot)
+    if incomplete_rows not in ADULT_INCOMPLETE_ROWS:
+        raise ValueError(
+            f"incomplete_rows must be one of {', '.join(ADULT_INCOMPLETE_ROWS)}, not {incomplete_rows!r}"
+        )
     if protected not in PROTECTED_ATTRIBUTES:
         raise ValueError(f"protected must be one of {', '.join(PROTECTED_ATTRIBUTES)}, not {protected!r}")
     if scaling not in ADULT_SCALINGS:
@@ -355,7 +386,7 @@ def load_adult(
     root = resolve_data_dir(data_dir)
     train_path = verified_path(root, "adult/adult.data")
     test_path = verified_path(root, "adult/adult.test")
-    frame = _adult_complete_rows(file_key(train_path), file_key(test_path))
+    frame = _adult_rows(file_key(train_path), file_key(test_path), incomplete_rows)
 
     y = frame["income"].map(_ADULT_INCOME).to_numpy(dtype=np.int64)
     sex = frame["sex"]
@@ -380,7 +411,8 @@ def load_adult(
         for group, group_name in enumerate(strata_names):
             members = np.flatnonzero(strata == group)
             if len(members) < per_group:
-                raise ValueError(f"Adult has {len(members)} complete {group_name} rows, not {per_group}")
+                kept = "complete " if incomplete_rows == "drop" else ""
+                raise ValueError(f"Adult has {len(members)} {kept}{group_name} rows, not {per_group}")
             chosen.append(rng.choice(members, size=per_group, replace=False))
         rows = np.sort(np.concatenate(chosen))
     else:
@@ -403,10 +435,12 @@ def load_adult(
         columns.append(female.astype(np.float32)[:, None])
         names.append("sex=female")
     for column, categories in ADULT_CATEGORIES.items():
-        unlisted = ~frame[column].isin(categories)
+        if incomplete_rows == "keep" and column == "workclass":  # held by 10 incomplete rows
+            categories = (*categories, "Never-worked")
+        unlisted = ~frame[column].isin(categories) & frame[column].notna()
         if unlisted.any():
             value = frame[column][unlisted].iloc[0]
-            raise malformed(train_path, f"{column} {value!r} in a complete row is not listed in adult.names")
+            raise malformed(train_path, f"{column} {value!r} in some row is not listed in adult.names")
         drop_first = one_hot == "drop-first" and column not in ADULT_UNKNOWN
         matrix, labels = one_hot_columns(frame[column], column, sorted(categories), drop_first)
         columns.append(matrix)
@@ -477,6 +511,7 @@ def _from_scenario(spec: Any, directory: Path, rows_seed: int) -> Dataset:
         test_rows=spec.test_rows,
         validate=spec.evaluate_on == "validation",
         one_hot=spec.one_hot,
+        incomplete_rows=spec.incomplete_rows,
     )
 
 
