@@ -748,7 +748,7 @@ def test_adult_one_hot_drop_first_is_seed_000s_encoding_of_the_complete_rows(adu
     assert expected - ours == {"workclass=Never-worked"} and ours <= expected
 
     # incomplete_rows = "keep": all 48,842 rows, with seed 000's encoding of them exactly (its
-    # 96 inputs: these 94 indicators, the 5 numeric columns, race and sex, less the label's)
+    # 96 inputs: these 89 indicators, the 5 numeric columns, race and sex)
     every = load_adult(path, seed=0, balance=False, one_hot="drop-first", incomplete_rows="keep")
     assert every.num_train + every.num_test == 48_842 and every.x_train.shape[1] == 96
     ours = {name for name in every.feature_names if name.split("=")[0] in columns}
