@@ -429,7 +429,8 @@ class Run:
                 "privacy": claim,
                 "epsilon": claim["epsilon"],
                 "client_evaluation": self.client_evaluation,
-                **({} if evaluation.server else {"cohorts": per_cohort}),
+                # a copy: the summary's cohorts later gain train_loss, which DP does not cover
+                **({} if evaluation.server else {"cohorts": {k: dict(v) for k, v in per_cohort.items()}}),
             }
             public["epsilon"] = self.summary["epsilon"]
             self.public_columns.update(public)
@@ -492,6 +493,7 @@ class Run:
         self.summary["stopped_early"] = self.stop_reason
         if self.dropped_rounds:
             self.summary["flags"] = [dropped_rounds_flag(self.dropped_rounds, self.rounds_completed)]
+            self._not_covered("flags (the rounds in which every sampled client's update was not finite)")
         if error is not None and not isinstance(error, KeyboardInterrupt | SystemExit):
             self.summary["status"] = "failed"
             self.summary["error"] = one_line(error)
@@ -550,7 +552,14 @@ class Run:
             losses = self.task.train_losses(self.evaluated_model, limit=limit)
         for name, value in losses.items():
             cohorts[name] = {**cohorts.get(name, {}), "train_loss": value}
-        self.summary["not_covered_by_dp"] = ["cohorts.*.train_loss (the clients' training examples)"]
+        self._not_covered("cohorts.*.train_loss (the clients' training examples)")
+
+    def _not_covered(self, entry: str) -> None:
+        """Name ``entry``, a summary value computed from the clients' data without noise (a
+        simulation's diagnostic), in the summary's ``not_covered_by_dp``."""
+        named = self.summary.get("not_covered_by_dp", [])
+        if entry not in named:
+            self.summary["not_covered_by_dp"] = [*named, entry]
 
     def _claim(self) -> dict[str, Any]:
         """The privacy claim of the rounds that ran: ε from the accountant that was fed each

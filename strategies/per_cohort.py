@@ -63,7 +63,7 @@ The noise (``noise_bound``): the sensitivity of the sum is s_t = max_k C_{t,k}.
   :func:`fairclip.server.privacy_plan.plan_privacy`). The multiplier of a same-round round is
   chosen from that round's released counts: ε is the accountant's reading of the multipliers
   that ran, not a bound fixed before the run (which would need the smallest possible one,
-  σ_Δ / (1 + K) under ``"esipova"``).
+  σ_Δ / (1 + K) under ``"esipova"``, σ_Δ / (1 + m̂) under ``"xu"``).
 
 Seed 003's code takes max_k C_k over the cohorts present in the batch, which depends on the
 batch; fairclip takes it over all cohorts, which is what seed 004's analysis (section 5.2) covers.

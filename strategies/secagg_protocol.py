@@ -44,7 +44,9 @@ another) never unmask the other's vector.
   discrete noise (Kairouz et al. 2021; Agarwal et al. 2021) would be needed for that.
 * What the server can still check: each reply's shape, dtype and range (:meth:`Field.is_element`),
   one reply per node, who dropped at each stage; after decoding, that the sum lies in the public
-  set. It **projects** onto that set (:meth:`Layout.release`) and never decides from the sum.
+  set. It **folds** each coordinate into the honest range (so a total parked at the field's
+  edge cannot wrap with one honest vector) and **projects** onto that set
+  (:meth:`Layout.release`); it never decides from the sum.
 * A malicious client can send any vector in Z_M^d (poisoning the model up to the projection
   radius), skew counts within [0, n_max], or send bad shares or ciphertexts (the round is then
   skipped or the sender dropped: a denial of service, never a crash). Honest clients' DP still

@@ -33,20 +33,37 @@ for it. A row that is not finite is refused (:class:`ValueError`): the policy se
 Integer segments use γ = 1: exact, no widening; an entry that is not an integer in [0, bound]
 is refused.
 
-**Field.** M = 2^bits with bits 32 or 64 (:func:`modulus_bits`), chosen so that M ≥ 2·n_max·B + 1
+**Field.** M = 2^bits with bits 32 or 64 (:func:`modulus_bits`), chosen so that M ≥ 4·n_max·B + 2
 for the largest per-coordinate bound B of the layout and the largest public number of summands
 n_max. A signed vector is sent as q mod M; the sum of at most n_max honest vectors then lies in
-[−n_max·B, n_max·B] ⊂ [−M/2, M/2), so decoding (v ≥ M/2 ↦ v − M) returns it exactly: no wrap.
-n_max should be public: the population N (a round's sampled count is not, under Poisson
-sampling, and 32 versus 64 bits would tell the clients something about it).
+[−T, T] with T = n_max·B, well inside [−M/2, M/2), so decoding (v ≥ M/2 ↦ v − M) returns it
+exactly: no wrap. n_max should be public: the population N (a round's sampled count is not, under
+Poisson sampling, and 32 versus 64 bits would tell the clients something about it). The factor 4
+(not 2, which no wrap alone needs) leaves room for the fold below.
 
-**Projection** (memo, section 5). A malicious client can send any vector in Z_M^d, so the decoded
-sum is projected onto a *public* set before noise: each float segment onto the L2 ball of radius
-n_max·s_q, each integer segment clamped to [0, n_max·bound]. A projection onto a convex set is
-1-Lipschitz, so the sensitivity of the released sum stays s_q per float segment (and the integer
-segments' own); nothing is decided from the un-noised sum (:meth:`Layout.release`). The ball's
-projection is the exact x·min(1, R/||x||), not :func:`clip_rows`, whose guard band below the
-bound makes it jump by SAFETY·R there (R = n_max·s_q: a jump that would add to s_q).
+**Release** (memo, section 5): fold, then project. A malicious client can send any vector in
+Z_M^d, so the server's view of the total is a point on the circle Z_M in each coordinate, anywhere.
+Decoding cuts that circle at M/2, and a cut is not Lipschitz: where the adversary parks the total
+just below M/2, one honest client's small vector carries it to just above −M/2, and a projection
+of the decoded value would then jump by its whole range (2·n_max·s_q), not by s_q. So each decoded
+coordinate v of a segment with T = n_max·B (n_max·bound for an integer segment) is first
+**folded** back into [−T, T] by the public tent map::
+
+    fold(v) = v                     for |v| <= T
+              sign(v)·(2T − |v|)    for T < |v| <= 2T
+              0                     for |v| > 2T
+
+It is the identity on every honest sum, 1-Lipschitz, and equal (0) on both sides of the cut, as
+M/2 − 1 ≥ 2T: a 1-Lipschitz function of the circle, so
+|fold(u_j) − fold(w_j)| <= the circular distance of u_j and w_j, which for two totals that differ
+by one honest client's q is |q_j|. Then each float segment is projected onto the L2 ball of
+radius n_max·s_q and each integer segment clamped to [0, n_max·bound], both projections onto
+convex sets and 1-Lipschitz. The composition moves by at most ||γq||₂ <= s_q per float segment
+(and the integer segments' own bound) when one honest client joins or leaves, wherever the
+malicious clients put the total: the sensitivity the noise uses. Nothing is decided from the
+un-noised sum (:meth:`Layout.release`). The ball's projection is the exact x·min(1, R/||x||),
+not :func:`clip_rows`, whose guard band below the bound makes it jump by SAFETY·R there
+(R = n_max·s_q: a jump that would add to s_q).
 
 **Masks.** :func:`mask_stream` expands a full 32-byte secret with HKDF-SHA256 (info = fairclip's
 domain, run, round, exchange and the pair or node) into an AES-256-CTR key and reads uniform words
@@ -210,10 +227,29 @@ class Layout:
                     moved = True
         return values, moved
 
+    def fold(self, decoded: np.ndarray, max_summands: int) -> tuple[np.ndarray, bool]:
+        """Each decoded coordinate folded into [−T, T] by the tent map of the module docstring
+        (T = n_max·B of its segment): the identity on an honest sum, 1-Lipschitz on the circle
+        Z_M; with whether anything moved."""
+        decoded = np.asarray(decoded, dtype=np.int64)
+        folded = decoded.copy()
+        for part, steps in zip(self._slices(), self.max_steps, strict=True):
+            limit = int(max_summands) * int(steps)
+            clipped = np.clip(decoded[part], -2 * limit, 2 * limit)  # |v| > 2T folds to 0 either way
+            size = np.abs(clipped)  # exact: 2T <= M/2 − 1 <= 2^63 − 1
+            folded[part] = np.sign(clipped) * np.where(size <= limit, size, 2 * limit - size)
+        return folded, bool((folded != decoded).any())
+
     def release(self, field: Field, total: np.ndarray, max_summands: int) -> tuple[np.ndarray, bool]:
-        """The server's view of a secure sum mod M: decoded, dequantised and projected (before
-        noise); with whether the projection moved it."""
-        return self.project(self.dequantise(field.decode(total)), max_summands)
+        """The server's view of a secure sum mod M: decoded, folded, dequantised and projected
+        (before noise; module docstring); with whether the fold or the projection moved it."""
+        if field.modulus < needed_modulus(max_summands, max(self.max_steps)):
+            raise PolicyConfigError(
+                f"a {field.bits}-bit field is too small to fold a sum of {max_summands} of these vectors"
+            )
+        folded, folded_moved = self.fold(field.decode(total), max_summands)
+        values, projected_moved = self.project(self.dequantise(folded), max_summands)
+        return values, folded_moved or projected_moved
 
     def field(self, max_summands: int) -> Field:
         """The field Z_M for at most ``max_summands`` summands of this layout."""
@@ -250,15 +286,20 @@ def _exact_squares(q: np.ndarray) -> list[int]:
     return [(int(x) << 32) + (int(y) << 17) + int(z) for x, y, z in zip(aa, ab, bb, strict=True)]
 
 
-def modulus_bits(max_summands: int, max_step: int) -> int:
-    """The bits of M = 2^bits, 32 where it suffices else 64, such that M ≥ 2·n_max·B + 1: a sum of
-    ``max_summands`` vectors with entries in [−B, B] never wraps. :class:`PolicyConfigError`
-    where even 2^64 cannot hold it."""
+def needed_modulus(max_summands: int, max_step: int) -> int:
+    """4·n_max·B + 2, the smallest M the release needs: a sum of ``max_summands`` vectors with
+    entries in [−B, B] never wraps, and the fold of the module docstring fits (M/2 − 1 ≥ 2·n_max·B)."""
     if not (int(max_summands) == max_summands >= 1 and int(max_step) == max_step >= 1):
         raise PolicyConfigError(
             f"a secure sum needs n_max >= 1 and B >= 1 (got {max_summands!r}, {max_step!r})"
         )
-    needed = 2 * int(max_summands) * int(max_step) + 1
+    return 4 * int(max_summands) * int(max_step) + 2
+
+
+def modulus_bits(max_summands: int, max_step: int) -> int:
+    """The bits of M = 2^bits, 32 where it suffices else 64, such that M ≥ 4·n_max·B + 2
+    (:func:`needed_modulus`). :class:`PolicyConfigError` where even 2^64 cannot hold it."""
+    needed = needed_modulus(max_summands, max_step)
     for bits in FIELD_BITS:
         if needed <= 2**bits:
             return bits

@@ -27,6 +27,7 @@ from fairclip.sims.executors.local import LocalExecutor
 from fairclip.sims.executors.loop import simulate
 from fairclip.strategies import evaluation as mechanism
 from fairclip.strategies.accounting import evaluation_steps
+from fairclip.strategies.aggregation import shard_ids
 from fairclip.strategies.randomness import Stream
 
 floats = st.floats(allow_nan=True, allow_infinity=True, width=64)
@@ -274,8 +275,14 @@ def test_the_local_executor_sums_evaluations_in_fixed_blocks():
     model = task.initial_model()
     ids = np.arange(0, 100, 3)
     total = execute.evaluate_clients(model, ids, 64, 5.0)
-    rows = task.evaluation_contributions(model, ids, 64, 5.0)
-    np.testing.assert_allclose(total, rows.sum(axis=0), rtol=1e-12)
+    blocks = shard_ids(ids, len(task.client_cohorts))
+    assert len(blocks) > 1
+    in_blocks = sum(task.evaluation_contributions(model, block, 64, 5.0).sum(axis=0) for block in blocks)
+    np.testing.assert_allclose(total, in_blocks, rtol=1e-12)  # one task call per block, in block order
+    # one call for all: the same to float32 rounding (a CPU's kernels may depend on the batch size)
+    np.testing.assert_allclose(
+        total, task.evaluation_contributions(model, ids, 64, 5.0).sum(axis=0), rtol=1e-6
+    )
     assert total[1] + total[4] == sum(len(task.holdout_indices[i][:64]) for i in ids)
 
 
@@ -401,3 +408,16 @@ def test_a_node_on_its_own_data_file_holds_out_its_own_examples():
     (vector,) = first.evaluation_contributions(model, np.array([7]), 64, 5.0)
     cohort = int(first.client_cohorts[7])
     assert vector[3 * cohort + 1] == 6 and np.count_nonzero(vector) <= 3
+
+
+def test_a_training_loss_beside_the_clients_evaluation_stays_out_of_its_release():
+    """With the server's test set off, the summary's cohorts are the clients' noisy evaluation,
+    and a training loss (not covered by DP) joins them there; the release itself
+    (``client_evaluation``) keeps only its noisy values."""
+    config = _config("training.rounds=2", "evaluation.server=false", "training.train_loss=true")
+    summary = simulate(config, build_task(config)).summary
+    for name, released in summary["client_evaluation"]["cohorts"].items():
+        assert "train_loss" not in released
+        assert "train_loss" in summary["cohorts"][name]
+        np.testing.assert_equal(summary["cohorts"][name]["client_accuracy"], released["client_accuracy"])
+    assert summary["not_covered_by_dp"] == ["cohorts.*.train_loss (the clients' training examples)"]

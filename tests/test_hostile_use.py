@@ -125,6 +125,8 @@ def test_a_run_whose_every_update_is_dropped_says_so(tmp_path):
     assert result.summary["status"] == "finished"
     (flag,) = result.summary["flags"]
     assert "not finite (all dropped) in 3 of 3 rounds, first round 1" in flag
+    # found from the exact counts: a diagnostic DP does not cover, and the summary says so
+    assert any(entry.startswith("flags") for entry in result.summary["not_covered_by_dp"])
 
 
 SEARCH = ["--scenario", "demo", "--grid", "training.client_lr=0.1,0.5", "--set", "training.rounds=2",

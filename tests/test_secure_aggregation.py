@@ -329,6 +329,16 @@ def _capture_evaluations(server):
     return seen
 
 
+def _each_node_evaluates(task, model, clients, max_examples, loss_bound):
+    """The sum of the nodes' evaluation vectors, each formed as its node forms it, from its own
+    examples alone (one forward pass over several clients' examples may round float32 logits
+    otherwise: a CPU's kernels can depend on the batch's size)."""
+    rows = [
+        task.evaluation_contributions(model, np.array([int(c)]), max_examples, loss_bound) for c in clients
+    ]
+    return np.concatenate(rows).sum(axis=0)
+
+
 @pytest.mark.parametrize(("secure", "policy"), [(False, "bounded"), (True, "bounded"), (True, "per-cohort")])
 def test_nodes_evaluate_the_released_model_and_the_server_releases_only_the_noisy_sum(
     server_task_identity, secure, policy
@@ -350,7 +360,7 @@ def test_nodes_evaluate_the_released_model_and_the_server_releases_only_the_nois
     assert server.summary["privacy"]["evaluation_releases"] == 2
     for round_number, model, total, slack in evaluations:
         sample = server.evaluation_sample(round_number)
-        exact = server.task.evaluation_contributions(model, sample, m, loss_bound).sum(axis=0)
+        exact = _each_node_evaluates(server.task, model, sample, m, loss_bound)
         if secure:  # quantised: within the rounding of each of the n vectors
             assert slack == DEFAULT_RHO
             bound = mechanism.sensitivity(m, loss_bound)
@@ -398,9 +408,7 @@ def test_an_evaluation_reply_outside_the_honest_form_is_dropped_and_recorded(ser
     ((round_number, model, total, _slack),) = evaluations
     evaluation = server.config.evaluation
     honest = [int(c) for c in server.evaluation_sample(round_number) if 1000 + 7 * int(c) != liar]
-    exact = server.task.evaluation_contributions(
-        model, np.array(honest), evaluation.max_examples, evaluation.loss_bound
-    ).sum(axis=0)
+    exact = _each_node_evaluates(server.task, model, honest, evaluation.max_examples, evaluation.loss_bound)
     np.testing.assert_allclose(total, exact, rtol=1e-12, atol=1e-9)
     dropped = [e for e in strategy.events if e["event"] == "dropped"]
     assert len(dropped) == 1 and dropped[0]["node"] == liar

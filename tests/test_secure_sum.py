@@ -2,7 +2,9 @@
 
 * the quantiser keeps every |q_j| ≤ B and ||γq||₂ ≤ s(1+ρ) for any input of norm ≤ s, and is unbiased;
 * the field never wraps for n_max worst-case vectors, and refuses in one line what 64 bits cannot hold;
-* the projection after decoding is onto a public set and leaves an honest sum alone;
+* the release (decode, fold, project) leaves an honest sum alone, lands in a public set, and moves
+  by at most one client's sensitivity when that client joins, wherever a malicious client puts the
+  total on Z_M (also astride the decoding's cut at M/2);
 * the protocol, in process, with dropouts at every stage: within the threshold it returns the
   survivors' integer sum bit for bit, beyond it a :class:`SkippedRound`, never an exception;
   masked vectors look uniform; keys are fresh per exchange; bad shares, ciphertexts, keys or
@@ -168,10 +170,10 @@ def test_a_sum_of_n_max_worst_case_vectors_never_wraps(d, rho, n_max, data):
     try:
         field = layout.field(n_max)
     except PolicyConfigError:
-        assert 2 * n_max * max(layout.max_steps) + 1 > 2**64
+        assert 4 * n_max * max(layout.max_steps) + 2 > 2**64
         return
-    assert field.modulus >= 2 * n_max * max(layout.max_steps) + 1
-    assert field.bits == (32 if 2 * n_max * max(layout.max_steps) + 1 <= 2**32 else 64)
+    assert field.modulus >= 4 * n_max * max(layout.max_steps) + 2
+    assert field.bits == (32 if 4 * n_max * max(layout.max_steps) + 2 <= 2**32 else 64)
     steps = layout.max_steps[0]
     sign = data.draw(st.sampled_from([1, -1]))
     worst = [sign * steps] * 3 + [1, 1]  # three of the d coordinates, and the counts
@@ -188,9 +190,11 @@ def test_a_sum_of_n_max_worst_case_vectors_never_wraps(d, rho, n_max, data):
 
 def test_field_bits_and_the_refusal_beyond_64_bits():
     assert modulus_bits(1, 1) == 32
-    assert modulus_bits(2**15, 2**16 - 1) == 32  # 2·2^15·(2^16 − 1) + 1 < 2^32
-    assert modulus_bits(2**15, 2**16) == 64
-    assert modulus_bits(2**31, 2**31) == 64
+    assert modulus_bits(2**14, 2**16 - 1) == 32  # 4·2^14·(2^16 − 1) + 2 <= 2^32
+    assert modulus_bits(2**14, 2**16) == 64
+    assert modulus_bits(2**30, 2**31) == 64  # 4·2^30·2^31 + 2 <= 2^64
+    with pytest.raises(PolicyConfigError):
+        modulus_bits(2**31, 2**31)  # 2^64 + 2: the fold would not fit
     with pytest.raises(PolicyConfigError) as error:
         modulus_bits(2**33, 2**31)
     assert "\n" not in str(error.value) and "64 bits" in str(error.value)
@@ -257,6 +261,85 @@ def test_the_projection_is_1_lipschitz_so_the_sensitivity_stays_s_q(d, n, scale,
     pa, pb = layout.project(a, n)[0], layout.project(b, n)[0]
     assert np.linalg.norm(pa - pb) <= s_q * (1 + 1e-9)
     assert np.linalg.norm(pa) <= radius * (1 + 1e-12)
+
+
+@SETTINGS
+@given(
+    st.integers(1, 12),
+    st.integers(1, 200),
+    st.sampled_from([32, 64]),
+    st.integers(-3, 3),
+    st.integers(0, 2**32),
+)
+def test_one_honest_client_moves_the_release_by_at_most_its_sensitivity_even_across_the_wrap(
+    d, n, bits, offset, seed
+):
+    """A malicious client may send any residues, so the total can sit anywhere in Z_M, also next
+    to the decoding's wrap at M/2 where one honest client's small vector carries it from about
+    +M/2 to about -M/2. The release must still move by at most that client's sensitivity: s_q on
+    the float segment, its own count on the integer one."""
+    layout = Layout((Segment(d, 1.5), Segment(2, 1, integer=True)))
+    field = Field(max(bits, layout.field(n).bits))
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=d)
+    x *= 1.5 * rng.uniform(0.5, 1.0) / np.linalg.norm(x)
+    honest = layout.quantise(np.r_[x, 1, 0], rng)
+    # whatever the other clients sent, the adversary's residues can put the total without the
+    # honest client anywhere: here one step of that client's below the decoding's cut at M/2
+    # (moved by offset), so that adding the client carries it across
+    half = field.modulus // 2
+    without = np.array([(half - 1 + offset - int(v)) % field.modulus for v in honest], dtype=np.uint64)
+    with_client = field.add(without, field.encode(honest))
+    a = layout.release(field, without, n)[0]
+    b = layout.release(field, with_client, n)[0]
+    assert np.linalg.norm(a[:d] - b[:d]) <= layout.sensitivities[0] * (1 + 1e-9)
+    assert np.linalg.norm(a[d:] - b[d:]) <= 1 + 1e-9
+    assert np.linalg.norm(a[:d]) <= n * layout.sensitivities[0] * (1 + 1e-12)
+    assert ((a[d:] >= 0) & (a[d:] <= n)).all()
+
+
+@SETTINGS
+@given(
+    st.integers(1, 10),
+    st.integers(1, 50),
+    st.sampled_from(["anywhere", "cut", "fold"]),
+    st.integers(0, 2**32),
+)
+def test_the_release_is_1_lipschitz_on_the_field_circle(d, n, where, seed):
+    """Two totals whose circular difference is one honest client's quantised vector, wherever a
+    malicious client puts them on Z_M (uniformly, astride the decoding's cut at M/2, or astride
+    the fold's corners at 2T): their releases differ by at most s_q."""
+    layout = Layout((Segment(d, 2.0),))
+    field = layout.field(n)
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=d)
+    x *= 2.0 / np.linalg.norm(x)
+    q = layout.quantise(x, rng)
+    limit = n * layout.max_steps[0]
+    if where == "anywhere":
+        start = [int(v) for v in rng.integers(0, field.modulus, size=d, dtype=np.uint64)]
+    else:
+        centre = field.modulus // 2 if where == "cut" else int(rng.choice([-2, -1, 1, 2])) * limit
+        start = [
+            centre + int(k) for k in rng.integers(-3 * layout.max_steps[0], 3 * layout.max_steps[0] + 1, d)
+        ]
+    total = np.array([v % field.modulus for v in start], dtype=np.uint64)
+    a = layout.release(field, total, n)[0]
+    b = layout.release(field, field.add(total, field.encode(q)), n)[0]
+    assert np.linalg.norm(a - b) <= layout.sensitivities[0] * (1 + 1e-9)
+
+
+def test_the_fold_leaves_honest_sums_and_refuses_a_field_too_small_for_it():
+    layout = Layout((Segment(4, 1.0), Segment(2, 3, integer=True)))
+    n, steps = 5, layout.max_steps[0]
+    honest = np.array([n * steps, -n * steps, 0, 7, 0, n * 3], dtype=np.int64)
+    assert layout.fold(honest, n)[0].tolist() == honest.tolist() and not layout.fold(honest, n)[1]
+    beyond = np.array([n * steps + 5, -2 * n * steps - 1, 2**40, -(2**62), -4, 2 * n * 3], dtype=np.int64)
+    assert layout.fold(beyond, n)[0].tolist() == [n * steps - 5, 0, 0, 0, -4, 0]
+    small = Field(32)
+    if small.modulus < 4 * 10**6 * steps + 2:
+        with pytest.raises(PolicyConfigError, match="too small"):
+            layout.release(small, np.zeros(6, dtype=np.uint64), 10**6)
 
 
 # ----- protocol ---------------------------------------------------------------------------
