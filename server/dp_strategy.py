@@ -41,7 +41,9 @@ The noise comes from OpenDP's exact sampler and the sampling from operating-syst
 ``not_private_seed`` makes both follow a seed instead, for tests and debugging: whoever knows
 the seed can subtract the noise, so such a run is not private, and its metrics say so
 (``not_private`` = 1, no ``epsilon``; ``mechanism_epsilon`` is the ε the same mechanism would
-have with secret randomness).
+have with secret randomness). So do the metrics of a wrapper that releases without noise
+(``noise_multiplier = 0``, or the non-private ``none`` policy), whose ε is infinite; it also
+warns once, when Flower starts it.
 """
 
 from __future__ import annotations
@@ -227,17 +229,27 @@ class DifferentialPrivacy(Strategy):
         )
         if self.not_private_seed is not None:
             log(INFO, "\t├──> fairclip DP: NOT PRIVATE (not_private_seed): sampling and noise follow a seed")
+        if not self.policy.private or (self.noise is not None and self.noise.update <= 0):
+            log(
+                WARNING,
+                "\t├──> fairclip DP: NOT PRIVATE: policy %r releases its updates without noise "
+                "(its rounds report not_private = 1 and no epsilon)",
+                self.policy_name,
+            )
         self.strategy.summary()
 
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
         model = flatten(arrays)
-        if self.num_rounds is not None and server_round > self.num_rounds:
+        # by the rounds released (charged), not the round number: a strategy started again counts
+        # from round 1, but its accountant goes on
+        released = self.accountant.rounds
+        if self.num_rounds is not None and max(server_round, released + 1) > self.num_rounds:
             raise PolicyConfigError(
                 f"round {server_round}: the privacy budget (target_epsilon {self.target_epsilon:g}) "
-                f"was spent in num_rounds = {self.num_rounds} rounds; start the strategy with "
-                f"num_rounds <= {self.num_rounds}"
+                f"was spent in num_rounds = {self.num_rounds} rounds ({released} released by this "
+                f"strategy); start the strategy with num_rounds <= {self.num_rounds}, once"
             )
         if self.rounds is None:
             if self.target_epsilon is not None:
@@ -320,9 +332,9 @@ class DifferentialPrivacy(Strategy):
             "sensitivity": released.sensitivity,
             **released.info,
         }
-        if self.not_private_seed is None:
+        if self.not_private_seed is None and math.isfinite(epsilon):
             metrics["epsilon"] = epsilon
-        else:  # the seed gives the noise away: no guarantee to report
+        else:  # the seed gives the noise away, or nothing is private (σ = 0, policy none)
             metrics.update(not_private=1.0, mechanism_epsilon=epsilon)
         return aggregated, MetricRecord({k: float(v) for k, v in metrics.items() if math.isfinite(v)})
 

@@ -67,3 +67,26 @@ def test_target_epsilon_calibrates_the_noise_and_spends_the_budget_in_num_rounds
 def test_a_wrong_way_to_set_the_noise_is_one_clear_error_before_any_round(options, problem):
     with pytest.raises(PolicyConfigError, match=problem):
         _wrapper(**options)
+
+
+def test_a_strategy_started_again_cannot_spend_the_budget_twice(server_task_identity):
+    """Flower numbers the rounds of every start from 1; the budget counts the rounds released."""
+    strategy = _wrapper("constant", target_epsilon=3.0, num_rounds=2, accountant="rdp")
+    for t in (1, 2):
+        strategy.configure_train(t, _arrays(), ConfigRecord({}), _Grid(20))
+        strategy.aggregate_train(t, [])
+    with pytest.raises(PolicyConfigError, match=r"spent in num_rounds = 2 rounds \(2 released"):
+        strategy.configure_train(1, _arrays(), ConfigRecord({}), _Grid(20))
+    assert strategy.accountant.rounds == 2
+
+
+@pytest.mark.parametrize(("policy", "options"), [("constant", {"noise_multiplier": 0.0}), ("none", {})])
+def test_a_wrapper_that_releases_without_noise_says_it_is_not_private(server_task_identity, policy, options):
+    settings = {"noise_multiplier": 1.0, **options}
+    strategy = DifferentialPrivacy(
+        FedAvg(fraction_train=1.0), policy, None, num_clients=20, sample_rate=0.25, **settings
+    )
+    strategy.configure_train(1, _arrays(), ConfigRecord({}), _Grid(20))
+    _, metrics = strategy.aggregate_train(1, [])
+    assert metrics["not_private"] == 1.0
+    assert "epsilon" not in metrics

@@ -146,6 +146,15 @@ def test_tune_errors_come_first_and_in_one_line(cli, tmp_path):
     )  # fmt: skip
     assert status == 2 and "metric accuracy is not among this scenario's results" in err, err
     assert not out.exists()
+    # releases a trial's planned (σ_eff, q, T) would not count: refused, not under-accounted
+    base = [*SEARCH, "--set", "privacy.noise_multiplier=1", "--set", "privacy.accountant=rdp"]
+    for sets, problem in (
+        (["policy.name=per-cohort", "policy.noise_bound=initial"], "noises below its sensitivity"),
+        (["evaluation.clients=true"], "evaluation.clients"),
+    ):
+        status, _, err = cli("tune", *base, *[a for s in sets for a in ("--set", s)], "--out", str(out))
+        assert status == 2 and len(err.strip().splitlines()) == 1 and problem in err, err
+        assert not out.exists()
 
 
 @pytest.mark.slow

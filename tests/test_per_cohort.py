@@ -353,6 +353,21 @@ def test_a_report_takes_a_varying_runs_epsilon_from_its_own_accountant():
     assert both_accountants(summaries, "prv") == ""
 
 
+def test_a_report_shows_no_epsilon_where_a_run_claims_none_or_held_other_releases():
+    """FairLens's coupled updates (``guarantee`` false) claim no ε: the report's accountant columns
+    say inf, not what the mechanism alone would give. A run whose clients evaluated the model
+    composed those releases too: only its own accountant's ε holds, as for a varying multiplier."""
+    from fairclip.sims.reproduce.tables import both_accountants
+
+    claim = {"accountant": "rdp", "effective_noise_multiplier": 1.0, "sample_rate": 0.01, "rounds": 100}
+    claim["delta"] = 1e-5
+    coupled = [{"epsilon": "inf", "privacy": {**claim, "guarantee": False, "mechanism_epsilon": 1.2}}]
+    assert both_accountants(coupled, "rdp") == "inf" and both_accountants(coupled, "prv", runs=5) == "inf"
+    evaluated = [{"epsilon": 2.5, "privacy": {**claim, "evaluation_releases": 100}}]
+    assert both_accountants(evaluated, "rdp") == 2.5
+    assert both_accountants(evaluated, "prv") == ""
+
+
 def test_naive_reweighting_can_weight_a_round_by_its_own_counts():
     """Seed 004's Algorithm 3 weights the batch by its own noisy counts: θ_k = (m̂/K)/max(b̃_k, 1)
     for this round, in two exchanges; the state between rounds does not move."""

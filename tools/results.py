@@ -391,11 +391,14 @@ def retabulate(folder: Path) -> bool:
 def _recorded_row(row: dict[str, Any], policy: PolicySetup, epsilon: str) -> dict[str, Any]:
     """A row of a recorded ``reproduction.csv`` as :func:`table_rows` gives it (no grid point),
     with the paper's number, its standard error and the flag as the setup file now gives them;
-    fairclip's mean and standard error stay as recorded."""
+    fairclip's mean and standard error stay as recorded. A row whose runs claim no ε shows none
+    under either accountant (:func:`fairclip.sims.reproduce.tables.both_accountants`; records
+    before 2026-12-05 showed what the mechanism alone would give there)."""
     stderr = "" if row["fairclip_stderr"] == "" else float(row["fairclip_stderr"])
     mean = float(row["fairclip_mean"])
     against = paper_columns(policy, epsilon, row["metric"], mean, math.nan if stderr == "" else stderr)
-    return {**row, "fairclip_stderr": stderr, **against, "grid_point": {}}
+    claimed = {} if str(row["epsilon"]) != "inf" else {"epsilon_rdp": "inf", "epsilon_prv": "inf"}
+    return {**row, **claimed, "fairclip_stderr": stderr, **against, "grid_point": {}}
 
 
 def _target_text(setup: Setup, shown: Any) -> str:

@@ -229,11 +229,16 @@ def both_accountants(summaries: list[dict[str, Any]], accountant: str, runs: int
     noise; "" where the accountant refuses the parameters (PRV beyond its rounds), or where a
     run's rounds had different multipliers (``per-cohort`` with ``noise_bound = "initial"``): its
     claim holds only the last one, so only the run's own accountant (RDP) knows its ε, and that
-    ε is taken."""
+    ε is taken; so it is where the clients evaluated the model (``evaluation_releases``: a mixed
+    history the claim's (σ_eff, q, T) does not describe). "inf" where a run claims no ε
+    (``guarantee`` false: FairLens's coupled updates, a seed that gives the noise away), whatever
+    its mechanism alone would give (``mechanism_epsilon``)."""
     values = []
     for summary in summaries:
         claim = summary["privacy"]
-        if claim.get("noise_multiplier_varies"):
+        if claim.get("guarantee") is False:
+            return "inf"
+        if claim.get("noise_multiplier_varies") or claim.get("evaluation_releases"):
             if claim["accountant"] != accountant:
                 return ""
             values.append(float(summary["epsilon"]) if summary["epsilon"] != "inf" else math.inf)

@@ -203,6 +203,18 @@ def trial_plans(
     for raw in configs:
         config = validate(raw)
         policy = build_policy(config.policy.name, config.policy.params, num_cohorts=len(task.cohort_names))
+        # a trial's RDP is its planned (σ_eff, q, T): refuse runs whose releases that does not describe
+        if policy.noises_below_sensitivity:
+            raise ConfigError(
+                f"tune: policy {config.policy.name!r} noises below its sensitivity (each round's "
+                "multiplier follows its own counts), so no trial's privacy can be planned: use "
+                "policy.noise_bound = max"
+            )
+        if config.evaluation.clients:
+            raise ConfigError(
+                "tune: evaluation.clients releases the clients' evaluations beside the training, "
+                "which a trial's planned privacy does not count: set evaluation.clients = false"
+            )
         plan = plan_privacy(config, policy, dimension)
         plans.append((plan.effective_noise_multiplier, plan.sample_rate, plan.rounds_allowed))
     return plans, reported
@@ -516,6 +528,12 @@ def report(tuning: Tuning) -> str:
         "",
         f"{_epsilon_line(tuning)} It covers this result -- the chosen configuration and its metrics "
         "-- and nothing else.",
+        "",
+        "Like every fairclip simulation, the search is reproducible: the number of trials and their "
+        "grid points follow the tuning seed, and each trial's sampling (and its noise, unless "
+        "privacy.secure_noise) follows the run's seed, both in tuning.json. The ε holds against "
+        "whoever does not know those seeds; it is a property of the mechanism, not a guarantee to "
+        "anyone holding tuning.json.",
         "",
         f"Every trial, how many ran and the non-private selection over the grid are in `{INTERNAL}/`: "
         "not DP-protected, never publish them (see its README.txt).",
