@@ -41,6 +41,12 @@ def fairclip_mod(message: Message, context: Context, call_next: ClientAppCallabl
             raise ModError("the train config holds no fairclip policy: is the server strategy fairclip's?")
         reference, params, broadcast = policy_config
         policy = build_policy(reference, params)
+        if not policy.private:
+            name = display_name(type(policy))
+            raise ModError(
+                f"the server asks for policy {name!r}, which does not clip: "
+                "this mod never sends an update unclipped"
+            )
         if policy.needs_cohorts:
             name = display_name(type(policy))
             raise ModError(f"policy {name!r} needs cohorts, which this mod does not send")

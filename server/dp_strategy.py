@@ -65,6 +65,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
 from fairclip.client.protocol import flatten, unflatten, write_policy_config
+from fairclip.server.flower_log import wall_time_hidden
 from fairclip.server.optimizer import ServerSGD
 from fairclip.server.replies import check_reply, collect_replies
 from fairclip.server.rounds import Rounds
@@ -237,6 +238,11 @@ class DifferentialPrivacy(Strategy):
                 self.policy_name,
             )
         self.strategy.summary()
+
+    def start(self, *args: Any, **kwargs: Any) -> Any:
+        """Flower's loop, without the line that logs its wall time (:mod:`fairclip.server.flower_log`)."""
+        with wall_time_hidden():
+            return super().start(*args, **kwargs)
 
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid

@@ -593,9 +593,12 @@ class Policy(ABC):
 
     def _client_bounds(self, params: Broadcast, cohorts: np.ndarray) -> np.ndarray:
         """The bound each client's contribution is projected to: :meth:`contribution_bounds`,
-        with a bound that is not a number taken as 0 (nothing gets through it)."""
+        with a bound that is not a number or is negative taken as 0 (nothing gets through it), and
+        so is an infinite one under a private policy: a broadcast the client did not expect
+        never lets its update out unclipped."""
         bounds = np.asarray(self.contribution_bounds(params, cohorts), dtype=np.float64)
-        return np.where(np.isnan(bounds), 0.0, bounds)
+        unusable = np.isnan(bounds) | (bounds < 0) | (np.isinf(bounds) & self.private)
+        return np.where(unusable, 0.0, bounds)
 
     # ----- the server side, shared by every executor -------------------------------------
     def count_side(

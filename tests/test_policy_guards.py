@@ -10,6 +10,7 @@ the guarded steps.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -185,6 +186,34 @@ def test_a_non_finite_transform_sends_zeros():
     out = NotANumber().client_side(np.ones((3, 4)), np.zeros(3, dtype=np.int64), {"bound": 0.1})
     assert np.all(out.contributions == 0) and np.all(out.nonfinite)
     assert np.all(np.isfinite(out.contribution_norms))
+
+
+@pytest.mark.parametrize("bound", [math.inf, -1.0, math.nan])
+@pytest.mark.parametrize("policy", ["constant", "per-cohort"])
+def test_a_broadcast_bound_a_private_client_cannot_use_lets_nothing_through(policy, bound):
+    """A server that broadcasts an infinite, negative or NaN bound gets zeros, never the update
+    unclipped (or, for a negative bound, flipped and rescaled)."""
+    made = build_policy(policy, {"initial_bound": 1.0}, num_cohorts=2)
+    params = {"bound": bound, "cohort_bounds": [bound, bound]}
+    out = made.client_side(np.array([[30.0, 40.0]]), np.zeros(1, dtype=np.int64), params)
+    assert np.all(out.contributions == 0)
+
+
+def test_the_flower_mod_refuses_a_policy_that_does_not_clip(server_task_identity):
+    policy = build_policy("none")
+    config = ConfigRecord({})
+    write_policy_config(config, policy, policy.checked_broadcast(policy.initial_state(2)))
+    arrays = ArrayRecord({"w": Array(np.zeros(2, dtype=np.float32))})
+    message = Message(
+        RecordDict({"arrays": arrays, "config": config}), dst_node_id=3, message_type=MessageType.TRAIN
+    )
+
+    def train(message: Message, context: Context) -> Message:
+        raise AssertionError("the app must not train for a round it cannot clip")
+
+    context = Context(run_id=1, node_id=3, node_config={}, state=RecordDict(), run_config={})
+    reply = fairclip_mod(message, context, train)
+    assert reply.has_error() and "does not clip" in reply.error.reason
 
 
 @settings(max_examples=60, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])

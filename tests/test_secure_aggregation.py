@@ -9,11 +9,13 @@ threshold must release nothing, and the strategy must hold no individual vector 
 from __future__ import annotations
 
 import dataclasses
+import logging
 
 import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord, Context, Message, RecordDict
 from flwr.app.error import Error
+from flwr.common.logger import FLOWER_LOGGER
 
 from fairclip.client.app import clients as client_app
 from fairclip.client.protocol import MODEL
@@ -215,7 +217,18 @@ def test_one_dropout_after_masking_within_the_threshold_completes_the_round(serv
 def test_a_dropout_before_the_masked_vector_leaves_it_out_of_the_sum(server_task_identity, policy):
     dropped = 1000 + 7 * 4
     server, strategy, grid, sums = _federation(policy, drop={dropped: "mask"}, superlink_errors=True)
-    strategy.start(grid, ArrayRecord({MODEL: Array(server.model)}), num_rounds=1, timeout=10)
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    FLOWER_LOGGER.addHandler(handler)
+    try:
+        strategy.start(grid, ArrayRecord({MODEL: Array(server.model)}), num_rounds=1, timeout=10)
+    finally:
+        FLOWER_LOGGER.removeHandler(handler)
+    # Flower's loop ran, but its wall time (which the dropout lengthens) is not logged
+    lines = [record.getMessage() for record in records]
+    assert any("Final results" in line for line in lines)
+    assert not any("finished in" in line for line in lines)
     ((_, round_sums),) = sums
     survivors = np.sum([v for (t, node), v in grid.vectors.items() if t == 1 and node != dropped], axis=0)
     dim = round_sums.contribution_sum.shape[0]
