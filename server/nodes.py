@@ -128,6 +128,19 @@ def check_federation_size(grid: Grid, node_ids: list[int], num_clients: int, tim
             )
 
 
+CLIENTAPP_FAILED = "its ClientApp failed"
+"""How a refusal whose reason is the node's own error text begins."""
+
+
+def public_reason(reason: str) -> str:
+    """A refusal's reason as the public log gives it: a ClientApp's own error text may describe
+    its data (a data file with the wrong number of labels names how many it holds), so the log
+    says only that the ClientApp failed; ``server-internal/refused_nodes.csv`` keeps the text."""
+    if reason.startswith(CLIENTAPP_FAILED):
+        return f"{CLIENTAPP_FAILED} (its message is in server-internal/refused_nodes.csv)"
+    return reason
+
+
 def identify_nodes(
     grid: Grid,
     num_clients: int,
@@ -173,7 +186,7 @@ def identify_nodes(
                 raise IdentityError("it answered twice")
             answered.add(node)
             if reply.has_error():
-                raise IdentityError(f"its ClientApp failed: {reply.error.reason}")
+                raise IdentityError(f"{CLIENTAPP_FAILED}: {reply.error.reason}")
             client, cohort = read_identity(reply.content, num_clients, num_cohorts, needs_cohorts)
             owner = owners.get(client)
             if node in registered and registered[node] != client:
@@ -200,7 +213,7 @@ def identify_nodes(
         if cohorts is not None:
             cohorts[client] = cohort
     for node, reason in sorted(refused.items()):
-        log(WARNING, "fairclip: refused node %s: %s", node, reason)
+        log(WARNING, "fairclip: refused node %s: %s", node, public_reason(reason))
     if not nodes:
         raise FederationError(f"every node was refused ({len(refused)} of {len(node_ids)}); see the log")
     missing = sorted(set(range(num_clients)) - set(nodes))

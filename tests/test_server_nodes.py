@@ -78,6 +78,9 @@ def test_bad_identities_refuse_their_node_and_the_run_goes_on(server_task_identi
     assert "ClientApp raised" in federation.refused[15] and "no answer" in federation.refused[16]
     refused_lines = [r.getMessage() for r in caplog.records if "refused node" in r.getMessage()]
     assert len(refused_lines) == 6, refused_lines
+    # a ClientApp's own error text may describe its data: only the internal record keeps it
+    assert not any("ClientApp raised" in line for line in refused_lines), refused_lines
+    assert any("node 15: its ClientApp failed (its message is in server-internal" in x for x in refused_lines)
 
 
 def test_a_partition_claimed_twice_stays_with_its_first_claimant(server_task_identity):
