@@ -42,8 +42,8 @@ The noise comes from OpenDP's exact sampler and the sampling from operating-syst
 the seed can subtract the noise, so such a run is not private, and its metrics say so
 (``not_private`` = 1, no ``epsilon``; ``mechanism_epsilon`` is the ε the same mechanism would
 have with secret randomness). So do the metrics of a wrapper that releases without noise
-(``noise_multiplier = 0``, or the non-private ``none`` policy), whose ε is infinite; it also
-warns once, when Flower starts it.
+(``noise_multiplier = 0``), whose ε is infinite; it also warns once, when Flower starts it.
+The non-private ``none`` policy is refused: it does not clip, which the mod would refuse.
 """
 
 from __future__ import annotations
@@ -149,6 +149,11 @@ class DifferentialPrivacy(Strategy):
                 "and answers every round with an error; define it in a module the nodes import too",
                 name,
             )
+        if not self.policy.private:
+            raise PolicyConfigError(
+                f"policy {name!r} does not clip, and fairclip_mod never sends an update unclipped: "
+                "for a non-private baseline, run the inner strategy without the wrapper"
+            )
         if self.policy.needs_cohorts:
             raise PolicyConfigError(
                 f"policy {name!r} needs each client's cohort: use fairclip's own ServerApp"
@@ -230,7 +235,7 @@ class DifferentialPrivacy(Strategy):
         )
         if self.not_private_seed is not None:
             log(INFO, "\t├──> fairclip DP: NOT PRIVATE (not_private_seed): sampling and noise follow a seed")
-        if not self.policy.private or (self.noise is not None and self.noise.update <= 0):
+        if self.noise is not None and self.noise.update <= 0:
             log(
                 WARNING,
                 "\t├──> fairclip DP: NOT PRIVATE: policy %r releases its updates without noise "
@@ -340,7 +345,7 @@ class DifferentialPrivacy(Strategy):
         }
         if self.not_private_seed is None and math.isfinite(epsilon):
             metrics["epsilon"] = epsilon
-        else:  # the seed gives the noise away, or nothing is private (σ = 0, policy none)
+        else:  # the seed gives the noise away, or nothing is private (σ = 0)
             metrics.update(not_private=1.0, mechanism_epsilon=epsilon)
         return aggregated, MetricRecord({k: float(v) for k, v in metrics.items() if math.isfinite(v)})
 

@@ -80,13 +80,16 @@ def test_a_strategy_started_again_cannot_spend_the_budget_twice(server_task_iden
     assert strategy.accountant.rounds == 2
 
 
-@pytest.mark.parametrize(("policy", "options"), [("constant", {"noise_multiplier": 0.0}), ("none", {})])
-def test_a_wrapper_that_releases_without_noise_says_it_is_not_private(server_task_identity, policy, options):
-    settings = {"noise_multiplier": 1.0, **options}
+def test_a_wrapper_that_releases_without_noise_says_it_is_not_private(server_task_identity):
     strategy = DifferentialPrivacy(
-        FedAvg(fraction_train=1.0), policy, None, num_clients=20, sample_rate=0.25, **settings
+        FedAvg(fraction_train=1.0), "constant", None, num_clients=20, sample_rate=0.25, noise_multiplier=0.0
     )
     strategy.configure_train(1, _arrays(), ConfigRecord({}), _Grid(20))
     _, metrics = strategy.aggregate_train(1, [])
     assert metrics["not_private"] == 1.0
     assert "epsilon" not in metrics
+    # a policy that does not clip at all is refused: the mod would refuse it on every node
+    with pytest.raises(PolicyConfigError, match="does not clip"):
+        DifferentialPrivacy(
+            FedAvg(fraction_train=1.0), "none", None, num_clients=20, sample_rate=0.25, noise_multiplier=1.0
+        )
