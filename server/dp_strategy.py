@@ -48,11 +48,8 @@ The non-private ``none`` policy is refused: it does not clip, which the mod woul
 
 from __future__ import annotations
 
-import contextlib
-import logging
 import math
-import threading
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from logging import INFO, WARNING
 from typing import Any
@@ -60,12 +57,11 @@ from typing import Any
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.common import log
-from flwr.common.logger import FLOWER_LOGGER
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
 from fairclip.client.protocol import flatten, unflatten, write_policy_config
-from fairclip.server.flower_log import wall_time_hidden
+from fairclip.server.flower_log import WallTimeHidden, inner_strategy_quiet
 from fairclip.server.optimizer import ServerSGD
 from fairclip.server.replies import check_reply, collect_replies
 from fairclip.server.rounds import Rounds
@@ -90,7 +86,7 @@ class _Round:
     model: np.ndarray
 
 
-class DifferentialPrivacy(Strategy):
+class DifferentialPrivacy(WallTimeHidden, Strategy):
     """User-level DP with a fairclip clipping policy around an inner Flower strategy.
 
     ``policy``: a name (built-in, registered plug-in or ``"package.module:Class"``), a
@@ -244,11 +240,6 @@ class DifferentialPrivacy(Strategy):
             )
         self.strategy.summary()
 
-    def start(self, *args: Any, **kwargs: Any) -> Any:
-        """Flower's loop, without the line that logs its wall time (:mod:`fairclip.server.flower_log`)."""
-        with wall_time_hidden():
-            return super().start(*args, **kwargs)
-
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
@@ -285,7 +276,7 @@ class DifferentialPrivacy(Strategy):
         self.rounds.model = model  # the inner strategy's θ_t
         params = self.rounds.broadcast()
         write_policy_config(config, self.policy, params)
-        with _inner_strategy_quiet():  # its log names the number of nodes it sampled
+        with inner_strategy_quiet():  # its log names the number of nodes it sampled
             template = _one_message(self.strategy.configure_train(server_round, arrays, config, grid))
         nodes = sorted(int(node) for node in grid.get_node_ids())
         sample = poisson_sample(self.not_private_seed, server_round, len(nodes), self.sample_rate)
@@ -334,7 +325,7 @@ class DifferentialPrivacy(Strategy):
             dst_node_id=0,
             message_type=MessageType.TRAIN,
         )
-        with _inner_strategy_quiet():
+        with inner_strategy_quiet():
             aggregated, _ = self.strategy.aggregate_train(server_round, [synthetic])
         epsilon = self.accountant.get_epsilon(self.delta)
         metrics = {
@@ -390,23 +381,6 @@ def _one_message(messages: Iterable[Message]) -> Message:
             "train message to every node it samples"
         )
     return messages[0]
-
-
-@contextlib.contextmanager
-def _inner_strategy_quiet() -> Iterator[None]:
-    """Drop the log records below WARNING that Flower's logger receives from this thread for the
-    duration (the inner strategy's configure and aggregate steps: FedAvg logs how many nodes it
-    sampled and how many replied, counts DP does not cover)."""
-    thread = threading.get_ident()
-
-    def keep(record: logging.LogRecord) -> bool:
-        return record.levelno >= logging.WARNING or record.thread != thread
-
-    FLOWER_LOGGER.addFilter(keep)
-    try:
-        yield
-    finally:
-        FLOWER_LOGGER.removeFilter(keep)
 
 
 __all__ = ["DifferentialPrivacy"]

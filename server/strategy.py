@@ -53,7 +53,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
 from fairclip.client.protocol import MODEL, evaluate_content, train_content
-from fairclip.server.flower_log import wall_time_hidden
+from fairclip.server.flower_log import WallTimeHidden
 from fairclip.server.replies import Collected, check_evaluation_reply, check_reply, collect_replies
 from fairclip.server.secure_aggregation import (
     SecureAggregation,
@@ -141,7 +141,7 @@ class _Collected:
     unexpected: int
 
 
-class PolicyStrategy(Strategy):
+class PolicyStrategy(WallTimeHidden, Strategy):
     """A fairclip policy run over Flower nodes.
 
     ``nodes`` maps client id to node id (a client without a node never replies) for the
@@ -190,11 +190,6 @@ class PolicyStrategy(Strategy):
     def summary(self) -> None:
         policy = display_name(type(self.server.policy))
         log(INFO, "fairclip policy %r over %d nodes", policy, len(self.nodes))
-
-    def start(self, *args: Any, **kwargs: Any) -> Any:
-        """Flower's loop, without the line that logs its wall time (:mod:`fairclip.server.flower_log`)."""
-        with wall_time_hidden():
-            return super().start(*args, **kwargs)
 
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid

@@ -199,20 +199,24 @@ def test_a_broadcast_bound_a_private_client_cannot_use_lets_nothing_through(poli
     assert np.all(out.contributions == 0)
 
 
-def test_the_flower_mod_refuses_a_policy_that_does_not_clip(server_task_identity):
-    policy = build_policy("none")
+def _mod_round(policy: Policy, train) -> Message:
+    """The reply of ``fairclip_mod`` around the app ``train`` to a train message of ``policy``'s
+    first round on a two-weight model."""
     config = ConfigRecord({})
     write_policy_config(config, policy, policy.checked_broadcast(policy.initial_state(2)))
     arrays = ArrayRecord({"w": Array(np.zeros(2, dtype=np.float32))})
     message = Message(
         RecordDict({"arrays": arrays, "config": config}), dst_node_id=3, message_type=MessageType.TRAIN
     )
+    context = Context(run_id=1, node_id=3, node_config={}, state=RecordDict(), run_config={})
+    return fairclip_mod(message, context, train)
 
+
+def test_the_flower_mod_refuses_a_policy_that_does_not_clip(server_task_identity):
     def train(message: Message, context: Context) -> Message:
         raise AssertionError("the app must not train for a round it cannot clip")
 
-    context = Context(run_id=1, node_id=3, node_config={}, state=RecordDict(), run_config={})
-    reply = fairclip_mod(message, context, train)
+    reply = _mod_round(build_policy("none"), train)
     assert reply.has_error() and "does not clip" in reply.error.reason
 
 
@@ -254,20 +258,12 @@ def test_the_flower_reply_check_drops_a_report_above_norm_one():
 
 def test_the_flower_mod_projects_what_a_sloppy_policy_sends(server_task_identity):
     register(LoudReports, replace=True)
-    policy = build_policy(LoudReports.name)
-    config = ConfigRecord({})
-    write_policy_config(config, policy, policy.checked_broadcast(policy.initial_state(2)))
-    arrays = ArrayRecord({"w": Array(np.zeros(2, dtype=np.float32))})
-    message = Message(
-        RecordDict({"arrays": arrays, "config": config}), dst_node_id=3, message_type=MessageType.TRAIN
-    )
 
     def train(message: Message, context: Context) -> Message:
         moved = ArrayRecord({"w": Array(np.full(2, 7.0, dtype=np.float32))})
         return Message(RecordDict({"arrays": moved}), reply_to=message)
 
-    context = Context(run_id=1, node_id=3, node_config={}, state=RecordDict(), run_config={})
-    reply = fairclip_mod(message, context, train)
+    reply = _mod_round(build_policy(LoudReports.name), train)
     assert not reply.has_error(), reply.error.reason if reply.has_error() else ""
     assert np.linalg.norm(reply.content[UPDATE][CONTRIBUTION].numpy()) <= 0.1
     assert np.linalg.norm(reply.content[UPDATE][REPORTS].numpy()) <= 1.0
