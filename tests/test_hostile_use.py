@@ -296,8 +296,10 @@ def test_a_killed_compare_drivers_ray_processes_do_not_outlive_it(tmp_path):
     import time
     from pathlib import Path
 
+    # Runs long enough that the driver is still at work when it is killed, on any machine (the
+    # demo's 50 rounds end in under a minute on a fast one, before a run task shows in `ps`).
     command = [str(Path(sys.executable).parent / "fairclip"), "compare", "--scenario", "demo", "--seeds", "2",
-               "--out", str(tmp_path / "sweep")]  # fmt: skip
+               "--set", "training.rounds=100000", "--out", str(tmp_path / "sweep")]  # fmt: skip
     driver = subprocess.Popen(
         command, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
@@ -309,7 +311,8 @@ def test_a_killed_compare_drivers_ray_processes_do_not_outlive_it(tmp_path):
     try:
         deadline = time.monotonic() + 120
         while not any("ray::run_simulation_task" in line for line in group()):
-            assert time.monotonic() < deadline and driver.poll() is None, "no run task started"
+            assert driver.poll() is None, f"the driver ended ({driver.returncode}) before a run task was seen"
+            assert time.monotonic() < deadline, "no run task started within 120 s"
             time.sleep(1)
         os.kill(driver.pid, signal.SIGKILL)
         driver.wait(timeout=30)
