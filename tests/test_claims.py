@@ -15,7 +15,7 @@ from fairclip.scenarios.data import DATASET_FILES
 from fairclip.scenarios.errors import ConfigError
 from fairclip.sims.reproduce import reproduction as repro
 from fairclip.sims.reproduce import setups, tables
-from fairclip.sims.reproduce.claims import claim_rows, fairest_rows, parse_claims, verdict
+from fairclip.sims.reproduce.claims import claim_rows, fairest_markdown, fairest_rows, parse_claims, verdict
 
 DATA_DIR = Path(os.environ.get("FAIRCLIP_DATA") or Path(__file__).resolve().parents[2] / "shared" / "data")
 
@@ -119,6 +119,45 @@ def test_the_fairest_policy_is_the_one_whose_worst_group_loses_least():
     assert best["ci_low"] < best["worst_group_cost"] < best["ci_high"] and best["p_vs_next"] < 0.05
     assert math.isnan(ranked[1]["p_vs_next"])
     assert fairest_rows("demo", pd.DataFrame(rows), None, ["majority"]) == []
+
+
+def test_a_policy_that_spends_far_more_epsilon_is_listed_but_not_ranked():
+    """Algorithm 3 as written (ε ~800 beside DP-SGD's 5.9) or FairLens (no ε claimed) could owe a
+    lower worst-group cost to their budget: they follow the ranked policies, with their ε and no
+    rank, and rank 1 is tested against the runner-up among the comparable ones."""
+    rows = []
+    rng = np.random.default_rng(1)
+    costs = {"constant": 0.5, "per-cohort": 0.25, "alg3": 0.0, "fairlens": 0.1}
+    for seed in range(4):
+        rows.append(
+            {"policy": "none", "target_epsilon": "", "seed": seed, "a/accuracy": 0.9, "b/accuracy": 0.9}
+        )
+        for policy, cost in costs.items():
+            rows.append(
+                {
+                    "policy": policy,
+                    "target_epsilon": "",
+                    "seed": seed,
+                    "a/accuracy": 0.89,
+                    "b/accuracy": 0.9 - cost + rng.normal(0, 0.005),
+                }
+            )
+    spent = {
+        ("constant", ""): 5.909,
+        ("per-cohort", ""): 5.986,
+        ("alg3", ""): 814.6,
+        ("fairlens", ""): math.inf,
+    }
+    listed = fairest_rows("x", pd.DataFrame(rows), "none", ["a", "b"], spent)
+    assert [(row["policy"], row["rank"]) for row in listed] == [
+        ("per-cohort", 1), ("constant", 2), ("alg3", ""), ("fairlens", "")
+    ]  # fmt: skip
+    assert [row["epsilon"] for row in listed] == [5.986, 5.909, 814.6, "inf"]
+    assert listed[0]["p_vs_next"] < 0.05 and all(math.isnan(row["p_vs_next"]) for row in listed[1:])
+    shown = "\n".join(fairest_markdown(listed))
+    assert "| not ranked | `alg3` | 814.6 |" in shown and "Not ranked: a policy that spends more" in shown
+    # without the spent ε (a record from before), every policy is ranked as it was
+    assert [row["rank"] for row in fairest_rows("x", pd.DataFrame(rows), "none", ["a", "b"])] == [1, 2, 3, 4]
 
 
 def test_flags_use_two_combined_standard_errors_where_both_sides_have_one():

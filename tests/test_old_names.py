@@ -247,7 +247,7 @@ def test_the_recorded_results_read_the_same_under_either_column_name(tmp_path):
     each folder shows the same under either name."""
     from tools import results
 
-    folders = sorted(p for p in results.RESULTS_DIR.iterdir() if (p / "fairest.csv").is_file())
+    folders = sorted(p for p in results.RESULTS_DIR.iterdir() if (p / "record.json").is_file())
     if not folders:
         pytest.skip("no results folder here (an installed copy): nothing recorded to check")
     old, new = tmp_path / "old", tmp_path / "new"

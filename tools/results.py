@@ -517,7 +517,8 @@ def claims_page(results: Path = RESULTS_DIR) -> str:
         "The question fairclip exists to answer: per setup and target ε, the policies ranked by their "
         "worst-group privacy cost, max over cohorts of the accuracy lost against the non-private "
         "reference of the same seed (mean over seeds, 95 % t interval; p tests rank 1 against rank 2 "
-        "on the same seeds).",
+        "on the same seeds). Only policies that spend about the same ε are ranked: one that spends "
+        "more than 1.1 times the least ε at its target, or claims none, is listed unranked.",
         "",
     ]
     for name in sorted({row["setup"] for row in fairest}):

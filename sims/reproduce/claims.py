@@ -23,13 +23,16 @@ group pay least for privacy: the worst-group privacy cost of policy P on seed s 
 max_k (acc_k(reference, s) − acc_k(P, s)) over the setup's cohorts k, with the non-private
 reference (``none``) of the same seed (seeds 003/004's privacy cost π_k, docs/design.md section
 4). :func:`fairest_rows` gives each policy's mean over seeds with its t interval, ranks them, and
-tests the lowest against the runner-up (paired, same seeds).
+tests the lowest against the runner-up (paired, same seeds). Only policies that spend about the
+same ε are ranked: a policy whose ε exceeds the least spent at that target by more than
+``COMPARABLE_EPSILON`` (or that claims none) could owe its lower cost to its larger budget, so it
+is listed, with its ε, but not ranked (Algorithm 3 of seed 003 as written, FairLens).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -66,6 +69,7 @@ FAIREST_COLUMNS = [
     "target_epsilon",
     "rank",
     "policy",
+    "epsilon",
     "worst_group_cost",
     "ci_low",
     "ci_high",
@@ -74,7 +78,14 @@ FAIREST_COLUMNS = [
     "p_vs_next",
 ]
 """The columns of ``fairest.csv``: one row per private policy and target ε, rank 1 the lowest
-mean worst-group privacy cost; ``p_vs_next`` (rank 1 only) the paired test against rank 2."""
+mean worst-group privacy cost; ``epsilon`` the ε its runs spent (their mean; the target where
+the setup has one); ``rank`` empty for a policy not ranked (its ε not comparable, module
+docstring); ``p_vs_next`` (rank 1 only) the paired test against rank 2."""
+COMPARABLE_EPSILON = 1.1
+"""A policy is ranked where its ε is at most this factor times the least ε spent by a policy at
+the same target. The policies each paper compares at one ε lie within 2 % of each other (the
+count releases of per-cohort and global-adapt on top of the sum's); Algorithm 3 as written spends
+6-140 times more, FairLens claims none."""
 COHORT_ACCURACY = "{cohort}/accuracy"
 """The column of a per-seed row that holds a cohort's accuracy (absolute)."""
 
@@ -213,10 +224,18 @@ def claim_rows(setup: str, claims: Iterable[Claim], per_seed: pd.DataFrame) -> l
 
 
 def fairest_rows(
-    setup: str, per_seed: pd.DataFrame, reference: str | None, cohorts: Sequence[str]
+    setup: str,
+    per_seed: pd.DataFrame,
+    reference: str | None,
+    cohorts: Sequence[str],
+    spent: Mapping[tuple[str, str], float] | None = None,
 ) -> list[dict[str, Any]]:
     """The private policies of ``per_seed`` ranked at each target ε by their mean worst-group
-    privacy cost against ``reference`` (module docstring); none without a reference or cohorts."""
+    privacy cost against ``reference`` (module docstring); none without a reference or cohorts.
+    ``spent`` maps (policy, target ε as text) to the ε its runs spent (``inf``: none claimed);
+    a policy it leaves out counts as comparable. Those whose ε is not comparable follow the
+    ranked ones, with an empty rank."""
+    spent = spent or {}
     if reference is None or not cohorts or per_seed.empty:
         return []
     columns = [COHORT_ACCURACY.format(cohort=cohort) for cohort in cohorts]
@@ -236,20 +255,26 @@ def fairest_rows(
             cost = reference_runs.loc[seeds, columns].astype(float) - runs.loc[seeds, columns].astype(float)
             costs[str(policy)] = cost.max(axis=1)
             worst[str(policy)] = cohorts[int(np.argmax(cost.mean(axis=0).to_numpy()))]
-        ranked = sorted(costs, key=lambda name: costs[name].mean())
-        for rank, policy in enumerate(ranked, start=1):
+        epsilons = {name: spent.get((name, epsilon), math.nan) for name in costs}
+        known = [value for value in epsilons.values() if math.isfinite(value)]
+        limit = COMPARABLE_EPSILON * min(known) if known else math.inf
+        comparable = [name for name in costs if not epsilons[name] > limit]  # nan (unknown) counts
+        by_cost = sorted(costs, key=lambda name: costs[name].mean())
+        ranked = [name for name in by_cost if name in comparable]
+        for place, policy in enumerate([*ranked, *(n for n in by_cost if n not in comparable)], start=1):
             values = costs[policy]
             low, high = mean_interval(values)
             p_next = math.nan
-            if rank == 1 and len(ranked) > 1:
+            if place == 1 and len(ranked) > 1:
                 pairs = pd.DataFrame({"best": values, "next": costs[ranked[1]]}).dropna()
                 p_next = paired_test("best", "next", pairs).p_value
             rows.append(
                 {
                     "setup": setup,
                     "target_epsilon": epsilon,
-                    "rank": rank,
+                    "rank": place if policy in comparable else "",
                     "policy": policy,
+                    "epsilon": _epsilon_cell(epsilons[policy]),
                     "worst_group_cost": float(values.mean()),
                     "ci_low": low,
                     "ci_high": high,
@@ -259,6 +284,13 @@ def fairest_rows(
                 }
             )
     return rows
+
+
+def _epsilon_cell(value: float) -> float | str:
+    """A policy's spent ε as ``fairest.csv`` holds it: 4 significant digits, "inf", or "" unknown."""
+    if math.isnan(value):
+        return ""
+    return "inf" if math.isinf(value) else float(f"{value:.4g}")
 
 
 def _epsilon_order(text: str) -> float:
@@ -306,15 +338,26 @@ def fairest_markdown(rows: Sequence[dict[str, Any]]) -> list[str]:
     if not rows:
         return []
     lines = [
-        "| ε | rank | policy | worst-group privacy cost [95 %] | seeds | worst group | p (rank 1 vs 2) |",
-        "|---|---|---|---|---|---|---|",
+        "| ε | rank | policy | ε spent | worst-group privacy cost [95 %] | seeds | worst group | "
+        "p (rank 1 vs 2) |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for row in rows:
         p_value = row["p_vs_next"]
         p_text = "" if p_value in ("", None) or math.isnan(float(p_value)) else f"{float(p_value):.3g}"
+        rank = row["rank"] if row["rank"] not in ("", None) else "not ranked"
+        # a record from before 2026-12-05 holds no spent ε: at a target, its runs spent the target
+        spent = row.get("epsilon", "") if row.get("epsilon", "") not in ("", None) else row["target_epsilon"]
         lines.append(
-            f"| {row['target_epsilon'] or '—'} | {row['rank']} | `{row['policy']}` | "
+            f"| {row['target_epsilon'] or '—'} | {rank} | `{row['policy']}` | "
+            f"{spent or '—'} | "
             f"{_number(row['worst_group_cost'])}{_interval(row['ci_low'], row['ci_high'])} | "
             f"{row['seeds']} | {row['worst_group']} | {p_text} |"
         )
+    if any(row["rank"] in ("", None) for row in rows):
+        lines += [
+            "",
+            f"Not ranked: a policy that spends more than {COMPARABLE_EPSILON:g} times the least ε "
+            "spent at its target, or claims none, could owe a lower cost to its larger budget.",
+        ]
     return lines

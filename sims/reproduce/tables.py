@@ -326,11 +326,30 @@ def reference_policy(setup: Setup) -> str | None:
     return next((s.name for s in setup.policies if s.policy_name == "none"), None)
 
 
+def spent_epsilons(setup: Setup, rows: list[dict[str, Any]]) -> dict[tuple[str, str], float]:
+    """(policy, target ε as text) → the ε its runs spent, from the table's rows (:func:`table_rows`:
+    the target where the setup has one, else the runs' mean; ``inf`` for a policy that claims
+    none, at every target)."""
+    spent: dict[tuple[str, str], float] = {}
+    for row in rows:
+        value = math.inf if str(row["epsilon"]) == "inf" else float(row["epsilon"])
+        if setup.epsilons == [None]:
+            targets = [""]
+        elif math.isinf(value):
+            targets = [epsilon_text(epsilon) for epsilon in setup.epsilons]
+        else:
+            targets = [epsilon_text(value)]
+        for target in targets:
+            spent[(row["policy"], target)] = value
+    return spent
+
+
 def claim_and_fairest_rows(
-    setup: Setup, per_seed: list[dict[str, Any]]
+    setup: Setup, per_seed: list[dict[str, Any]], spent: dict[tuple[str, str], float] | None = None
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """The setup's claims tested on ``per_seed`` (those whose policies and metrics are there), and its
-    policies ranked by worst-group privacy cost (:mod:`fairclip.sims.reproduce.claims`)."""
+    policies ranked by worst-group privacy cost (:mod:`fairclip.sims.reproduce.claims`; ``spent``,
+    from :func:`spent_epsilons`, leaves a policy of incomparable ε unranked)."""
     table = pd.DataFrame(per_seed)
     if table.empty:
         return [], []
@@ -344,7 +363,7 @@ def claim_and_fairest_rows(
     suffix = COHORT_ACCURACY.format(cohort="")
     cohorts = [column[: -len(suffix)] for column in table.columns if column.endswith(suffix)]
     reference = reference_policy(setup)
-    fairest = fairest_rows(setup.name, table, reference if reference in ran else None, cohorts)
+    fairest = fairest_rows(setup.name, table, reference if reference in ran else None, cohorts, spent)
     return claim_rows(setup.name, claims, table), fairest
 
 
@@ -365,14 +384,20 @@ def paired_lines(tests: list[dict[str, Any]]) -> list[str]:
         "|---|---|---|---|---|---|---|",
     ]
     for test in shown:
-        low, high = test["interval_low"], test["interval_high"]
+        low, high, p_value = (_real(test[key]) for key in ("interval_low", "interval_high", "p_value"))
         interval = "[—]" if math.isnan(low) else f"[{low:+.4f}, {high:+.4f}]"
         lines.append(
             f"| {test['target_epsilon']} | {test['quantity']} | `{test['first']}` − `{test['second']}` | "
-            f"{test['seeds']} | {test['mean_difference']:+.4f} {interval} | {test['p_value']:.3g} | "
+            f"{test['seeds']} | {_real(test['mean_difference']):+.4f} {interval} | {p_value:.3g} | "
             f"{'**significant**' if test['significant'] else ''} |"
         )
     return [*lines, ""]
+
+
+def _real(value: Any) -> float:
+    """A number of a test row, NaN where it is undefined: a row read back from its CSV holds ""
+    there (the differences of every seed equal: no t interval)."""
+    return math.nan if value in ("", None) else float(value)
 
 
 def markdown(
@@ -480,7 +505,7 @@ def write_outputs(
 ) -> None:
     """The tables of a finished reproduction: ``reproduction.csv``, ``paired_tests.csv``,
     ``per_seed.csv``, ``claims.csv``, ``fairest.csv`` and ``reproduction.md``."""
-    claims, fairest = claim_and_fairest_rows(setup, per_seed or [])
+    claims, fairest = claim_and_fairest_rows(setup, per_seed or [], spent_epsilons(setup, rows))
     write_csv(out / "reproduction.csv", [{column: row[column] for column in COLUMNS} for row in rows])
     write_csv(out / "paired_tests.csv", tests or [], columns=PAIRED_COLUMNS)
     write_csv(out / "per_seed.csv", per_seed or [])
