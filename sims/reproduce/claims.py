@@ -85,7 +85,7 @@ COMPARABLE_EPSILON = 1.1
 """A policy is ranked where its ε is at most this factor times the least ε spent by a policy at
 the same target. The policies each paper compares at one ε lie within 2 % of each other (the
 count releases of per-cohort and global-adapt on top of the sum's); Algorithm 3 as written spends
-6-140 times more, FairLens claims none."""
+15-140 times more (esipova-adult, -dutch, -skewed-mnist), FairLens claims none."""
 COHORT_ACCURACY = "{cohort}/accuracy"
 """The column of a per-seed row that holds a cohort's accuracy (absolute)."""
 
