@@ -44,16 +44,17 @@ import pandas as pd
 from fairclip.atomic import atomic_write_text, write_json
 from fairclip.scenarios.errors import ConfigError
 from fairclip.server.provenance import git_commit, machine
-from fairclip.sims.reproduce.claims import claims_markdown, epsilon_text, fairest_markdown
+from fairclip.sims.reproduce.claims import claims_markdown, fairest_markdown
 from fairclip.sims.reproduce.paired_metrics import add_paired_metrics
 from fairclip.sims.reproduce.reproduction import RUN_KEYS_FILE, merge_specs
-from fairclip.sims.reproduce.setups import PolicySetup, Setup, builtin_setups, load_setup
+from fairclip.sims.reproduce.setups import PolicySetup, builtin_setups, load_setup
 from fairclip.sims.reproduce.tables import (
     POINTS,
     notes_line,
     paired_metric_rows,
     paper_columns,
     reference_policy,
+    target_texts,
     tolerance,
     write_outputs,
 )
@@ -372,7 +373,7 @@ def retabulate(folder: Path) -> bool:
     policies = {policy.name: policy for policy in setup.policies}
     with_paired: list[dict[str, Any]] = []
     for (policy, shown), group in groupby(rows, key=lambda row: (row["policy"], row["epsilon"])):
-        text = _target_text(setup, shown)
+        text = target_texts(setup, shown)[0]  # a non-private policy: its first target
         own = [_recorded_row(row, policies[policy], text) for row in group]
         # each policy's paired rows follow its own rows at that ε
         with_paired += [*own, *paired_metric_rows(setup, policies[policy], text, table, own[0])]
@@ -399,16 +400,6 @@ def _recorded_row(row: dict[str, Any], policy: PolicySetup, epsilon: str) -> dic
     against = paper_columns(policy, epsilon, row["metric"], mean, math.nan if stderr == "" else stderr)
     claimed = {} if str(row["epsilon"]) != "inf" else {"epsilon_rdp": "inf", "epsilon_prv": "inf"}
     return {**row, **claimed, "fairclip_stderr": stderr, **against, "grid_point": {}}
-
-
-def _target_text(setup: Setup, shown: Any) -> str:
-    """The target ε (as text) of a recorded row that shows ε ``shown``: the setup's only one
-    where it has none, else ``shown`` itself (a non-private policy shows inf: its first target)."""
-    if setup.epsilons == [None]:
-        return ""
-    if str(shown) == "inf":
-        return epsilon_text(setup.epsilons[0])
-    return epsilon_text(float(shown))
 
 
 def _link(folder: Path) -> str:

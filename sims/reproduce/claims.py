@@ -286,6 +286,12 @@ def fairest_rows(
     return rows
 
 
+def cell_number(value: Any) -> float:
+    """A number of a table row, NaN where it is undefined: a row read back from its CSV holds ""
+    there (a test without a t interval or p, where every seed's difference is the same)."""
+    return math.nan if value in ("", None) else float(value)
+
+
 def _epsilon_cell(value: float) -> float | str:
     """A policy's spent ε as ``fairest.csv`` holds it: 4 significant digits, "inf", or "" unknown."""
     if math.isnan(value):
@@ -321,7 +327,7 @@ def claims_markdown(rows: Sequence[dict[str, Any]]) -> list[str]:
         "|" + ("---|" if several else "") + "---|---|---|---|---|---|",
     ]
     for row in rows:
-        p_value = float(row["p_value"]) if row["p_value"] not in ("", None) else math.nan
+        p_value = cell_number(row["p_value"])
         lines.append(
             "| "
             + (f"{row['setup']} | " if several else "")
@@ -343,11 +349,11 @@ def fairest_markdown(rows: Sequence[dict[str, Any]]) -> list[str]:
         "|---|---|---|---|---|---|---|---|",
     ]
     for row in rows:
-        p_value = row["p_vs_next"]
-        p_text = "" if p_value in ("", None) or math.isnan(float(p_value)) else f"{float(p_value):.3g}"
+        p_value = cell_number(row["p_vs_next"])
+        p_text = "" if math.isnan(p_value) else f"{p_value:.3g}"
         rank = row["rank"] if row["rank"] not in ("", None) else "not ranked"
         # a record from before 2026-12-05 holds no spent ε: at a target, its runs spent the target
-        spent = row.get("epsilon", "") if row.get("epsilon", "") not in ("", None) else row["target_epsilon"]
+        spent = row.get("epsilon") or row["target_epsilon"]
         lines.append(
             f"| {row['target_epsilon'] or '—'} | {rank} | `{row['policy']}` | "
             f"{spent or '—'} | "

@@ -21,6 +21,7 @@ from fairclip.sims.reproduce.claims import (
     CLAIM_COLUMNS,
     COHORT_ACCURACY,
     FAIREST_COLUMNS,
+    cell_number,
     claim_rows,
     claims_markdown,
     epsilon_text,
@@ -333,15 +334,20 @@ def spent_epsilons(setup: Setup, rows: list[dict[str, Any]]) -> dict[tuple[str, 
     spent: dict[tuple[str, str], float] = {}
     for row in rows:
         value = math.inf if str(row["epsilon"]) == "inf" else float(row["epsilon"])
-        if setup.epsilons == [None]:
-            targets = [""]
-        elif math.isinf(value):
-            targets = [epsilon_text(epsilon) for epsilon in setup.epsilons]
-        else:
-            targets = [epsilon_text(value)]
-        for target in targets:
+        for target in target_texts(setup, row["epsilon"]):
             spent[(row["policy"], target)] = value
     return spent
+
+
+def target_texts(setup: Setup, shown: Any) -> list[str]:
+    """The target ε (as text) of a table row that shows ε ``shown``: the setup's only one where it
+    has none, else ``shown`` itself; every target for a policy that claims none (it shows inf,
+    and its runs are the same at each)."""
+    if setup.epsilons == [None]:
+        return [""]
+    if str(shown) == "inf":
+        return [epsilon_text(epsilon) for epsilon in setup.epsilons]
+    return [epsilon_text(float(shown))]
 
 
 def claim_and_fairest_rows(
@@ -384,20 +390,14 @@ def paired_lines(tests: list[dict[str, Any]]) -> list[str]:
         "|---|---|---|---|---|---|---|",
     ]
     for test in shown:
-        low, high, p_value = (_real(test[key]) for key in ("interval_low", "interval_high", "p_value"))
+        low, high, p_value = (cell_number(test[key]) for key in ("interval_low", "interval_high", "p_value"))
         interval = "[—]" if math.isnan(low) else f"[{low:+.4f}, {high:+.4f}]"
         lines.append(
             f"| {test['target_epsilon']} | {test['quantity']} | `{test['first']}` − `{test['second']}` | "
-            f"{test['seeds']} | {_real(test['mean_difference']):+.4f} {interval} | {p_value:.3g} | "
+            f"{test['seeds']} | {cell_number(test['mean_difference']):+.4f} {interval} | {p_value:.3g} | "
             f"{'**significant**' if test['significant'] else ''} |"
         )
     return [*lines, ""]
-
-
-def _real(value: Any) -> float:
-    """A number of a test row, NaN where it is undefined: a row read back from its CSV holds ""
-    there (the differences of every seed equal: no t interval)."""
-    return math.nan if value in ("", None) else float(value)
 
 
 def markdown(
