@@ -44,7 +44,7 @@ import pandas as pd
 from fairclip.atomic import atomic_write_text, write_json
 from fairclip.scenarios.errors import ConfigError
 from fairclip.server.provenance import git_commit, machine
-from fairclip.sims.reproduce.claims import claims_markdown, fairest_markdown
+from fairclip.sims.reproduce.claims import COMPARABLE_EPSILON, claims_markdown, fairest_markdown
 from fairclip.sims.reproduce.paired_metrics import add_paired_metrics
 from fairclip.sims.reproduce.reproduction import RUN_KEYS_FILE, merge_specs
 from fairclip.sims.reproduce.setups import PolicySetup, builtin_setups, load_setup
@@ -509,7 +509,8 @@ def claims_page(results: Path = RESULTS_DIR) -> str:
         "worst-group privacy cost, max over cohorts of the accuracy lost against the non-private "
         "reference of the same seed (mean over seeds, 95 % t interval; p tests rank 1 against rank 2 "
         "on the same seeds). Only policies that spend about the same ε are ranked: one that spends "
-        "more than 1.1 times the least ε at its target, or claims none, is listed unranked.",
+        f"more than {COMPARABLE_EPSILON:g} times the least ε at its target, or claims none, is listed "
+        "unranked.",
         "",
     ]
     for name in sorted({row["setup"] for row in fairest}):

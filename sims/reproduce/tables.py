@@ -333,9 +333,8 @@ def spent_epsilons(setup: Setup, rows: list[dict[str, Any]]) -> dict[tuple[str, 
     none, at every target)."""
     spent: dict[tuple[str, str], float] = {}
     for row in rows:
-        value = math.inf if str(row["epsilon"]) == "inf" else float(row["epsilon"])
         for target in target_texts(setup, row["epsilon"]):
-            spent[(row["policy"], target)] = value
+            spent[(row["policy"], target)] = float(row["epsilon"])  # "inf" reads as math.inf
     return spent
 
 
