@@ -458,13 +458,17 @@ class TrainingSpec(_Section):
     cohorts, two classes, the in-process executor."""
     fairlens_weights: Annotated[list[NonNegativeFloat], Field(min_length=2, max_length=2)] = [1.0, 1.0]
     """γ_1 and γ_2 of ``objective = "fairlens"`` (seed 003, appendix B.2: both 1)."""
-    train_loss: bool | Literal["last-epoch"] = False
+    train_loss: bool | Literal["last-epoch", "last-epoch-examples"] = False
     """Also report each cohort's mean training cross-entropy (``<cohort>/train_loss`` in
     summary.json): ``true``, over its clients' training examples under the final model;
     ``"last-epoch"``, as seed 003's authors' code takes its tables' Loss columns, each round's
     mean over the batch's examples of the cohort under θ_t (0 where the batch holds none),
-    averaged over the last epoch's ⌈1/q⌉ rounds (:mod:`fairclip.server.last_epoch_losses`). A
-    simulation-only diagnostic of private data, not covered by DP; the Flower apps refuse it."""
+    averaged over the last epoch's ⌈1/q⌉ rounds; ``"last-epoch-examples"``, as seed 004's Table
+    2, the mean over every example of the last epoch's batches under the θ_t of its round. Both
+    last-epoch readings also report each cohort's mean update norm before clipping over those
+    rounds (``<cohort>/train_update_norm``) and, with ``cohort_directions``, the mean norm of its
+    batch mean update (``<cohort>/train_mean_update_norm``; :mod:`fairclip.server.last_epoch`).
+    Simulation-only diagnostics of private data, not covered by DP; the Flower apps refuse them."""
     train_loss_limit: Annotated[int, Field(ge=1)] | None = None
     """With ``train_loss = true``: compute each cohort's training loss on a seeded subset of at
     most this many of its clients' examples instead of all of them (smoke runs: evaluating every

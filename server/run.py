@@ -24,7 +24,7 @@ from fairclip.scenarios.errors import ConfigError
 from fairclip.scenarios.tasks import Task
 from fairclip.scenarios.tasks.clipping_errors import keep_one_error
 from fairclip.server.interrupts import interrupts_deferred
-from fairclip.server.last_epoch_losses import LAST_EPOCH, LastEpochLosses
+from fairclip.server.last_epoch import WEIGHTINGS, LastEpoch
 from fairclip.server.observers import RunResult
 from fairclip.server.optimizer import server_optimizer
 from fairclip.server.privacy_plan import json_number, plan_privacy
@@ -112,9 +112,10 @@ class Run:
         secure (also in a run whose policy adds none)."""
         self.evaluation_releases = 0
         """How many client evaluations were released and accounted (``[evaluation] clients``)."""
-        self.last_epoch_losses: LastEpochLosses | None = None
-        """The last epoch's per-batch cohort losses (``training.train_loss = "last-epoch"``),
-        from :meth:`note_batch_losses`; set below, with the run's other settings."""
+        self.last_epoch: LastEpoch | None = None
+        """The last epoch's cohort losses and update norms (``training.train_loss =
+        "last-epoch"`` or ``"last-epoch-examples"``), from :meth:`note_batch_losses` and
+        :meth:`finish_round`; set below, with the run's other settings."""
         self.client_evaluation: dict[str, Any] | None = None
         """The last client evaluation released: its round, noise and noisy metrics (summary.json)."""
         self.rounds = Rounds(
@@ -158,9 +159,9 @@ class Run:
         self.rounds_released_again = 0
         """Rounds released before an interruption that the checkpoint did not hold, recomputed
         with fresh noise after it, and so accounted twice (:meth:`charge_released_again`)."""
-        if config.training.train_loss == LAST_EPOCH:
+        if config.training.train_loss in WEIGHTINGS:
             rate = config.federation.sample_rate
-            self.last_epoch_losses = LastEpochLosses(len(task.cohort_names), rate)
+            self.last_epoch = LastEpoch(len(task.cohort_names), rate, str(config.training.train_loss))
         self._final_claim = in_background(self.plan.epsilon_after, self.rounds_to_run)
         """ε after the last round, computed while the rounds run (PRV for W1's 5 rounds: 0.025 s
         of CPU since the accountants share their RDP work, 0.15 s before; when the summary
@@ -279,7 +280,7 @@ class Run:
             "dropped_rounds": list(self.dropped_rounds),
             "evaluation_releases": self.evaluation_releases,
             "client_evaluation": self.client_evaluation,
-            "last_epoch_losses": None if self.last_epoch_losses is None else self.last_epoch_losses.state(),
+            "last_epoch_losses": None if self.last_epoch is None else self.last_epoch.state(),
         }
 
     def restore(self, snapshot: dict[str, Any]) -> None:
@@ -301,8 +302,8 @@ class Run:
         self.dropped_rounds = list(snapshot.get("dropped_rounds", []))
         self.evaluation_releases = int(snapshot.get("evaluation_releases", 0))
         self.client_evaluation = snapshot.get("client_evaluation")
-        if self.last_epoch_losses is not None and snapshot.get("last_epoch_losses") is not None:
-            self.last_epoch_losses.restore(snapshot["last_epoch_losses"])
+        if self.last_epoch is not None and snapshot.get("last_epoch_losses") is not None:
+            self.last_epoch.restore(snapshot["last_epoch_losses"])
         self._started = (dt.datetime.now(dt.UTC), time.perf_counter())
 
     def _piece(self) -> dict[str, Any]:
@@ -346,12 +347,13 @@ class Run:
         return self.rounds.sample(round_number)
 
     def note_batch_losses(self, round_number: int, client_ids: np.ndarray) -> None:
-        """Before round ``round_number`` trains: where ``training.train_loss = "last-epoch"`` and
-        the round is one of the last epoch's, add each cohort's mean loss of the sampled clients'
-        examples under θ_t (:mod:`fairclip.server.last_epoch_losses`). The model is only read."""
-        losses = self.last_epoch_losses
-        if losses is not None and losses.wants(round_number, self.rounds_to_run):
-            losses.add(self.task.cohort_batch_losses(self.model, client_ids))
+        """Before round ``round_number`` trains: where ``training.train_loss`` is
+        ``"last-epoch"`` or ``"last-epoch-examples"`` and the round is one of the last epoch's,
+        add each cohort's loss of the sampled clients' examples under θ_t
+        (:mod:`fairclip.server.last_epoch`). The model is only read."""
+        last_epoch = self.last_epoch
+        if last_epoch is not None and last_epoch.wants(round_number, self.rounds_to_run):
+            last_epoch.add(*self.task.cohort_batch_losses(self.model, client_ids))
 
     def evaluates_clients(self, round_number: int) -> bool:
         """Whether round ``round_number`` is followed by the clients' evaluation of the model it
@@ -469,6 +471,11 @@ class Run:
             if self.simulation and sums.num_reports > 0 and internal["nonfinite_updates"] == sums.num_reports:
                 self.dropped_rounds.append(round_number)
             self.public_columns.update(public)
+            if self.last_epoch is not None and self.last_epoch.wants(round_number, self.rounds_to_run):
+                diagnostics = sums.diagnostics
+                self.last_epoch.add_norms(
+                    diagnostics.norm_before, diagnostics.sampled, diagnostics.unclipped_sums
+                )
             row = {**public, **internal, **(extra or {})}
             self.rows.append(row)
         return row
@@ -540,13 +547,23 @@ class Run:
     def _add_train_losses(self) -> None:
         """Each cohort's mean training loss (``training.train_loss``) as ``train_loss`` beside its
         test metrics: under the evaluated model, or over the last epoch's batches
-        (``"last-epoch"``). A simulation-only diagnostic of the clients' data, which the summary
-        names as not covered by DP (``not_covered_by_dp``)."""
+        (``"last-epoch"``, ``"last-epoch-examples"``; then also its mean update norm before
+        clipping, ``train_update_norm``, and with ``training.cohort_directions`` the mean norm
+        of its batch mean update, ``train_mean_update_norm``). Simulation-only diagnostics of
+        the clients' data, which the summary names as not covered by DP (``not_covered_by_dp``)."""
         cohorts = self.summary["cohorts"]
-        if self.last_epoch_losses is not None:
-            means = self.last_epoch_losses.means()
+        if self.last_epoch is not None:
+            means, norms = self.last_epoch.losses(), self.last_epoch.update_norms()
             losses = {name: float(means[k]) for k, name in enumerate(self.task.cohort_names)}
-            self.summary["train_loss_rounds"] = self.last_epoch_losses.rounds
+            for k, name in enumerate(self.task.cohort_names):
+                cohorts[name] = {**cohorts.get(name, {}), "train_update_norm": float(norms[k])}
+            self.summary["train_loss_rounds"] = self.last_epoch.rounds
+            self._not_covered("cohorts.*.train_update_norm (the clients' updates before clipping)")
+            if self.config.training.cohort_directions:
+                batch_means = self.last_epoch.mean_update_norms()
+                for k, name in enumerate(self.task.cohort_names):
+                    cohorts[name]["train_mean_update_norm"] = float(batch_means[k])
+                self._not_covered("cohorts.*.train_mean_update_norm (the clients' updates before clipping)")
         else:
             limit = self.config.training.train_loss_limit
             losses = self.task.train_losses(self.evaluated_model, limit=limit)

@@ -118,13 +118,18 @@ def test_every_setup_runs_a_few_steps(ray_session, cli, tmp_path, name, request)
     assert sorted(set(table["policy"])) == sorted(policies)
     assert len(table) == expected_rows(setup, policies)
     absolute = table["policy"] == setup.relative_to  # a reference's own rows: absolute values
-    sources = {f"{cohort}/{metric}" for cohort, metric in setup.metrics.values()}
+    sources = {
+        f"{cohort}/{metric}" for name, (cohort, metric) in setup.metrics.items() if setup.changes(name)
+    }
     assert set(table.loc[~absolute, "metric"]) == set(setup.metric_names)
-    assert set(table.loc[absolute, "metric"]) == (sources if setup.relative_to else set())
+    assert set(table.loc[absolute, "metric"]) == (sources | setup.absolute if setup.relative_to else set())
     assert (table["seeds"] == 1).all()
     means = table["fairclip_mean"].astype(float)
     paired = table["metric"].isin([metric.name for metric in setup.paired_metrics])
-    rates = ~table["metric"].str.contains("loss") & ~paired  # accuracies lie in [0, 1]; a loss need not
+    own = table["metric"].isin(setup.absolute)  # Table 2's losses and norms: positive, not rates
+    assert (means[own] > 0).all()
+    # accuracies lie in [0, 1]; a loss need not
+    rates = ~table["metric"].str.contains("loss") & ~paired & ~own
     levels = means[absolute & rates] if setup.relative_to else means[rates]
     assert ((levels >= 0) & (levels <= 1)).all()
     assert (means[rates].abs() <= 1).all()  # a change against the reference lies in [-1, 1]
@@ -141,7 +146,10 @@ def test_every_setup_runs_a_few_steps(ray_session, cli, tmp_path, name, request)
     assert said + ", ".join(f"`{o}`" for o in overrides) + "." in report
     summaries = [json.loads(path.read_text()) for path in out.glob("runs/*/summary.json")]
     assert summaries and all(s["config"]["training"]["rounds"] == 1 for s in summaries)
-    if setup.settings.get("training.train_loss") == "last-epoch":  # its one round is the last epoch
+    if setup.settings.get("training.train_loss") in (
+        "last-epoch",
+        "last-epoch-examples",
+    ):  # 1 round: the last epoch
         assert all(s["train_loss_rounds"] == 1 for s in summaries)
     assert all(s["config"]["scenario"]["test_limit"] == SMOKE_TEST_ROWS for s in summaries)
     rates = {
@@ -192,6 +200,57 @@ def test_a_paper_error_of_zero_is_refused_in_one_line(tmp_path, monkeypatch):
     refused = r"policies.none.paper_stderr.accuracy_female must be > 0 \(got 0.0\)"
     with pytest.raises(ConfigError, match=refused):
         setup_files.load_setup("esipova-dutch")
+
+
+def test_absolute_metrics_are_each_runs_own_value_beside_paired_changes():
+    """``[setup.absolute_metrics]`` (xu-adult's Table 2) in a ``relative_to`` setup: the
+    accuracy changes are differences against SGD of the same seed, the losses and norms each
+    run's own values, under their own names for SGD too, in the table and in per_seed.csv."""
+    setup = setup_files.load_setup("xu-adult")
+    assert setup.relative_to == "none" and "loss_male" in setup.absolute
+    assert setup.changes("accuracy_change_male") and not setup.changes("gradient_norm_male")
+    runs, summaries = [], {}
+    for policy, accuracy, loss, norm in (("none", 0.80, 0.50, 0.11), ("constant", 0.70, 0.66, 0.40)):
+        for seed in (0, 1):
+            key = f"{policy}-{seed}"
+            runs.append(setup_files.Run(key, policy, None, seed, {}))
+            group = {"accuracy": accuracy, "train_loss": loss + 0.01 * seed, "train_mean_update_norm": norm}
+            sigma = 0.0 if policy == "none" else 1.0
+            summaries[key] = {
+                "epsilon": "inf" if policy == "none" else 2.66,
+                "overall": {"accuracy": accuracy},
+                "cohorts": {"male": group, "female": dict(group)},
+                "privacy": {
+                    "effective_noise_multiplier": sigma,
+                    "sample_rate": 0.007,
+                    "rounds": 2827,
+                    "delta": 1e-6,
+                },
+            }
+    rows = {(r["policy"], r["metric"]): r for r in tables.table_rows(setup, runs, summaries)}
+    assert rows[("constant", "accuracy_change_male")]["fairclip_mean"] == pytest.approx(-0.10)
+    assert rows[("none", "male/accuracy")]["fairclip_mean"] == pytest.approx(0.80)
+    assert rows[("constant", "loss_male")]["fairclip_mean"] == pytest.approx(0.665)  # not 0.16
+    assert rows[("none", "loss_male")]["fairclip_mean"] == pytest.approx(0.505)  # not 0, and by name
+    assert rows[("constant", "gradient_norm_male")]["fairclip_mean"] == pytest.approx(0.40)
+    assert not rows[("constant", "loss_male")]["outside"]  # the paper's 0.68, within 2 points
+    assert rows[("constant", "gradient_norm_male")]["outside"] is False  # 0.41
+    assert rows[("none", "gradient_norm_male")]["outside"]  # 0.11 against 0.08
+    per_seed = {(r["policy"], r["seed"]): r for r in tables.per_seed_rows(setup, runs, summaries)}
+    assert per_seed[("none", 1)]["loss_male"] == pytest.approx(0.51)
+    assert per_seed[("none", 1)]["accuracy_change_male"] == 0
+    assert per_seed[("constant", 1)]["loss_male"] == pytest.approx(0.67)
+
+
+def test_a_metric_named_twice_is_refused(tmp_path, monkeypatch):
+    text = setup_files.builtin_setups()["xu-adult"].read_text()
+    line = 'loss_male = "male/train_loss"\n'
+    assert text.count(line) == 1
+    twice = text.replace(line, line + 'accuracy_change_male = "male/accuracy"\n')
+    (tmp_path / "xu-adult.toml").write_text(twice)
+    monkeypatch.setattr(setup_files, "SETUP_DIR", tmp_path)
+    with pytest.raises(ConfigError, match="metric accuracy_change_male is named twice"):
+        setup_files.load_setup("xu-adult")
 
 
 def test_table_rows_flag_constructed_summaries():

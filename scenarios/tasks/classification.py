@@ -540,23 +540,24 @@ class ClassificationTask:
             for name, rows in cohort_rows.items()
         }
 
-    def cohort_batch_losses(self, model: np.ndarray, client_ids: np.ndarray) -> np.ndarray:
-        """Each cohort's mean cross-entropy of ``model`` over the training examples of the sampled
-        clients ``client_ids`` that belong to it, NaN where none does (``training.train_loss =
-        "last-epoch"``, :mod:`fairclip.server.last_epoch_losses`): a simulation-only diagnostic
-        of private data. Reads the evaluation model only; no randomness is drawn."""
+    def cohort_batch_losses(self, model: np.ndarray, client_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Each cohort's summed cross-entropy of ``model`` over the training examples of the
+        sampled clients ``client_ids`` that belong to it, and how many examples that is
+        (``training.train_loss = "last-epoch"`` and ``"last-epoch-examples"``,
+        :mod:`fairclip.server.last_epoch`): a simulation-only diagnostic of private data. Reads
+        the evaluation model only; no randomness is drawn."""
         if self.generated is not None or self.client_indices is None:
             raise ValueError("training.train_loss needs the clients' examples held in memory")
-        means = np.full(len(self.cohort_names), np.nan)
+        sums, counts = np.zeros(len(self.cohort_names)), np.zeros(len(self.cohort_names))
         ids = np.asarray(client_ids, dtype=np.int64)
         if not len(ids):
-            return means
+            return sums, counts
         losses = self._cross_entropies(model, *self._examples(ids))
         sizes = [len(self.client_indices[client]) for client in ids]
         cohorts = np.repeat(self.client_cohorts[ids], sizes)
-        for index in np.unique(cohorts):
-            means[index] = float(losses[cohorts == index].mean())
-        return means
+        np.add.at(sums, cohorts, losses)
+        np.add.at(counts, cohorts, 1.0)
+        return sums, counts
 
     def _cross_entropies(self, model: np.ndarray, features: torch.Tensor, labels: torch.Tensor) -> np.ndarray:
         """Each example's cross-entropy under ``model`` (float64), with the evaluation model."""

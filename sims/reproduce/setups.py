@@ -71,7 +71,8 @@ class Setup:
     batch_size: int | None
     """Expected batch size; None for full batches (q = 1)."""
     metrics: dict[str, tuple[str, str]]
-    """{metric name: (cohort, cohort metric)}."""
+    """{metric name: (cohort, cohort metric)}: ``[setup.metrics]``, then
+    ``[setup.absolute_metrics]``."""
     settings: dict[str, Any]
     policies: list[PolicySetup]
     epsilons: list[float | None]
@@ -104,6 +105,14 @@ class Setup:
     paired_metrics: tuple[PairedMetric, ...] = ()
     """Metrics paired with the reference run of the same seed (``[setup.paired_metrics]``:
     privacy costs, excessive risks and their gaps, :mod:`fairclip.sims.reproduce.paired_metrics`)."""
+    absolute: frozenset[str] = frozenset()
+    """Metrics of ``metrics`` that every policy reports as its own value, never as a change
+    against ``relative_to`` (``[setup.absolute_metrics]``: seed 004's Table 2 gives each
+    model's last-epoch loss and gradient norm, where its Tables 3-5 give accuracy changes)."""
+
+    def changes(self, metric: str) -> bool:
+        """Whether ``metric`` is reported as the paired change against ``relative_to``."""
+        return self.relative_to is not None and metric not in self.absolute
 
     @property
     def metric_names(self) -> list[str]:
@@ -162,12 +171,15 @@ def load_setup(name: str) -> Setup:
         if batch != "full" and not (isinstance(batch, int) and batch >= 1):
             raise ConfigError(f'{where}: setup.batch_size must be a positive integer or "full"')
         metrics = {}
-        for metric, source in head["metrics"].items():
+        absolute = head.get("absolute_metrics", {})
+        for metric, source in [*head["metrics"].items(), *absolute.items()]:
             cohort, _, value = source.partition("/")
             if not cohort or not value:
                 raise ConfigError(
                     f"{where}: metric {metric} must read COHORT/METRIC or overall/METRIC (got {source!r})"
                 )
+            if metric in metrics:
+                raise ConfigError(f"{where}: metric {metric} is named twice")
             metrics[metric] = (cohort, value)
         policies = [_policy(key, table, where) for key, table in old_name(raw, "policies", where).items()]
         grid, full_grid = (
@@ -190,6 +202,7 @@ def load_setup(name: str) -> Setup:
             notes=head.get("notes", ""),
             select_by=head.get("select_by", "accuracy"),
             relative_to=head.get("relative_to"),
+            absolute=frozenset(absolute),
             budget=_budget(head, where),
             selects=any([grid, full_grid, *(t for s in policies for t in (s.grid, s.full_grid))]),
         )

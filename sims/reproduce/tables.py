@@ -140,11 +140,11 @@ def table_rows(
             first_row = len(rows)
             for metric, (cohort, name) in setup.metrics.items():
                 values = [metric_value(s, cohort, name) for s in found]
-                if reference is not None:  # the paired change against the same seed's reference
+                if reference is not None and setup.changes(metric):  # against the same seed's reference
                     values = [
                         v - metric_value(r, cohort, name) for v, r in zip(values, reference, strict=True)
                     ]
-                elif setup.relative_to is not None:  # the reference itself: absolute values
+                elif setup.changes(metric):  # the reference itself: absolute values
                     metric = f"{cohort}/{name}"
                 rows.append(
                     {
@@ -309,7 +309,7 @@ def per_seed_rows(
                 }
                 for metric, (cohort, name) in setup.metrics.items():
                     value = metric_value(summary, cohort, name)
-                    if reference is not None:
+                    if reference is not None and setup.changes(metric):
                         value -= metric_value(reference[index], cohort, name)
                     row[metric] = value
                 for cohort, values in summary.get("cohorts", {}).items():
