@@ -97,8 +97,7 @@ class LastEpoch:
         sums = np.asarray(loss_sums, dtype=np.float64)
         counts = np.asarray(counts, dtype=np.float64)
         if self.weighting == LAST_EPOCH:
-            with np.errstate(invalid="ignore", divide="ignore"):
-                self.loss_sums += np.where(counts > 0, sums / np.maximum(counts, 1), 0.0)
+            self.loss_sums += np.where(counts > 0, sums / np.maximum(counts, 1), 0.0)
         else:
             self.loss_sums += sums
             self.loss_counts += counts
@@ -165,5 +164,5 @@ class LastEpoch:
 
 
 def _mean(sums: np.ndarray, counts: np.ndarray) -> np.ndarray:
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return np.where(counts > 0, sums / np.where(counts > 0, counts, 1), math.nan)
+    """sums / counts, NaN where a count is 0 (the division never sees a 0)."""
+    return np.where(counts > 0, sums / np.maximum(counts, 1), math.nan)
