@@ -928,6 +928,10 @@ def reproduce(
     given = spec_of(explicit_only=mode == "resume")
     explicit = spec_of(explicit_only=True)  # what --extend puts over the stored options
     resolved_data = resolve_data_dir(data_dir)
+    if overrides:  # a --set value the runs would refuse, before the folder is written
+        chosen = setups.select_policies(setup, policies)
+        planner = planning.Planner(chosen, resolved_data, list(overrides), max_rounds, max_batch=max_batch)
+        planner.check_first_runs(bool(full_grid), grid_limit)
     folder = folder or Path("runs") / f"reproduce-{name}"
     check_output_folder(folder)
 

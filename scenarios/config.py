@@ -477,6 +477,14 @@ class TrainingSpec(_Section):
     """Where clients train and the server evaluates (classification): ``auto`` picks a GPU when
     torch sees one; ``cuda`` requires one."""
 
+    @field_validator("train_loss", mode="before")
+    @classmethod
+    def _train_loss_is_a_reading(cls, value: Any) -> Any:
+        # one line naming the choices, not pydantic's error for each member of the union
+        if isinstance(value, str) and value not in ("last-epoch", "last-epoch-examples"):
+            raise ValueError("must be true, false, 'last-epoch' or 'last-epoch-examples'")
+        return value
+
     @field_validator("device")
     @classmethod
     def _cuda_is_there(cls, device: str) -> str:

@@ -1124,6 +1124,20 @@ def test_a_refused_set_fails_before_the_output_folder_is_written(cli, tmp_path):
         "fairclip: error: --set training.server_lr: the setup's grid varies it, so each grid point sets it"
     ]
     assert not out.exists()
+    # a key the runs take with a value they refuse: refused before the folder is written too, so
+    # the corrected command can use the same --out (it once met a sweep.json of the refused one)
+    for name, assignment, problem in (
+        ("xu-adult", "training.train_loss=last-epoch-example", "true, false, 'last-epoch' or"),
+        ("zhao-skewed-mnist", "training.one_step_rows=many", "training.one_step_rows"),
+        ("esipova-adult", "policy.scale_threshold=-1", "scale_threshold must be > 0"),
+    ):
+        chosen = ["--policies", "global"] if name == "esipova-adult" else []
+        status, _stdout, err = cli(
+            "reproduce", name, *chosen, "--set", assignment, "--out", str(out), "--data-dir", str(tmp_path)
+        )
+        assert status == 2, (assignment, err)
+        assert len(err.strip().splitlines()) == 1 and problem in err, err
+        assert not out.exists(), assignment
 
 
 def test_a_policys_final_runs_start_once_its_own_grid_has_finished(ray_session, tmp_path, monkeypatch):

@@ -234,6 +234,30 @@ class Planner:
         validate(raw)  # fail before any work
         return raw
 
+    def check_first_runs(self, full: bool, limit: int | None) -> None:
+        """Plan, and drop, the first run of every policy: its first grid point (or none), at the
+        first target ε, for the first seed. A ``--set`` value that no run would take (a wrong
+        type, an unknown choice, a combination the configuration refuses) then fails here, with
+        the error the real plan would give, before the output folder is written;
+        :func:`checked_overrides` checks only the keys."""
+        searched = self._searched
+        self._searched = (full, limit)
+        try:
+            seed = int(self.base.get("seed", 0))
+            for policy in self.setup.policies:
+                gridded = bool(grid_axes(self.setup, policy, full))
+                point = grid_points(self.setup, policy, full, limit)[0]
+                self.raw(
+                    policy,
+                    point if gridded else {},
+                    self.setup.epsilons[0],
+                    seed,
+                    validation=gridded,
+                    search_runs=self.search_runs(policy),
+                )
+        finally:
+            self._searched = searched
+
     def grid_runs(self, full: bool, limit: int | None) -> list[Run]:
         """The validation runs of every policy with grid axes (one with none has nothing to
         choose: its final runs start at once, :meth:`ungridded_runs`)."""
