@@ -8,6 +8,7 @@ MODELS = (
     "mlp",
     "mlp-tanh",
     "binary-mlp",
+    "eicu-mlp",
     "cnn",
     "tanh-cnn",
     "esipova-cnn",

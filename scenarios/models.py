@@ -9,6 +9,14 @@
   and its authors' code, ``layer6ai-labs/fair-dp``).
 * ``binary-mlp``: ``mlp`` with one output z and a sigmoid, as seed 001 (SoftAdaClip) trains
   Adult: logits (0, z), as ``binary-logistic`` (two classes only).
+* ``eicu-mlp``: seed 001's eICU network (appendix A.2), which its "complex" Adult model
+  replicates (A.3): dense 128, GroupNorm, ReLU, dense 64, GroupNorm, ReLU, dense 32, ReLU,
+  dropout 0.3, dense to the classes (softmax cross-entropy). The paper gives no number of
+  groups; ``GroupNorm(32, C)`` is what Opacus' ``ModuleValidator.fix`` puts in place of a batch
+  normalisation of C = 128 or 64 channels (gcd(32, C)). Its dropout masks are drawn per
+  training call from the run's seed, the round and the call's first client
+  (:class:`fairclip.scenarios.tasks.classification.ClassificationTask`), so a run is the same on
+  every executor and after a resume; evaluation runs without dropout.
 * ``sigmoid-logistic``: seed 003's "logistic regression" as its authors' code runs it: one linear
   layer to the classes, a sigmoid on each output, and those sigmoids fed to cross-entropy as
   logits (so per-example gradients stay small: Dutch, seed 003).
@@ -66,6 +74,20 @@ def build_model(name: str, input_shape: tuple[int, ...], num_classes: int) -> nn
         return nn.Sequential(nn.Flatten(), nn.Linear(features, 1), ZeroLogit())
     if name == "sigmoid-logistic":
         return nn.Sequential(nn.Flatten(), nn.Linear(features, num_classes), nn.Sigmoid())
+    if name == "eicu-mlp":
+        return nn.Sequential(
+            nn.Flatten(),
+            nn.Linear(features, 128),
+            nn.GroupNorm(32, 128),
+            nn.ReLU(),
+            nn.Linear(128, 64),
+            nn.GroupNorm(32, 64),
+            nn.ReLU(),
+            nn.Linear(64, 32),
+            nn.ReLU(),
+            nn.Dropout(0.3),
+            nn.Linear(32, num_classes),
+        )
     if name in ("mlp", "mlp-tanh", "binary-mlp"):
         activation = nn.Tanh if name == "mlp-tanh" else nn.ReLU
         if name == "binary-mlp" and num_classes != 2:
@@ -185,6 +207,13 @@ class ZeroLogit(nn.Module):
 
     def forward(self, scores: torch.Tensor) -> torch.Tensor:
         return torch.cat([torch.zeros_like(scores), scores], dim=1)
+
+
+def has_dropout(model: nn.Module) -> bool:
+    """Whether ``model`` draws random numbers in training (a dropout layer with p > 0)."""
+    return any(
+        isinstance(module, nn.modules.dropout._DropoutNd) and module.p > 0 for module in model.modules()
+    )
 
 
 def batch_statistics_layers(model: nn.Module) -> list[tuple[str, nn.Module]]:

@@ -25,6 +25,8 @@ class Stream(IntEnum):
     """The noise of their released evaluation sums (never the round's training noise)."""
     EVALUATION_DATA = 6
     """Which of a simulated client's examples it holds out for evaluation."""
+    DROPOUT = 7
+    """The dropout masks of a training call (by round and the call's first client)."""
 
 
 def rng(seed: int, stream: Stream, *keys: int) -> np.random.Generator:

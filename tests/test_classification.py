@@ -29,7 +29,15 @@ IMAGE_MODELS = [
 INPUT_SHAPES = {
     **{
         name: (10,)
-        for name in ("logistic", "binary-logistic", "sigmoid-logistic", "mlp", "mlp-tanh", "binary-mlp")
+        for name in (
+            "logistic",
+            "binary-logistic",
+            "sigmoid-logistic",
+            "mlp",
+            "mlp-tanh",
+            "binary-mlp",
+            "eicu-mlp",
+        )
     },
     **{name: (1, 28, 28) for name in IMAGE_MODELS},
 }
@@ -79,8 +87,8 @@ def test_model_builds_for_its_input_shape_and_vectors_round_trip(name):
     load_vector(other, vector)
     np.testing.assert_array_equal(model_to_vector(other), vector)
     inputs = torch.rand(2, *shape, generator=_generator(5))
-    with torch.no_grad():
-        torch.testing.assert_close(other(inputs), model(inputs), rtol=0, atol=0)
+    with torch.no_grad():  # in evaluation mode: without eicu-mlp's dropout, as evaluation runs
+        torch.testing.assert_close(other.eval()(inputs), model.eval()(inputs), rtol=0, atol=0)
 
     # ... and so does an arbitrary float32-representable vector.
     arbitrary = _float32_vector(vector.size, seed=2)
@@ -175,6 +183,55 @@ def test_seed_000s_resnet18_is_timms_with_group_normalisation():
     batch = torch.cat([torch.rand(1, 1, 28, 28, generator=_generator(3)), torch.rand(5, 1, 28, 28) * 9])
     torch.testing.assert_close(model(batch)[:1], alone, rtol=1e-5, atol=1e-5)
     assert build_model("zhao-resnet18", (3, 32, 32), 100)(torch.rand(2, 3, 32, 32)).shape == (2, 100)
+
+
+def test_the_eicu_mlp_is_seed_001s_network():
+    """Appendix A.2: dense 128, 64, 32 and the output, ReLU after each hidden layer, GroupNorm
+    after the first two (32 groups, as Opacus' ModuleValidator.fix), dropout 0.3 after the third."""
+    model = build_model("eicu-mlp", (97,), 2)
+    layers = [type(layer).__name__ for layer in model]
+    assert layers == ["Flatten", *("Linear", "GroupNorm", "ReLU") * 2, "Linear", "ReLU", "Dropout", "Linear"]
+    assert [layer.out_features for layer in model if isinstance(layer, torch.nn.Linear)] == [128, 64, 32, 2]
+    assert [
+        (layer.num_groups, layer.num_channels) for layer in model if isinstance(layer, torch.nn.GroupNorm)
+    ] == [
+        (32, 128),
+        (32, 64),
+    ]
+    assert model[9].p == 0.3
+    assert (
+        sum(p.numel() for p in model.parameters())
+        == 97 * 128 + 128 + 256 + 128 * 64 + 64 + 128 + 64 * 32 + 32 + 66
+    )
+
+
+def test_dropout_masks_are_drawn_per_call_from_the_seed_the_round_and_the_first_client():
+    """A model with dropout trains the same call the same way every time (so a run is the same
+    on every executor and after a resume), another round differently, and leaves torch's global
+    generator as it found it; the materialised and the per-example-norm paths draw the same masks."""
+    from fairclip.strategies.registry import build_policy
+
+    sets = [
+        "scenario.examples_per_client=1",
+        "federation.num_clients=200",
+        "scenario.model=eicu-mlp",
+        "seed=4",
+    ]
+    task = build_task(load_config("demo", None, sets))
+    assert task.one_step and task._dropout
+    policy = build_policy("constant", {"initial_bound": 1.0}, num_cohorts=2)
+    theta, ids = task.initial_model(), np.arange(40)
+    state = torch.get_rng_state()
+    first = task.per_example_gradients(theta, ids, 3, policy)
+    assert torch.equal(torch.get_rng_state(), state)
+    np.testing.assert_array_equal(task.per_example_gradients(theta, ids, 3, policy).norms, first.norms)
+    assert not np.allclose(task.per_example_gradients(theta, ids, 4, policy).norms, first.norms)
+    rows = task.local_updates(theta, ids, 3)
+    np.testing.assert_allclose(np.linalg.norm(rows, axis=1), first.norms, rtol=1e-4)
+    for layer in task.model.modules():  # the same call without dropout: the masks were in use
+        if isinstance(layer, torch.nn.Dropout):
+            layer.p = 0.0
+    assert not np.allclose(task.per_example_gradients(theta, ids, 3, policy).norms, first.norms)
 
 
 def test_unknown_model_is_refused():

@@ -23,7 +23,15 @@ from fairclip.strategies.registry import POLICIES, build_policy, policy_paramete
 
 SHAPES = {
     name: (1, 6, 6)
-    for name in ("logistic", "binary-logistic", "sigmoid-logistic", "mlp", "mlp-tanh", "binary-mlp")
+    for name in (
+        "logistic",
+        "binary-logistic",
+        "sigmoid-logistic",
+        "mlp",
+        "mlp-tanh",
+        "binary-mlp",
+        "eicu-mlp",
+    )
 }
 """Input shapes of the models that take any input (the CNNs take 1×28×28)."""
 
@@ -66,15 +74,20 @@ def test_every_policy_sums_each_block_as_the_materialised_gradients_do(model_nam
     features = torch.randn(count, *shape, generator=torch.Generator().manual_seed(1))
     labels = torch.arange(count) % classes
     cohorts = np.arange(count) % 2
+    torch.manual_seed(2)  # eicu-mlp's dropout: both paths draw the same masks from one seed
     updates = one_step_updates(model, theta, features, labels, lr=0.5)
+    torch.manual_seed(2)
     gradients = one_step_gradients(model, theta, features, labels, lr=0.5)
     norms = row_norms(updates)
-    np.testing.assert_allclose(gradients.norms, norms, rtol=1e-5)
+    # eicu-mlp's GroupNorm of 4 channels a group amplifies float32 rounding: both paths lie
+    # 2-3e-5 from a float64 computation of the same norms (checked 2026-12-06)
+    np.testing.assert_allclose(gradients.norms, norms, rtol=1e-4 if model_name == "eicu-mlp" else 1e-5)
     tolerance = _float32_tolerance(theta, count)
-    if model_name in LARGE_MODELS:
-        # 20 layers of float32 arithmetic, batched here and one example at a time there: the
-        # gradients themselves differ in the 6th-7th digit (the norms agree to 1e-5 above)
-        tolerance = max(tolerance, 1e-5 * float(np.abs(updates).sum(0).max()))
+    # 20 layers of float32 arithmetic (zhao-resnet18), or eicu-mlp's small groups (above), batched
+    # here and one example at a time there: the gradients themselves differ in the 5th-7th digit
+    relative = {"eicu-mlp": 1e-4, **dict.fromkeys(LARGE_MODELS, 1e-5)}.get(model_name)
+    if relative is not None:
+        tolerance = max(tolerance, relative * float(np.abs(updates).sum(0).max()))
     for name in sorted(POLICIES):
         policy = _policy(name, float(np.median(norms)), num_cohorts=2)
         assert policy.row_scaling
@@ -86,13 +99,16 @@ def test_every_policy_sums_each_block_as_the_materialised_gradients_do(model_nam
             np.testing.assert_allclose(
                 have.contribution_sum, want.contribution_sum, atol=tolerance, err_msg=where
             )
-            np.testing.assert_allclose(have.report_sum, want.report_sum, atol=1e-6, err_msg=where)
+            report_tolerance = max(1e-6, (relative or 0) * float(np.abs(want.report_sum).max(initial=0)))
+            np.testing.assert_allclose(have.report_sum, want.report_sum, atol=report_tolerance, err_msg=where)
             assert have.num_reports == want.num_reports == sizes[block]
             for field in ("sampled", "exceeded", "nonfinite"):
                 np.testing.assert_array_equal(
                     getattr(have.diagnostics, field), getattr(want.diagnostics, field), err_msg=where
                 )
-            np.testing.assert_allclose(have.diagnostics.norm_after, want.diagnostics.norm_after, rtol=1e-5)
+            np.testing.assert_allclose(
+                have.diagnostics.norm_after, want.diagnostics.norm_after, rtol=max(1e-5, relative or 0)
+            )
         assert any(np.abs(part.contribution_sum).max() > 100 * tolerance for part in got)
 
 

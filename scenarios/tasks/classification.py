@@ -9,8 +9,10 @@ distribution; real datasets are loaded, optionally skewed, and partitioned
 
 from __future__ import annotations
 
+import contextlib
 import copy
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +31,7 @@ from fairclip.scenarios.models import (
     MODELS,
     batch_statistics_layers,
     build_model,
+    has_dropout,
     model_to_vector,
     resolve_device,
 )
@@ -155,6 +158,11 @@ def rows_per_one_step_call(device: torch.device) -> int:
     return CPU_ONE_STEP_ROWS if torch.device(device).type == "cpu" else GPU_ONE_STEP_ROWS
 
 
+_GLOBAL_GENERATOR = threading.Lock()
+"""Held while a training call of a model with dropout has torch's process-wide generator seeded
+for it (:meth:`ClassificationTask._dropout_masks`)."""
+
+
 class ClassificationTask:
     """Local SGD on each client's examples; evaluation per cohort on the test set."""
 
@@ -247,6 +255,8 @@ class ClassificationTask:
         self._initial = model_to_vector(self.model)
         self.evaluation_model = copy.deepcopy(self.model)
         """Evaluation's own copy: :func:`predict` may change its memory format."""
+        self._dropout = has_dropout(self.model)
+        """Whether training draws dropout masks (seeded per call: :meth:`_dropout_masks`)."""
         self.one_step = training.local_epochs == 1 and (
             self.generated.examples_per_client == 1
             if self.generated is not None
@@ -432,19 +442,38 @@ class ClassificationTask:
                 start += len(client_rows)
             self.holdout_indices = _HeldClients(held_out)
 
+    @contextlib.contextmanager
+    def _dropout_masks(self, round_number: int, first_client: int) -> Iterator[None]:
+        """Seed torch's generator for a training call of a model with dropout (``eicu-mlp``) from
+        the run's seed, the round and the call's first client, and restore it afterwards: the
+        calls (the executors' fixed groups, :func:`fairclip.strategies.aggregation.group_blocks`)
+        and so the masks are the same on every executor, with any number of workers, and after a
+        resume. Dropout draws nothing from the private data, so the clipped contributions keep
+        their bound. torch's generator is one per process, so worker threads
+        (:class:`fairclip.sims.executors.local.LocalExecutor`) take turns in these calls; a model
+        without dropout draws nothing and runs them side by side."""
+        if not self._dropout:
+            yield
+            return
+        devices = [self.device] if self.device.type == "cuda" else []
+        with _GLOBAL_GENERATOR, torch.random.fork_rng(devices=devices, device_type=self.device.type):
+            torch.manual_seed(int(rng(self.seed, Stream.DROPOUT, round_number, first_client).integers(2**62)))
+            yield
+
     def local_updates(self, model: np.ndarray, client_ids: np.ndarray, round_number: int) -> np.ndarray:
         if self.one_step:
             # The sample-level special case (docs/design.md, section 2): no shuffling to draw, so no
             # per-client generator; all sampled clients' gradients at once.
             if len(client_ids) == 0:
                 return np.empty((0, model.shape[0]))
-            updates = one_step_updates(
-                self.model,
-                model,
-                *self._examples(client_ids),
-                self.training.lr,
-                class_weights=self.training.class_weights,
-            )
+            with self._dropout_masks(round_number, int(client_ids[0])):
+                updates = one_step_updates(
+                    self.model,
+                    model,
+                    *self._examples(client_ids),
+                    self.training.lr,
+                    class_weights=self.training.class_weights,
+                )
             if self.objective is not None:  # Δ_i = −η_l (∇ℓ_i + r)
                 updates -= self.training.lr * self._round_term(round_number)[None, :]
             return updates
@@ -454,7 +483,8 @@ class ClassificationTask:
             generator = torch.Generator().manual_seed(
                 int(rng(self.seed, Stream.CLIENT, round_number, client).integers(2**62))
             )
-            updates[row] = local_update(self.model, model, features, labels, self.training, generator)
+            with self._dropout_masks(round_number, int(client)):
+                updates[row] = local_update(self.model, model, features, labels, self.training, generator)
         return updates
 
     def forms_updates(self, policy: Policy) -> bool:
@@ -474,13 +504,14 @@ class ClassificationTask:
         apply (the executor then materialises the updates)."""
         if self.forms_updates(policy) or not len(client_ids):
             return None
-        return one_step_gradients(
-            self.model,
-            model,
-            *self._examples(client_ids),
-            self.training.lr,
-            self.training.class_weights,
-        )
+        with self._dropout_masks(round_number, int(client_ids[0])):
+            return one_step_gradients(
+                self.model,
+                model,
+                *self._examples(client_ids),
+                self.training.lr,
+                self.training.class_weights,
+            )
 
     def _examples(self, client_ids: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
         """The training examples and labels of ``client_ids``, in their order."""

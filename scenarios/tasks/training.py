@@ -12,7 +12,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from fairclip.scenarios.models import image_layout, load_vector, model_to_vector
+from fairclip.scenarios.models import has_dropout, image_layout, load_vector, model_to_vector
 
 
 @dataclass(frozen=True)
@@ -116,7 +116,9 @@ def one_step_updates(
             return nn.functional.cross_entropy(logits, y.unsqueeze(0))
         return weighted_losses(logits, y.unsqueeze(0), class_weights).sum()
 
-    per_example_grads = vmap(grad(example_loss), in_dims=(None, 0, 0))
+    # a dropout layer draws each example's own mask (the caller seeds the draws)
+    randomness = "different" if has_dropout(model) else "error"
+    per_example_grads = vmap(grad(example_loss), in_dims=(None, 0, 0), randomness=randomness)
     count = labels.shape[0]
     updates = np.empty((count, global_vector.shape[0]))
     global_tensor = torch.tensor(global_vector, dtype=torch.float64)  # a copy: θ_t may be read-only
