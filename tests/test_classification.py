@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from fairclip.scenarios.config import load_config
+from fairclip.scenarios.model_names import IMAGE_MODELS
 from fairclip.scenarios.models import MODELS, build_model, load_vector, model_to_vector
 from fairclip.scenarios.tasks import build_task
 from fairclip.scenarios.tasks.classification import synthetic_data
@@ -16,31 +17,9 @@ from fairclip.scenarios.tasks.evaluation import PREDICT_BATCH, evaluate, predict
 from fairclip.scenarios.tasks.training import LocalTraining, local_update
 from fairclip.sims.executors.loop import simulate
 
-IMAGE_MODELS = [
-    "cnn",
-    "tanh-cnn",
-    "esipova-cnn",
-    "zhao-cnn",
-    "xu-cnn",
-    "xu-cnn-normalized",
-    "galli-cnn",
-    "zhao-resnet18",
-]
-INPUT_SHAPES = {
-    **{
-        name: (10,)
-        for name in (
-            "logistic",
-            "binary-logistic",
-            "sigmoid-logistic",
-            "mlp",
-            "mlp-tanh",
-            "binary-mlp",
-            "eicu-mlp",
-        )
-    },
-    **{name: (1, 28, 28) for name in IMAGE_MODELS},
-}
+INPUT_SHAPES = {name: (1, 28, 28) if name in IMAGE_MODELS else (10,) for name in MODELS}
+"""Each built-in model's input in these tests: the image models take 1×28×28, the others any
+flat input."""
 
 
 def _generator(seed: int) -> torch.Generator:

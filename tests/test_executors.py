@@ -88,24 +88,24 @@ def test_ray_backend_and_local_workers_through_the_cli(ray_session, cli, tmp_pat
     assert status == 2 and err.strip().count("\n") == 0 and "--workers" in err
 
 
-def test_one_step_clients_give_identical_runs_on_local_threads_and_ray(ray_session):
+@pytest.mark.parametrize(
+    "model_sets",
+    [
+        ["policy.name=bounded", "privacy.noise_multiplier=0.6", "seed=11"],
+        ["scenario.model=eicu-mlp", "policy.name=adaptive", "privacy.noise_multiplier=0.5"],
+    ],
+    ids=["mlp", "eicu-mlp-dropout"],
+)
+def test_one_step_clients_give_identical_runs_on_local_threads_and_ray(ray_session, model_sets):
     """Per-sample gradients are computed for several blocks at once, by one thread, by several
-    threads or by Ray actors; the run must not depend on it."""
+    threads or by Ray actors; the run must not depend on it. eicu-mlp also draws dropout masks:
+    each call seeds them from the run's seed, the round and its first client, so the fixed groups
+    give the same masks everywhere (worker threads take turns: torch's generator is one per
+    process, and without the turns a thread could draw from the seed another had just set)."""
     from fairclip.sims.executors.ray import RayExecutor
 
-    config = load_config(
-        "demo",
-        None,
-        [
-            "scenario.examples_per_client=1",
-            "federation.num_clients=600",
-            "federation.sample_rate=0.3",
-            "training.rounds=3",
-            "policy.name=bounded",
-            "privacy.noise_multiplier=0.6",
-            "seed=11",
-        ],
-    )
+    one_step = ["scenario.examples_per_client=1", "federation.num_clients=600", "federation.sample_rate=0.3"]
+    config = load_config("demo", None, [*one_step, "training.rounds=3", *model_sets])
     task = build_task(config)
     assert task.one_step
     local = simulate(config, task, LocalExecutor)
@@ -118,35 +118,6 @@ def test_one_step_clients_give_identical_runs_on_local_threads_and_ray(ray_sessi
     for other in (remote, threads):
         pd.testing.assert_frame_equal(pd.DataFrame(local.rows), pd.DataFrame(other.rows), check_exact=True)
         np.testing.assert_array_equal(local.model, other.model)
-
-
-def test_a_model_with_dropout_gives_identical_runs_on_local_threads_and_ray(ray_session):
-    """eicu-mlp draws dropout masks in training: each call seeds them from the run's seed, the
-    round and its first client, so the fixed groups give the same masks in this process, in
-    worker threads (which take turns: torch's generator is one per process; before, a thread
-    could draw from the seed another had just set) and in Ray actors."""
-    from fairclip.sims.executors.ray import RayExecutor
-
-    sets = ["scenario.examples_per_client=1", "federation.num_clients=300", "federation.sample_rate=0.3"]
-    sets += [
-        "training.rounds=3",
-        "scenario.model=eicu-mlp",
-        "policy.name=adaptive",
-        "privacy.noise_multiplier=0.5",
-    ]
-    config = load_config("demo", None, sets)
-    local = simulate(config, build_task(config), LocalExecutor)
-    executor = RayExecutor.start(config, None, num_actors=2)
-    try:
-        remote = simulate(config, build_task(config), lambda _task, _policy: executor)
-    finally:
-        executor.stop()
-    threads = simulate(config, build_task(config), lambda task, pol: LocalExecutor(task, pol, workers=2))
-    for other in (remote, threads):
-        pd.testing.assert_frame_equal(pd.DataFrame(local.rows), pd.DataFrame(other.rows), check_exact=True)
-        np.testing.assert_array_equal(local.model, other.model)
-    reseeded = load_config("demo", None, [*sets, "seed=1"])  # other masks (and data, noise)
-    assert not np.array_equal(simulate(reseeded, build_task(reseeded), LocalExecutor).model, local.model)
 
 
 def test_worker_threads_give_the_same_run_as_one_thread():

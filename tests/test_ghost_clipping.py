@@ -13,6 +13,7 @@ from torch import nn
 
 from fairclip.benchmarks.imagetask import image_config, image_run
 from fairclip.client.contributions import contribute_blocks, contribute_scaled_blocks
+from fairclip.scenarios.model_names import IMAGE_MODELS
 from fairclip.scenarios.models import MODELS, build_model, model_to_vector
 from fairclip.scenarios.tasks import build_task
 from fairclip.scenarios.tasks.ghost import ghost_layers, one_step_gradients
@@ -21,18 +22,7 @@ from fairclip.sims.executors.loop import simulate
 from fairclip.strategies.clipping import row_norms
 from fairclip.strategies.registry import POLICIES, build_policy, policy_parameters
 
-SHAPES = {
-    name: (1, 6, 6)
-    for name in (
-        "logistic",
-        "binary-logistic",
-        "sigmoid-logistic",
-        "mlp",
-        "mlp-tanh",
-        "binary-mlp",
-        "eicu-mlp",
-    )
-}
+SHAPES = {name: (1, 6, 6) for name in MODELS if name not in IMAGE_MODELS}
 """Input shapes of the models that take any input (the CNNs take 1×28×28)."""
 
 
