@@ -197,7 +197,7 @@ def test_block_sums_added_on_the_gpu_equal_the_host_total_bit_for_bit(name, batc
     assert total.report_sum.tobytes() == want.report_sum.tobytes()
 
 
-@pytest.mark.parametrize(
+CPU_AND_GPU = pytest.mark.parametrize(
     "device",
     [
         "cpu",
@@ -209,6 +209,10 @@ def test_block_sums_added_on_the_gpu_equal_the_host_total_bit_for_bit(name, batc
         ),
     ],
 )
+"""Runs on the CPU here and on the GPU where torch sees one."""
+
+
+@CPU_AND_GPU
 def test_a_run_with_its_block_sums_on_the_device_is_the_run_with_them_on_the_host(device):
     """Whole noisy one-step runs (the demo's CNN, one example per client): the in-process executor's
     block sums kept and added where the gradients are (on a GPU by default; forced here on the
@@ -248,3 +252,22 @@ def test_a_run_with_its_block_sums_on_the_device_is_the_run_with_them_on_the_hos
         pd.DataFrame(runs["device"].rows), pd.DataFrame(runs["host"].rows), check_exact=True
     )
     np.testing.assert_array_equal(runs["device"].model, runs["host"].model)
+
+
+@CPU_AND_GPU
+def test_dropout_masks_are_seeded_per_call_on_each_device(device):
+    """eicu-mlp's dropout draws from the device's generator: each training call forks and seeds
+    it (ClassificationTask._dropout_masks), so a run does not depend on the generator's state
+    when it starts (without the seeding this run differs)."""
+    from fairclip.scenarios.config import load_config
+    from fairclip.scenarios.tasks import build_task
+    from fairclip.sims.executors.loop import simulate
+
+    settings = ["scenario.examples_per_client=1", "federation.num_clients=300", "federation.sample_rate=0.3"]
+    settings += ["training.rounds=3", "scenario.model=eicu-mlp", "policy.name=adaptive"]
+    config = load_config("demo", None, [*settings, f"training.device={device}"])
+    first = simulate(config, build_task(config))
+    task = build_task(config)
+    torch.manual_seed(99)  # every device's generator elsewhere: the calls seed their own
+    second = simulate(config, task)
+    np.testing.assert_array_equal(first.model, second.model)

@@ -455,7 +455,9 @@ class ClassificationTask:
         if not self._dropout:
             yield
             return
-        devices = [self.device] if self.device.type == "cuda" else []
+        devices = []  # the CUDA device whose generator is forked too (fork_rng takes indices)
+        if self.device.type == "cuda":
+            devices = [torch.cuda.current_device() if self.device.index is None else self.device.index]
         with _GLOBAL_GENERATOR, torch.random.fork_rng(devices=devices, device_type=self.device.type):
             torch.manual_seed(int(rng(self.seed, Stream.DROPOUT, round_number, first_client).integers(2**62)))
             yield

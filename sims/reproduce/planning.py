@@ -245,14 +245,13 @@ class Planner:
         try:
             seed = int(self.base.get("seed", 0))
             for policy in self.setup.policies:
-                gridded = bool(grid_axes(self.setup, policy, full))
-                point = grid_points(self.setup, policy, full, limit)[0]
+                point = grid_points(self.setup, policy, full, limit)[0]  # {} without grid axes
                 self.raw(
                     policy,
-                    point if gridded else {},
+                    point,
                     self.setup.epsilons[0],
                     seed,
-                    validation=gridded,
+                    validation=bool(point),  # a grid's runs evaluate on the validation split
                     search_runs=self.search_runs(policy),
                 )
         finally:
