@@ -909,8 +909,9 @@ def reproduce(
     if name is None:
         raise ConfigError("give a reproduction NAME (see `fairclip reproduce --list`)")
     setup = setups.load_setup(name)  # an unknown name fails before the data are read
-    if overrides:  # and so does a --set the runs would not take, before the folder is written
-        planning.checked_overrides(setups.select_policies(setup, policies), list(overrides))
+    chosen = setups.select_policies(setup, policies)  # and so do unknown policies
+    if overrides:  # and a --set key the runs would not take, before the folder is written
+        planning.checked_overrides(chosen, list(overrides))
 
     def spec_of(explicit_only: bool) -> dict[str, Any]:
         return repro.reproduce_spec(
@@ -929,7 +930,6 @@ def reproduce(
     explicit = spec_of(explicit_only=True)  # what --extend puts over the stored options
     resolved_data = resolve_data_dir(data_dir)
     if overrides:  # a --set value the runs would refuse, before the folder is written
-        chosen = setups.select_policies(setup, policies)
         planner = planning.Planner(chosen, resolved_data, list(overrides), max_rounds, max_batch=max_batch)
         planner.check_first_runs(bool(full_grid), grid_limit)
     folder = folder or Path("runs") / f"reproduce-{name}"
