@@ -97,7 +97,7 @@ MEANINGS: dict[str, str] = {
     "training.client_lr": "η_l, the clients' learning rate.",
     "training.server_lr": "η_s, the server's learning rate along the released update Δ̂.",
     "training.server_momentum": "Momentum of the server's SGD step (post-processing).",
-    "training.server_beta1": 'β₁ of the server\'s Adam (`server_optimizer = "adam"`).',
+    "training.server_beta1": 'β₁ of the server\'s Adam (`server_optimizer = "adam"` or `"adam-wosm"`).',
     "training.server_beta2": "β₂ of the server's Adam.",
     "training.server_eps": "ε of the server's Adam (numerical, not privacy).",
     "policy.name": "The clipping policy: a built-in name (below), or a plug-in reference (a "

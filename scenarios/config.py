@@ -413,10 +413,12 @@ class TrainingSpec(_Section):
     """w_y, one per class: each training example's loss is multiplied by its class's weight
     (seed 001's binary cross-entropy with positive weight 2 is ``[1.0, 2.0]`` on a ``binary-*``
     model); classification only. The evaluation loss stays the plain cross-entropy."""
-    server_optimizer: Literal["sgd", "adam"] = "sgd"
+    server_optimizer: Literal["sgd", "adam", "adam-wosm"] = "sgd"
     """How the server steps along the released Δ̂ (post-processing): SGD with
-    ``server_momentum``, or Adam with ``server_beta1``, ``server_beta2`` and ``server_eps``
-    (:mod:`fairclip.server.optimizer`; DP-Adam in the sample-level case)."""
+    ``server_momentum``, Adam with ``server_beta1``, ``server_beta2`` and ``server_eps``
+    (DP-Adam in the sample-level case), or ``adam-wosm``, Adam's first moment (``server_beta1``)
+    over the noise's standard deviation per coordinate (Mohapatra et al. 2022's DPAdamWOSM; a
+    private run only) (:mod:`fairclip.server.optimizer`)."""
     server_beta1: Annotated[float, Field(ge=0, lt=1)] = 0.9
     server_beta2: Annotated[float, Field(ge=0, lt=1)] = 0.999
     server_eps: PositiveFloat = 1e-8
@@ -497,7 +499,7 @@ class TrainingSpec(_Section):
 
     @model_validator(mode="after")
     def _momentum_is_sgds(self) -> TrainingSpec:
-        if self.server_optimizer == "adam" and self.server_momentum:
+        if self.server_optimizer != "sgd" and self.server_momentum:
             raise ValueError("server_momentum is SGD's; Adam keeps its own moments (server_beta1/2)")
         return self
 
@@ -783,6 +785,7 @@ def validate(raw: dict[str, Any]) -> RunConfig:
     policy = policy_spec(raw_policy, num_cohorts)
     config = partial.model_copy(update={POLICY: policy})
     _check_clipping_error(config)
+    _check_server_optimizer(config)
     _check_objective(config)
     if config.training.class_weights is not None and config.scenario.task == "mean-estimation":
         raise ConfigError("training.class_weights: a mean-estimation task has no classes")
@@ -816,6 +819,19 @@ def _check_clipping_error(config: RunConfig) -> None:
             f"training.clipping_error: {config.training.clipping_error!r} steps with the unclipped sum, "
             "which DP does not cover; set privacy.noise_multiplier = 0 and no privacy.target_epsilon "
             "(a non-private ablation)"
+        )
+
+
+def _check_server_optimizer(config: RunConfig) -> None:
+    """``training.server_optimizer = "adam-wosm"`` divides by the noise's standard deviation, so
+    only a private run (a private policy, with DP noise) can use it."""
+    if config.training.server_optimizer != "adam-wosm":
+        return
+    noised = config.privacy.noise_multiplier > 0 or config.privacy.target_epsilon is not None
+    if config.policy.name == "none" or not noised:
+        raise ConfigError(
+            "training.server_optimizer: adam-wosm divides by the DP noise's standard deviation; "
+            "it needs a private policy and privacy.noise_multiplier > 0 or privacy.target_epsilon"
         )
 
 

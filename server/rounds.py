@@ -124,7 +124,9 @@ class Rounds:
         # the checks below read released values only, and the round is accounted before they can
         # stop the run: a model that is not finite, or a state whose bound is not a finite
         # number > 0 (PolicyError), ends it here, the round not taken
-        model = self.optimizer.step(self.model, released.estimate, released.server_lr_factor)
+        model = self.optimizer.step(
+            self.model, released.estimate, released.server_lr_factor, released.estimate_noise_std
+        )
         if not np.isfinite(model).all():
             raise NotFiniteError(
                 f"round {round_number}: the model is not finite after the server step (is the server "

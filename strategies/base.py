@@ -285,6 +285,9 @@ class ServerRound:
     """Extra public values to log (for example the server learning-rate factor of ``online``)."""
     event: DPEvent = DPEvent(0.0)
     """What this round released, for the accountant (no noise: the non-private ``none``)."""
+    estimate_noise_std: float = 0.0
+    """s_t = ``noise_std`` / Δ̂'s denominator: the standard deviation of each coordinate of Δ̂'s
+    noise (public: σ_Δ, n_t and m̂), for a server optimizer that scales by it (``adam-wosm``)."""
 
 
 @dataclass(frozen=True)
@@ -692,6 +695,7 @@ class Policy(ABC):
             noisy_reports=noisy_reports,
             info=self.round_info(state),
             event=event,
+            estimate_noise_std=noise_std / denominator,
         )
 
 

@@ -49,10 +49,11 @@ POLICY_SETTINGS = {
     "per-cohort-same-round": ["policy.name=per-cohort", "policy.same_round=true"],
     "online": ["policy.name=online"],
     "adam": ["policy.name=bounded", "training.server_optimizer=adam", "training.server_lr=0.05"],
+    "adam-wosm": ["policy.name=bounded", "training.server_optimizer=adam-wosm", "training.server_lr=0.002"],
     "sgd-momentum": ["policy.name=bounded", "training.server_momentum=0.9", "training.server_lr=0.5"],
 }
 """Every kind of state a round carries: bounds, counts, the OSO learning-rate factor, and the
-server optimizer's moments (Adam's and SGD's momentum, with the bounded policy)."""
+server optimizer's moments (Adam's, AdamWOSM's and SGD's momentum, with the bounded policy)."""
 
 
 def _config(case: str, *extra: str):

@@ -935,7 +935,9 @@ def test_a_per_grid_budget_gives_each_run_of_a_search_its_share_of_the_target():
     """Seed 002 spends each target ε on a policy's whole grid search (Mohapatra et al.'s
     per-grid budget): every run of a policy with k grid points, its final runs included, is
     calibrated so that k such runs compose to ε. online searches 5 learning rates, fixed and
-    fixed-quantile 25 points, so their runs get less than online's, and far less than ε."""
+    fixed-quantile 25 points, so their runs get less than online's, and far less than ε; adamwosm
+    searches C alone at its fixed ρ_0 (its one-value learning-rate axis replaces the setup's),
+    5 points, as online."""
     from fairclip.strategies.accounting import calibrate_effective, epsilon
 
     planner = _galli_planner()
@@ -943,10 +945,12 @@ def test_a_per_grid_budget_gives_each_run_of_a_search_its_share_of_the_target():
     grid = planner.grid_runs(full=False, limit=None)
     finals = planner.final_runs(2, {})
     q, rounds, delta = 512 / 60_000, 1172, 1e-5
-    sizes = {"online": 5, "fixed": 25, "fixed-quantile": 25}
+    sizes = {"online": 5, "fixed": 25, "fixed-quantile": 25, "adamwosm": 5}
     shares: dict[tuple[str, float], float] = {}
     for run in grid + finals:
         config = validate(run.raw)
+        if run.policy == "adamwosm" and run in grid:  # (these final runs are given no chosen point)
+            assert (config.training.server_optimizer, config.training.server_lr) == ("adam-wosm", 0.001)
         assert (config.federation.sample_rate, config.training.rounds) == (q, rounds)
         assert run.search_runs == sizes[run.policy]
         share = config.privacy.target_epsilon
@@ -958,6 +962,7 @@ def test_a_per_grid_budget_gives_each_run_of_a_search_its_share_of_the_target():
     assert len(grid) == 4 * sum(sizes.values())
     for target in (3.0, 5.0, 7.0, 9.0):
         assert shares["fixed", target] == shares["fixed-quantile", target] < shares["online", target]
+        assert shares["adamwosm", target] == shares["online", target]
     # the noise the notes give at epsilon 3: 2.302 for 25 runs, 1.208 for 5 (0.837 for one run)
     assert calibrate_effective(shares["fixed", 3.0], q, rounds, delta, "rdp") == pytest.approx(
         2.302, abs=0.01
@@ -968,14 +973,20 @@ def test_a_per_grid_budget_gives_each_run_of_a_search_its_share_of_the_target():
     # a smaller grid is a smaller search: k follows the grid last planned, final runs included
     assert planning.per_run_epsilon(3.0, 1, q, rounds, delta, "rdp") == 3.0
     small = planner.grid_runs(full=False, limit=2)
-    assert {run.policy: run.search_runs for run in small} == {"online": 2, "fixed": 4, "fixed-quantile": 4}
+    assert {run.policy: run.search_runs for run in small} == {
+        "online": 2,
+        "fixed": 4,
+        "fixed-quantile": 4,
+        "adamwosm": 2,
+    }
     assert {run.policy: run.search_runs for run in planner.final_runs(1, {})} == {
         "online": 2,
         "fixed": 4,
         "fixed-quantile": 4,
+        "adamwosm": 2,
     }
     line = tables.budget_line(planner.setup, planner)
-    assert "`online` 2, `fixed` 4, `fixed-quantile` 4" in line and "per-grid" in line
+    assert "`online` 2, `fixed` 4, `fixed-quantile` 4, `adamwosm` 2" in line and "per-grid" in line
 
 
 def test_a_per_grid_rows_report_the_epsilon_of_the_whole_search():
