@@ -190,53 +190,45 @@ def test_the_factory_names_each_optimizer():
         server_optimizer("lamb", 0.01)
 
 
+SAMPLE_LEVEL_STEP = [
+    "scenario.examples_per_client=1",
+    "federation.num_clients=400",
+    "training.client_lr=1.0",
+    "training.rounds=1",
+    "policy.name=constant",
+    "policy.initial_bound=0.7",
+    "privacy.noise_multiplier=0.5",
+    "training.server_lr=0.01",
+    "seed=2",
+]
+"""One round of a sample-level demo run (client lr 1, so Δ̂ = −ĝ): C 0.7, σ 0.5, η_s 0.01."""
+
+
+def _one_step(optimizer: str):
+    """The model's change over one :data:`SAMPLE_LEVEL_STEP` round with the server optimizer
+    ``optimizer``, its ε, and its configuration."""
+    config = load_config("demo", None, [*SAMPLE_LEVEL_STEP, f"training.server_optimizer={optimizer}"])
+    task = build_task(config)
+    result = simulate(config, task)
+    return result.model - task.initial_model(), result.summary["epsilon"], config
+
+
 def test_a_sample_level_run_with_server_adam_is_dp_adam():
-    """One step of a sample-level run (client lr 1, so Δ̂ = −ĝ) moves every parameter by about
-    η_s (Adam's first step is ±η_s·ĝ/(|ĝ| + ε)), unlike SGD's step; ε is the same."""
-    settings_ = [
-        "scenario.examples_per_client=1",
-        "federation.num_clients=400",
-        "training.client_lr=1.0",
-        "training.rounds=1",
-        "policy.name=constant",
-        "privacy.noise_multiplier=0.5",
-        "seed=2",
-    ]
-    runs = {}
-    for optimizer in ("sgd", "adam"):
-        config = load_config(
-            "demo", None, [*settings_, f"training.server_optimizer={optimizer}", "training.server_lr=0.01"]
-        )
-        task = build_task(config)
-        result = simulate(config, task)
-        runs[optimizer] = (result.model - task.initial_model(), result.summary["epsilon"])
-    adam_step, sgd_step = runs["adam"][0], runs["sgd"][0]
+    """One step of a sample-level run moves every parameter by about η_s (Adam's first step is
+    ±η_s·ĝ/(|ĝ| + ε)), unlike SGD's step; ε is the same."""
+    adam_step, adam_epsilon, _ = _one_step("adam")
+    sgd_step, sgd_epsilon, _ = _one_step("sgd")
     np.testing.assert_allclose(np.abs(adam_step), 0.01, rtol=1e-3)
     assert np.all(np.sign(adam_step) == np.sign(sgd_step))
-    assert runs["adam"][1] == runs["sgd"][1]
+    assert adam_epsilon == sgd_epsilon
 
 
 def test_a_sample_level_run_with_adam_wosm_steps_sgds_step_over_the_noise_std():
     """One step of a sample-level run with ``adam-wosm`` is SGD's step at the same η_s divided by
     s = σ·C / m̂, the standard deviation of Δ̂'s noise per coordinate (its first bias-corrected
     moment is d_1 itself); the same draws, so the same ε."""
-    settings_ = [
-        "scenario.examples_per_client=1",
-        "federation.num_clients=400",
-        "training.client_lr=1.0",
-        "training.rounds=1",
-        "policy.name=constant",
-        "policy.initial_bound=0.7",
-        "privacy.noise_multiplier=0.5",
-        "training.server_lr=0.01",
-        "seed=2",
-    ]
-    runs = {}
-    for optimizer in ("sgd", "adam-wosm"):
-        config = load_config("demo", None, [*settings_, f"training.server_optimizer={optimizer}"])
-        task = build_task(config)
-        result = simulate(config, task)
-        runs[optimizer] = (result.model - task.initial_model(), result.summary["epsilon"])
+    wosm_step, wosm_epsilon, config = _one_step("adam-wosm")
+    sgd_step, sgd_epsilon, _ = _one_step("sgd")
     noise_std = 0.5 * 0.7 / config.expected_clients
-    np.testing.assert_allclose(runs["adam-wosm"][0], runs["sgd"][0] / (noise_std + 1e-8), rtol=1e-5)
-    assert runs["adam-wosm"][1] == runs["sgd"][1]
+    np.testing.assert_allclose(wosm_step, sgd_step / (noise_std + 1e-8), rtol=1e-5)
+    assert wosm_epsilon == sgd_epsilon
