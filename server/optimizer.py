@@ -18,15 +18,16 @@ is public, so it joins the direction after the noise, unclipped: d_t = Δ̂_t �
 * ``adam-wosm`` (Mohapatra, Sasy, He, Kamath, Thakkar 2022, "The role of adaptive optimizers for
   honest private hyperparameter selection", AAAI: DPAdamWOSM, Adam "with optimal second
   moment"; the baseline of seed 002). Under DP noise Adam's second moment converges to the noise's
-  variance per coordinate, s_t² with s_t = σ_Δ·n_t / m̂ the standard deviation of each coordinate
-  of Δ̂'s noise (public: the multiplier, the sensitivity and the denominator), so DPAdamWOSM puts
-  s_t in place of sqrt(û_t)::
+  variance per coordinate, ξ_t², where ξ_t = σ_Δ·n_t / (Δ̂'s denominator: m̂, or m̂·s_t with
+  ``normalize``) is the standard deviation of each coordinate of Δ̂'s noise (public: the
+  multiplier, the noise's sensitivity n_t and the denominator), so DPAdamWOSM puts ξ_t in place
+  of sqrt(û_t)::
 
       m_t = β₁ m_{t−1} + (1 − β₁) d_t
-      θ_{t+1} = θ_t + η_s · ρ_t · (m_t / (1 − β₁^t)) / (s_t + ε)
+      θ_{t+1} = θ_t + η_s · ρ_t · (m_t / (1 − β₁^t)) / (ξ_t + ε)
 
   Its authors' code (``pyvacy/optim/optimizer.py``, ``AdamWOSM`` with ``cutoff = 0``) divides the
-  learning rate by σ·C·(1/B) + 1e-8 once, at the run's fixed C; here s_t is each round's own, the
+  learning rate by σ·C/B + 1e-8 once, at the run's fixed C; here ξ_t is each round's own, the
   same for a fixed bound.
 
 Anything done here is post-processing of released values and costs no privacy.
@@ -43,7 +44,7 @@ SERVER_OPTIMIZERS = ("sgd", "adam", "adam-wosm")
 
 
 class ServerOptimizer(Protocol):
-    """Steps the model along a round's released update estimate Δ̂; ``noise_std`` is s_t, the
+    """Steps the model along a round's released update estimate Δ̂; ``noise_std`` is ξ_t, the
     standard deviation of each coordinate of Δ̂'s noise (0 without noise)."""
 
     def step(
@@ -105,7 +106,7 @@ class ServerAdam:
 
 @dataclass
 class ServerAdamWOSM:
-    """DPAdamWOSM with learning rate ``lr`` on update estimates: Adam's first moment over s_t, the
+    """DPAdamWOSM with learning rate ``lr`` on update estimates: Adam's first moment over ξ_t, the
     noise's standard deviation per coordinate, in place of its second moment (module docstring)."""
 
     lr: float
@@ -118,7 +119,7 @@ class ServerAdamWOSM:
     def step(
         self, model: np.ndarray, estimate: np.ndarray, lr_factor: float = 1.0, noise_std: float = 0.0
     ) -> np.ndarray:
-        """The next model from the current one, this round's Δ̂ and its noise's s_t (> 0)."""
+        """The next model from the current one, this round's Δ̂ and its noise's ξ_t (> 0)."""
         if not noise_std > 0:
             raise ValueError(
                 "adam-wosm divides by the noise's standard deviation, and this round added none "

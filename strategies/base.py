@@ -286,8 +286,9 @@ class ServerRound:
     event: DPEvent = DPEvent(0.0)
     """What this round released, for the accountant (no noise: the non-private ``none``)."""
     estimate_noise_std: float = 0.0
-    """s_t = ``noise_std`` / Δ̂'s denominator: the standard deviation of each coordinate of Δ̂'s
-    noise (public: σ_Δ, n_t and m̂), for a server optimizer that scales by it (``adam-wosm``)."""
+    """ξ_t = ``noise_std`` / Δ̂'s denominator: the standard deviation of each coordinate of Δ̂'s
+    noise (public: σ_Δ, n_t, m̂ and, with ``normalize``, s_t), for a server optimizer that scales
+    by it (``adam-wosm``)."""
 
 
 @dataclass(frozen=True)

@@ -137,7 +137,7 @@ def _check_round(policy: Policy, state: Any, d: int, inputs: dict[str, Any]) -> 
             assert result.noise_std >= inputs["noise"].update * before, (
                 f"noise std {result.noise_std} < σ_Δ · s_t = {inputs['noise'].update * before}"
             )
-        # s_t, which a server optimizer may scale by (adam-wosm), is the noise std of Δ̂ itself
+        # ξ_t, which a server optimizer may scale by (adam-wosm), is the noise std of Δ̂ itself
         denominator = inputs["expected_clients"] * (before if policy.normalize else 1.0)
         assert math.isclose(result.estimate_noise_std * denominator, result.noise_std, rel_tol=1e-9), (
             f"estimate_noise_std {result.estimate_noise_std} is not the noise std {result.noise_std} "

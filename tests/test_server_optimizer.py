@@ -121,7 +121,7 @@ def test_server_adam_is_torchs_adam_on_the_negated_estimates(seed, beta1, beta2,
 @settings(max_examples=60, deadline=None)
 def test_server_adam_wosm_is_its_authors_step_on_the_negated_estimates(seed, beta1, weight_decay, lr_factors):
     """DPAdamWOSM as its authors' ``AdamWOSM`` (``cutoff = 0``) steps the gradient g = −Δ̂_t:
-    m_t = β₁ m_{t−1} + (1 − β₁) g_t, θ_{t+1} = θ_t − (α / (s_t + ε)) / (1 − β₁^t) · m_t, with the
+    m_t = β₁ m_{t−1} + (1 − β₁) g_t, θ_{t+1} = θ_t − (α / (ξ_t + ε)) / (1 − β₁^t) · m_t, with the
     L2 term added to g; ρ_t scales α. Written out here from their update, not from fairclip's."""
     rng = np.random.default_rng(seed)
     theta = rng.normal(size=5)
@@ -144,8 +144,8 @@ def test_server_adam_wosm_is_its_authors_step_on_the_negated_estimates(seed, bet
 )
 @settings(max_examples=50, deadline=None)
 def test_server_adam_wosm_steps_the_same_when_the_bound_scales_everything(seed, scale, steps):
-    """A bound c times larger scales the clipped sum and its noise (so Δ̂ and s_t) by c; the step
-    over s_t does not change, as Adam's does not (exactly with ε = 0)."""
+    """A bound c times larger scales the clipped sum and its noise (so Δ̂ and ξ_t) by c; the step
+    over ξ_t does not change, as Adam's does not (exactly with ε = 0)."""
     rng = np.random.default_rng(seed)
     theta = rng.normal(size=4)
     small, large = ServerAdamWOSM(0.01, eps=0.0), ServerAdamWOSM(0.01, eps=0.0)
@@ -225,7 +225,7 @@ def test_a_sample_level_run_with_server_adam_is_dp_adam():
 
 def test_a_sample_level_run_with_adam_wosm_steps_sgds_step_over_the_noise_std():
     """One step of a sample-level run with ``adam-wosm`` is SGD's step at the same η_s divided by
-    s = σ·C / m̂, the standard deviation of Δ̂'s noise per coordinate (its first bias-corrected
+    ξ = σ·C / m̂, the standard deviation of Δ̂'s noise per coordinate (its first bias-corrected
     moment is d_1 itself); the same draws, so the same ε."""
     wosm_step, wosm_epsilon, config = _one_step("adam-wosm")
     sgd_step, sgd_epsilon, _ = _one_step("sgd")
