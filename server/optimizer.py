@@ -16,12 +16,12 @@ is public, so it joins the direction after the noise, unclipped: d_t = Δ̂_t �
       θ_{t+1} = θ_t + η_s · ρ_t · (m_t / (1 − β₁^t)) / (sqrt(u_t / (1 − β₂^t)) + ε)
 
 * ``adam-wosm`` (Mohapatra, Sasy, He, Kamath, Thakkar 2022, "The role of adaptive optimizers for
-  honest private hyperparameter selection", AAAI: DPAdamWOSM, Adam "with optimal second
-  moment"; the baseline of seed 002). Under DP noise Adam's second moment converges to the noise's
-  variance per coordinate, ξ_t², where ξ_t = σ_Δ·n_t / (Δ̂'s denominator: m̂, or m̂·s_t with
-  ``normalize``) is the standard deviation of each coordinate of Δ̂'s noise (public: the
-  multiplier, the noise's sensitivity n_t and the denominator), so DPAdamWOSM puts ξ_t in place
-  of sqrt(û_t)::
+  honest private hyperparameter selection", AAAI: DPAdamWOSM, the baseline of seed 002; its
+  second moment is not estimated but fixed at its limit). Under DP noise Adam's second moment
+  converges to the noise's variance per coordinate, ξ_t², where ξ_t = σ_Δ·n_t / (Δ̂'s
+  denominator: m̂, or m̂·s_t with ``normalize``) is the standard deviation of each coordinate of
+  Δ̂'s noise (public: the multiplier, the noise's sensitivity n_t and the denominator), so
+  DPAdamWOSM puts ξ_t in place of sqrt(û_t)::
 
       m_t = β₁ m_{t−1} + (1 − β₁) d_t
       θ_{t+1} = θ_t + η_s · ρ_t · (m_t / (1 − β₁^t)) / (ξ_t + ε)
