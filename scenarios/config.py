@@ -530,6 +530,11 @@ class PrivacySpec(_Section):
     secagg_stage_timeout: PositiveFloat = 120.0
     """Seconds the server waits for each stage's replies (a node that has not answered drops out)."""
 
+    @property
+    def adds_noise(self) -> bool:
+        """Whether the run adds DP noise: σ_Δ > 0, or a target ε that calibrates one."""
+        return self.noise_multiplier > 0 or self.target_epsilon is not None
+
     @model_validator(mode="after")
     def _secagg_neighbourhood(self) -> PrivacySpec:
         k, t = self.secagg_neighbours, self.secagg_threshold
@@ -811,10 +816,9 @@ def _check_evaluation(config: RunConfig) -> None:
 def _check_clipping_error(config: RunConfig) -> None:
     """``training.clipping_error`` other than ``both`` only in a run without DP noise: the update
     it steps with uses the clients' unclipped sum, which no DP release covers."""
-    privacy = config.privacy
     if config.training.clipping_error == "both" or config.policy.name == "none":
         return
-    if privacy.noise_multiplier > 0 or privacy.target_epsilon is not None:
+    if config.privacy.adds_noise:
         raise ConfigError(
             f"training.clipping_error: {config.training.clipping_error!r} steps with the unclipped sum, "
             "which DP does not cover; set privacy.noise_multiplier = 0 and no privacy.target_epsilon "
@@ -827,8 +831,7 @@ def _check_server_optimizer(config: RunConfig) -> None:
     only a private run (a private policy, with DP noise) can use it."""
     if config.training.server_optimizer != "adam-wosm":
         return
-    noised = config.privacy.noise_multiplier > 0 or config.privacy.target_epsilon is not None
-    if config.policy.name == "none" or not noised:
+    if config.policy.name == "none" or not config.privacy.adds_noise:
         raise ConfigError(
             "training.server_optimizer: adam-wosm divides by the DP noise's standard deviation; "
             "it needs a private policy and privacy.noise_multiplier > 0 or privacy.target_epsilon"
