@@ -431,8 +431,9 @@ class TrainingSpec(_Section):
     """How one-step clients (one example, one step) are clipped: ``auto`` takes each example's
     gradient norm from its layers' inputs and output gradients and sums the clipped gradients
     without forming them, where the policy is row-scaling and the model's parameterised layers
-    are ``Linear`` or ``Conv2d`` (:mod:`fairclip.scenarios.tasks.ghost`); ``materialize`` always forms each
-    example's gradient with ``torch.func``. Both give the same run to float32 rounding."""
+    are ``Linear``, ``Conv2d``, ``ConvTranspose2d`` or ``GroupNorm``
+    (:mod:`fairclip.scenarios.tasks.ghost`); ``materialize`` always forms each example's gradient
+    with ``torch.func``. Both give the same run to float32 rounding."""
     one_step_rows: Annotated[int, Field(ge=1)] | None = None
     """Examples per call of the one-step path (one-step clients only): the executors train a
     round's sampled clients in groups of whole summation blocks of about this many examples,
@@ -451,8 +452,12 @@ class TrainingSpec(_Section):
     one Σ Δ_i (clipping's direction error alone); ``magnitude`` steps along Σ Δ_i rescaled to the
     length of Σ c_i (its magnitude error alone); ``both`` is clipping as it is
     (:func:`fairclip.scenarios.tasks.clipping_errors.keep_one_error`)."""
-    objective: Literal["cross-entropy", "fairlens"] = "cross-entropy"
-    """What each client's gradient step minimises: its examples' cross-entropy, or ``fairlens``,
+    objective: Literal["cross-entropy", "fairlens", "reconstruction"] = "cross-entropy"
+    """What each client's gradient step minimises: its examples' cross-entropy; ``reconstruction``,
+    each example's mean squared error between the model's output and its input (an autoencoder:
+    seed 002's Fashion MNIST experiment; the model's output has the input's shape, the evaluation
+    loss is that error overall, per class and per cohort, and there is no accuracy:
+    :func:`fairclip.scenarios.tasks.evaluation.evaluate_reconstruction`); or ``fairlens``,
     the cross-entropy plus FairLens's two batch regularisers (Tran et al. 2021, as seed 003's
     Algorithm 4 runs it: :mod:`fairclip.scenarios.tasks.fairlens`) with the weights ``fairlens_weights``
     and the ``constant`` policy's bound as C_0. Simulation only: each example's step then
@@ -811,6 +816,11 @@ def _check_evaluation(config: RunConfig) -> None:
         raise ConfigError(
             "evaluation.clients: training.objective = fairlens claims no epsilon to account it in"
         )
+    if config.training.objective == "reconstruction":
+        raise ConfigError(
+            "evaluation.clients counts correct predictions, "
+            "which training.objective = reconstruction has none of"
+        )
 
 
 def _check_clipping_error(config: RunConfig) -> None:
@@ -843,7 +853,10 @@ def _check_objective(config: RunConfig) -> None:
     "fairlens"`` only where Algorithm 4 of seed 003 is defined: a classification scenario of two
     cohorts (its groups a and b) whose clients hold one example
     each and take one step (a DP-SGD batch), clipped by ``constant`` (its fixed C_0), with the
-    plain cross-entropy (no class weights). The task checks the two classes."""
+    plain cross-entropy (no class weights). The task checks the two classes. ``"reconstruction"``
+    needs a classification scenario (the labels name each example's class for the evaluation)
+    and no class weights (its loss ignores the label); the task checks the model's output
+    shape."""
     training = config.training
     scenario = config.scenario
     if training.train_loss and not isinstance(scenario, ClassificationSpec | FederatedDatasetSpec):
@@ -851,6 +864,18 @@ def _check_objective(config: RunConfig) -> None:
     if training.train_loss_limit is not None and training.train_loss is not True:
         raise ConfigError("training.train_loss_limit applies only with training.train_loss = true")
     if training.objective == "cross-entropy":
+        return
+    if training.objective == "reconstruction":
+        if not isinstance(scenario, ClassificationSpec | FederatedDatasetSpec):
+            raise ConfigError(
+                "training.objective = reconstruction needs a classification task's examples "
+                f"(got {scenario.task!r})"
+            )
+        if training.class_weights is not None:
+            raise ConfigError(
+                "training.class_weights: training.objective = reconstruction "
+                "ignores the labels it would weigh"
+            )
         return
     where = "training.objective = fairlens"
     if not isinstance(scenario, ClassificationSpec):

@@ -117,10 +117,14 @@ def flower_run(run_config: dict[str, Any]) -> FlowerRun:
             "training.clipping_error is a simulation-only ablation: "
             "a Flower node never sends its unclipped update"
         )
-    if config.training.objective != "cross-entropy":
+    if config.training.objective == "fairlens":
         raise ConfigError(
-            f"training.objective = {config.training.objective} is simulation-only: its step needs "
+            "training.objective = fairlens is simulation-only: its step needs "
             "every sampled client's gradients and predictions, which a Flower node never sees"
+        )
+    if config.training.objective == "reconstruction":
+        raise ConfigError(
+            "training.objective = reconstruction runs in simulations only: the Flower apps do not take it yet"
         )
     if config.training.train_loss:
         raise ConfigError(

@@ -16,6 +16,7 @@ MODELS = (
     "xu-cnn",
     "xu-cnn-normalized",
     "galli-cnn",
+    "galli-autoencoder",
     "zhao-resnet18",
 )
 
@@ -27,6 +28,11 @@ IMAGE_MODELS = (
     "xu-cnn",
     "xu-cnn-normalized",
     "galli-cnn",
+    "galli-autoencoder",
     "zhao-resnet18",
 )
 """The built-in models that take images (channels, height, width)."""
+
+AUTOENCODERS = ("galli-autoencoder",)
+"""The built-in models whose output has their input's shape (``training.objective =
+"reconstruction"``)."""

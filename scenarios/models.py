@@ -45,6 +45,13 @@
   layers have their own non-linearity), no strides (551,322 parameters on 1×28×28 and 10
   classes, Table 1: 28 -> 27 -> 26 -> 23, so 32·23·23 = 16,928 inputs to the dense layer; the
   strided, twice-pooled ``cnn`` of Papernot et al. has 26,010).
+* ``galli-autoencoder``: seed 002's Fashion MNIST autoencoder (appendix Table 6), trained to
+  reconstruct its input (``training.objective = "reconstruction"``): convolutions of 8, 16, 32
+  and 64 channels, then transposed convolutions of 32, 16, 8 and the input's channels, all 3×3
+  with stride 1, LeakyReLU (slope 0.01, torch's default; the table names no slope) after each
+  but the last, which has a sigmoid, so outputs lie in [0, 1] as the pixels do. The table gives
+  no padding: none, so 28×28 shrinks to 20×20 and grows back (48,705 parameters on 1×28×28,
+  Table 1's count, which padding would not change).
 * ``zhao-resnet18``: seed 000's ResNet-18 (section 4.1, appendix A.5): timm's ``resnet18`` with
   every batch normalisation replaced by ``GroupNorm(32, C)`` as Opacus' ``ModuleValidator.fix``
   replaces it (:mod:`fairclip.scenarios.resnet`; 11,175,370 parameters on 1×28×28 and 10 classes).
@@ -55,11 +62,13 @@ A client's update Δ = θ_i − θ_t is the difference of two flat vectors made 
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import torch
 from torch import nn
 
-from fairclip.scenarios.model_names import IMAGE_MODELS, MODELS
+from fairclip.scenarios.model_names import AUTOENCODERS, IMAGE_MODELS, MODELS
 from fairclip.scenarios.resnet import ResNet18GroupNorm
 
 
@@ -109,6 +118,8 @@ def build_model(name: str, input_shape: tuple[int, ...], num_classes: int) -> nn
         channels = input_shape[0]
         if name == "zhao-resnet18":
             return ResNet18GroupNorm(channels, num_classes)
+        if name in AUTOENCODERS:
+            return galli_autoencoder(channels)
         if name == "cnn":
             layers = nn.Sequential(
                 nn.Conv2d(channels, 16, 8, stride=2, padding=3),
@@ -181,6 +192,16 @@ def build_model(name: str, input_shape: tuple[int, ...], num_classes: int) -> nn
             model(torch.zeros(1, *input_shape))  # materialise the lazy layer
         return model
     raise ValueError(f"unknown model {name!r} (known: {', '.join(MODELS)})")
+
+
+def galli_autoencoder(channels: int) -> nn.Sequential:
+    """Seed 002's convolutional autoencoder (appendix Table 6; see the module docstring)."""
+    widths = [channels, 8, 16, 32, 64, 32, 16, 8, channels]
+    layers: list[nn.Module] = []
+    for index, (inputs, outputs) in enumerate(itertools.pairwise(widths)):
+        convolution = nn.Conv2d if index < 4 else nn.ConvTranspose2d
+        layers += [convolution(inputs, outputs, 3), nn.Sigmoid() if index == 7 else nn.LeakyReLU()]
+    return nn.Sequential(*layers)
 
 
 MNIST_MEAN = 0.1307

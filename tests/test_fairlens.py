@@ -268,6 +268,8 @@ def test_the_cli_refuses_it_in_one_line(cli, tmp_path):
 def test_flower_and_ray_refuse_it():
     with pytest.raises(ConfigError, match=r"training\.objective = fairlens"):
         flower_run({"scenario": "flower-local", "set": "training.objective=fairlens"})
+    with pytest.raises(ConfigError, match=r"training\.objective = reconstruction runs in simulations only"):
+        flower_run({"scenario": "flower-local", "set": "training.objective=reconstruction"})
     with pytest.raises(ConfigError, match="simulation-only diagnostic"):
         flower_run({"scenario": "flower-local", "set": "training.train_loss=true"})
     with pytest.raises(ConfigError, match="in-process executor"):

@@ -4,6 +4,8 @@ block by block, and through whole noisy runs."""
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 import pytest
 import torch
@@ -13,7 +15,7 @@ from torch import nn
 
 from fairclip.benchmarks.imagetask import image_config, image_run
 from fairclip.client.contributions import contribute_blocks, contribute_scaled_blocks
-from fairclip.scenarios.model_names import IMAGE_MODELS
+from fairclip.scenarios.model_names import AUTOENCODERS, IMAGE_MODELS
 from fairclip.scenarios.models import MODELS, build_model, model_to_vector
 from fairclip.scenarios.tasks import build_task
 from fairclip.scenarios.tasks.ghost import ghost_layers, one_step_gradients
@@ -64,10 +66,11 @@ def test_every_policy_sums_each_block_as_the_materialised_gradients_do(model_nam
     features = torch.randn(count, *shape, generator=torch.Generator().manual_seed(1))
     labels = torch.arange(count) % classes
     cohorts = np.arange(count) % 2
+    reconstruction = model_name in AUTOENCODERS  # trained on its reconstruction error
     torch.manual_seed(2)  # eicu-mlp's dropout: both paths draw the same masks from one seed
-    updates = one_step_updates(model, theta, features, labels, lr=0.5)
+    updates = one_step_updates(model, theta, features, labels, lr=0.5, reconstruction=reconstruction)
     torch.manual_seed(2)
-    gradients = one_step_gradients(model, theta, features, labels, lr=0.5)
+    gradients = one_step_gradients(model, theta, features, labels, lr=0.5, reconstruction=reconstruction)
     norms = row_norms(updates)
     # eicu-mlp's GroupNorm of 4 channels a group amplifies float32 rounding: both paths lie
     # 2-3e-5 from a float64 computation of the same norms (checked 2026-12-06)
@@ -312,6 +315,49 @@ def test_convolutions_of_any_stride_padding_and_dilation(channels, stride, paddi
         rtol=1e-5,
         atol=_float32_tolerance(theta, 4),
     )
+
+
+@pytest.mark.parametrize("channels", [1, 16])
+@pytest.mark.parametrize(
+    ("stride", "padding", "output_padding", "dilation"),
+    [(1, 0, 0, 1), (2, 1, 1, 1), (1, 2, 0, 2), ((2, 1), (1, 0), (1, 0), (1, 2))],
+)
+def test_transposed_convolutions_of_any_stride_padding_and_dilation(
+    channels, stride, padding, output_padding, dilation
+):
+    """A transposed convolution's per-example gradients (its adjoint convolution's weight
+    gradient with the roles of input and output gradient swapped), under any stride, padding,
+    output padding and dilation, few and many channels, few positions (the unfolded product) and
+    many (the grouped convolution): the norms and weighted sums of the materialised updates."""
+    torch.manual_seed(5)
+    model = nn.Sequential(
+        nn.Conv2d(channels, 4, 3, padding=1),
+        nn.Tanh(),
+        nn.ConvTranspose2d(
+            4, 3, 3, stride=stride, padding=padding, output_padding=output_padding, dilation=dilation
+        ),
+        nn.Tanh(),
+        nn.ConvTranspose2d(3, 2, 2, bias=False),
+        nn.Flatten(),
+        nn.LazyLinear(3),
+    )
+    for size in (3, 8):
+        features = torch.randn(6, channels, size, size)
+        model(features)  # materialise the lazy layer
+        theta = model_to_vector(model)
+        labels = torch.arange(6) % 3
+        updates = one_step_updates(model, theta, features, labels, lr=0.7)
+        gradients = one_step_gradients(model, theta, features, labels, lr=0.7)
+        assert gradients is not None
+        np.testing.assert_allclose(gradients.norms, row_norms(updates), rtol=1e-5)
+        weights = np.random.default_rng(4).uniform(-1, 1, (2, 4))
+        np.testing.assert_allclose(
+            gradients.weighted_sums(slice(1, 5), weights),
+            weights @ updates[1:5],
+            rtol=1e-5,
+            atol=_float32_tolerance(theta, 4),
+        )
+        model = copy.deepcopy(model)[:-1].append(nn.LazyLinear(3))  # the next size's own head
 
 
 @pytest.mark.parametrize(

@@ -35,11 +35,17 @@ from fairclip.scenarios.models import (
     model_to_vector,
     resolve_device,
 )
-from fairclip.scenarios.tasks.evaluation import evaluate, predict
+from fairclip.scenarios.tasks.evaluation import evaluate, evaluate_reconstruction, predict
 from fairclip.scenarios.tasks.fairlens import FairLens
 from fairclip.scenarios.tasks.fairness import group_fairness, partition
 from fairclip.scenarios.tasks.ghost import OneStepGradients, one_step_gradients
-from fairclip.scenarios.tasks.training import LocalTraining, local_update, one_step_updates, prepare_training
+from fairclip.scenarios.tasks.training import (
+    LocalTraining,
+    local_update,
+    one_step_updates,
+    prepare_training,
+    reconstruction_errors,
+)
 from fairclip.strategies import Policy
 from fairclip.strategies.evaluation import contribution as evaluation_contribution
 from fairclip.strategies.randomness import Stream, rng
@@ -96,13 +102,16 @@ def model_factory(reference: str) -> str | Callable[[tuple[int, ...], int], nn.M
     return factory
 
 
-def checked_model(model: object, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+def checked_model(
+    model: object, input_shape: tuple[int, ...], num_classes: int, reconstruction: bool = False
+) -> nn.Module:
     """What a model factory returned, if it is a torch module with parameters, without layers
     that batch or running statistics of the clients' data pass through
     (:func:`fairclip.scenarios.models.batch_statistics_layers`), that takes examples of
-    ``input_shape`` and gives ``num_classes`` outputs each: one forward pass of two zero examples,
-    without gradients, tells before any training (a width that does not match failed deep in
-    torch)."""
+    ``input_shape`` and gives ``num_classes`` outputs each (an output of ``input_shape`` where
+    the model is trained to reconstruct its input, ``reconstruction``): one forward pass of two
+    zero examples, without gradients, tells before any training (a width that does not match
+    failed deep in torch)."""
     if not isinstance(model, nn.Module):
         raise ValueError(f"the model factory returned {type(model).__name__}, not a torch.nn.Module")
     if not any(True for _ in model.parameters()):
@@ -126,6 +135,14 @@ def checked_model(model: object, input_shape: tuple[int, ...], num_classes: int)
         ) from None
     finally:
         model.train(was_training)
+    if reconstruction:
+        shape = tuple(outputs.shape[1:]) if isinstance(outputs, torch.Tensor) else type(outputs).__name__
+        if shape != tuple(input_shape):
+            raise ValueError(
+                f"training.objective = reconstruction needs a model whose output has its input's shape "
+                f"{tuple(input_shape)} (an autoencoder); this one gives {shape}"
+            )
+        return model
     if not isinstance(outputs, torch.Tensor) or tuple(outputs.shape) != (2, num_classes):
         shape = tuple(outputs.shape[1:]) if isinstance(outputs, torch.Tensor) else type(outputs).__name__
         raise ValueError(
@@ -240,17 +257,22 @@ class ClassificationTask:
             raise ValueError(
                 f"training.class_weights has {len(weights)} weights for {data.num_classes} classes"
             )
+        self.reconstruction = training.objective == "reconstruction"
+        """Each example's loss is its reconstruction error (an autoencoder), not its label's
+        cross-entropy (``training.objective``)."""
         self.training = LocalTraining(
             training.local_epochs,
             training.batch_size,
             training.client_lr,
             None if weights is None else tuple(float(w) for w in weights),
+            self.reconstruction,
         )
         torch.manual_seed(int(rng(seed, Stream.DATA, 1).integers(2**62)))
-        if isinstance(model, str):
-            self.model = build_model(model, input_shape, data.num_classes)
-        else:
-            self.model = checked_model(model(input_shape, data.num_classes), input_shape, data.num_classes)
+        built = build_model(model, input_shape, data.num_classes) if isinstance(model, str) else None
+        if built is None:
+            built = model(input_shape, data.num_classes)  # type: ignore[operator]
+        # a built-in model is checked too: an autoencoder must reconstruct, a classifier must not
+        self.model = checked_model(built, input_shape, data.num_classes, self.reconstruction)
         self.model = self.model.to(self.device)  # initialised on the CPU: the same θ_0 on any device
         self._initial = model_to_vector(self.model)
         self.evaluation_model = copy.deepcopy(self.model)
@@ -384,7 +406,12 @@ class ClassificationTask:
         :func:`fairclip.strategies.evaluation.contribution`): its correct predictions, examples
         and clipped loss sum over the first ``max_examples`` of its held-out examples (the loss
         is the server's evaluation loss: the cross-entropy, times the class weight where the
-        training criterion weighs classes)."""
+        training criterion weighs classes). A reconstruction has no correct predictions to count
+        (``ValueError``; the configuration refuses ``evaluation.clients`` with it)."""
+        if self.reconstruction:
+            raise ValueError(
+                "evaluation.clients counts correct predictions, which a reconstruction has none of"
+            )
         num_cohorts = len(self.cohort_names)
         if self.holdout_indices is None:
             raise RuntimeError("no examples are held out for the clients' evaluation (hold_out)")
@@ -475,6 +502,7 @@ class ClassificationTask:
                     *self._examples(client_ids),
                     self.training.lr,
                     class_weights=self.training.class_weights,
+                    reconstruction=self.reconstruction,
                 )
             if self.objective is not None:  # Δ_i = −η_l (∇ℓ_i + r)
                 updates -= self.training.lr * self._round_term(round_number)[None, :]
@@ -501,9 +529,10 @@ class ClassificationTask:
         self, model: np.ndarray, client_ids: np.ndarray, round_number: int, policy: Policy
     ) -> OneStepGradients | None:
         """The norms and factor-weighted sums of ``local_updates(model, client_ids, ...)`` without
-        forming the updates: one-step clients of a row-scaling policy on a model of
-        ``Linear``/``Conv2d`` layers (:mod:`fairclip.scenarios.tasks.ghost`). ``None`` where that does not
-        apply (the executor then materialises the updates)."""
+        forming the updates: one-step clients of a row-scaling policy on a model of ``Linear``,
+        ``Conv2d``, ``ConvTranspose2d`` and ``GroupNorm`` layers
+        (:mod:`fairclip.scenarios.tasks.ghost`). ``None`` where that does not apply (the executor
+        then materialises the updates)."""
         if self.forms_updates(policy) or not len(client_ids):
             return None
         with self._dropout_masks(round_number, int(client_ids[0])):
@@ -513,6 +542,7 @@ class ClassificationTask:
                 *self._examples(client_ids),
                 self.training.lr,
                 self.training.class_weights,
+                self.reconstruction,
             )
 
     def _examples(self, client_ids: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
@@ -531,6 +561,10 @@ class ClassificationTask:
         return view
 
     def evaluate(self, model: np.ndarray) -> tuple[dict[str, float], dict[str, dict[str, float]]]:
+        if self.reconstruction:
+            return evaluate_reconstruction(
+                self.evaluation_model, model, self.test_x, self.test_y, self.cohort_weights, self.num_classes
+            )
         return evaluate(
             self.evaluation_model,
             model,
@@ -543,15 +577,17 @@ class ClassificationTask:
 
     def group_metrics(self, model: np.ndarray) -> tuple[dict[str, float], dict[str, dict[str, float]]] | None:
         """Fairlearn's group metrics of ``model`` on the test set (:mod:`fairclip.scenarios.tasks.fairness`):
-        binary tasks whose cohorts partition the test rows; ``None`` for any other."""
+        binary tasks whose cohorts partition the test rows; ``None`` for any other (and for a
+        reconstruction, which predicts no class)."""
         rows = partition(self.cohort_weights)
-        if self.num_classes != 2 or rows is None:
+        if self.num_classes != 2 or rows is None or self.reconstruction:
             return None
         predictions = predict(self.evaluation_model, model, self.test_x).argmax(dim=1).cpu().numpy()
         return group_fairness(self.test_y.cpu().numpy(), predictions, rows, list(self.cohort_weights))
 
     def train_losses(self, model: np.ndarray, limit: int | None = None) -> dict[str, float]:
-        """Each cohort's mean cross-entropy of ``model`` over its clients' training examples
+        """Each cohort's mean training loss of ``model`` (the cross-entropy, or the reconstruction
+        error of an autoencoder: :meth:`_example_losses`) over its clients' training examples
         (``training.train_loss``): a simulation-only diagnostic of private data. With ``limit``
         (``training.train_loss_limit``), over a seeded subset of at most that many of each
         cohort's examples (the same subset for every policy of a seed)."""
@@ -567,14 +603,14 @@ class ClassificationTask:
             cohort_rows[name] = rows
         needed = np.unique(np.concatenate([np.empty(0, dtype=np.int64), *cohort_rows.values()]))
         rows_tensor = torch.from_numpy(needed).to(self.train_x.device)
-        losses = self._cross_entropies(model, self.train_x[rows_tensor], self.train_y[rows_tensor])
+        losses = self._example_losses(model, self.train_x[rows_tensor], self.train_y[rows_tensor])
         return {
             name: float(losses[np.searchsorted(needed, rows)].mean()) if rows.size else float("nan")
             for name, rows in cohort_rows.items()
         }
 
     def cohort_batch_losses(self, model: np.ndarray, client_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Each cohort's summed cross-entropy of ``model`` over the training examples of the
+        """Each cohort's summed loss of ``model`` (:meth:`_example_losses`) over the training examples of the
         sampled clients ``client_ids`` that belong to it, and how many examples that is
         (``training.train_loss = "last-epoch"`` and ``"last-epoch-examples"``,
         :mod:`fairclip.server.last_epoch`): a simulation-only diagnostic of private data. Reads
@@ -585,17 +621,20 @@ class ClassificationTask:
         ids = np.asarray(client_ids, dtype=np.int64)
         if not len(ids):
             return sums, counts
-        losses = self._cross_entropies(model, *self._examples(ids))
+        losses = self._example_losses(model, *self._examples(ids))
         sizes = [len(self.client_indices[client]) for client in ids]
         cohorts = np.repeat(self.client_cohorts[ids], sizes)
         np.add.at(sums, cohorts, losses)
         np.add.at(counts, cohorts, 1.0)
         return sums, counts
 
-    def _cross_entropies(self, model: np.ndarray, features: torch.Tensor, labels: torch.Tensor) -> np.ndarray:
-        """Each example's cross-entropy under ``model`` (float64), with the evaluation model."""
-        logits = predict(self.evaluation_model, model, features)
-        return nn.functional.cross_entropy(logits, labels, reduction="none").double().cpu().numpy()
+    def _example_losses(self, model: np.ndarray, features: torch.Tensor, labels: torch.Tensor) -> np.ndarray:
+        """Each example's loss under ``model`` (float64), with the evaluation model: its
+        cross-entropy (without class weights), or its reconstruction error for an autoencoder."""
+        outputs = predict(self.evaluation_model, model, features)
+        if self.reconstruction:
+            return reconstruction_errors(outputs, features).double().cpu().numpy()
+        return nn.functional.cross_entropy(outputs, labels, reduction="none").double().cpu().numpy()
 
     def summary(self, model: np.ndarray) -> dict[str, Any]:
         """``preprocessing.outside_epsilon``, the preprocessing steps outside the run's ε, where

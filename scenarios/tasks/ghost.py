@@ -18,6 +18,11 @@ forward pass and one backward pass to the layers' outputs (no parameter gradient
   G_i = B_i U_iᵀ with U_i the unfolded input (what Opacus' conv grad sampler forms), here the
   weight gradient of one convolution with one group per example; a convolution's weight is
   small, so G is too, and the sums are w·G.
+* ``ConvTranspose2d``: y = conv_transpose(x, W) is the adjoint of the convolution z = conv(u, W)
+  with the same weight, stride, padding and dilation, so <b_i, conv_transpose(a_i, W)> =
+  <conv(b_i, W), a_i> and ∇_W ℓ_i is that convolution's weight gradient with b_i as its input and
+  a_i as its output gradient: G_i = A_i U(B_i)ᵀ, the same computation with the roles swapped
+  (seed 002's autoencoder).
 * ``GroupNorm`` with its affine weight γ and bias β: y = x̂·γ + β per channel, where x̂ is the
   input normalised over each group of each example alone, so ∇_γ ℓ_i = Σ_positions x̂_i ⊙ b_i
   and ∇_β ℓ_i = Σ_positions b_i, per channel (what Opacus' group-norm grad sampler forms).
@@ -43,7 +48,7 @@ import torch
 from torch import nn
 
 from fairclip.scenarios.models import batch_statistics_layers, image_layout, load_vector
-from fairclip.scenarios.tasks.training import weighted_losses
+from fairclip.scenarios.tasks.training import example_losses
 
 
 @dataclass
@@ -239,20 +244,21 @@ class _UnsupportedError(Exception):
 
 def ghost_layers(model: nn.Module) -> list[nn.Module] | None:
     """The model's parameterised layers, in the order of ``model.parameters()``, where every one
-    is a ``Linear``, an ordinary ``Conv2d`` (one group, zero padding given as numbers) or a
-    ``GroupNorm`` that owns its weight and bias; ``None`` otherwise, and ``None`` where a layer
-    mixes the examples of a batch (:func:`fairclip.scenarios.models.batch_statistics_layers`): this
-    path puts many clients' examples in one batch, so such a layer would make each client's norm
-    and clipped update depend on the others' data (simulations refuse such models from the start,
-    :func:`fairclip.scenarios.tasks.classification.checked_model`). Group normalisation takes its statistics
-    from each example alone and is handled."""
+    is a ``Linear``, an ordinary ``Conv2d`` or ``ConvTranspose2d`` (one group, zero padding given
+    as numbers) or a ``GroupNorm`` that owns its weight and bias; ``None`` otherwise, and ``None``
+    where a layer mixes the examples of a batch
+    (:func:`fairclip.scenarios.models.batch_statistics_layers`): this path puts many clients'
+    examples in one batch, so such a layer would make each client's norm and clipped update depend
+    on the others' data (simulations refuse such models from the start,
+    :func:`fairclip.scenarios.tasks.classification.checked_model`). Group normalisation takes its
+    statistics from each example alone and is handled."""
     if batch_statistics_layers(model):
         return None
     layers = []
     for module in model.modules():
         if not list(module.parameters(recurse=False)):
             continue
-        if type(module) is nn.Conv2d:
+        if type(module) in (nn.Conv2d, nn.ConvTranspose2d):
             if module.groups != 1 or module.padding_mode != "zeros" or isinstance(module.padding, str):
                 return None
         elif type(module) not in (nn.Linear, nn.GroupNorm):
@@ -283,11 +289,13 @@ def one_step_gradients(
     labels: torch.Tensor,
     lr: float,
     class_weights: tuple[float, ...] | None = None,
+    reconstruction: bool = False,
 ) -> OneStepGradients | None:
     """The norms and weighted sums of the one-step updates of the examples (``features``,
-    ``labels``) from θ_t = ``global_vector`` under cross-entropy (times ``class_weights`` of each
-    example's class, :func:`fairclip.scenarios.tasks.training.weighted_losses`), or ``None`` where the
-    model has a layer this path does not handle (then materialise the gradients instead)."""
+    ``labels``) from θ_t = ``global_vector`` under each example's loss (the cross-entropy times
+    ``class_weights`` of its class, or its reconstruction error where ``reconstruction``:
+    :func:`fairclip.scenarios.tasks.training.example_losses`), or ``None`` where the model has a
+    layer this path does not handle (then materialise the gradients instead)."""
     layers = ghost_layers(model)
     if not layers:
         return None
@@ -308,7 +316,7 @@ def one_step_gradients(
     try:
         with torch.enable_grad():
             logits = model(features)
-            losses = weighted_losses(logits, labels, class_weights)
+            losses = example_losses(logits, features, labels, class_weights, reconstruction)
             if any(layer not in outputs or not outputs[layer].requires_grad for layer in layers):
                 return None  # a layer the forward pass skips, or frozen all the way down
             output_grads = torch.autograd.grad(
@@ -343,6 +351,9 @@ def _piece(layer: nn.Module, inputs: torch.Tensor, output_grads: torch.Tensor) -
     if isinstance(layer, nn.Linear):  # a sequence: one gradient term per position
         b = output_grads.reshape(count, -1, output_grads.shape[-1]).transpose(1, 2)
         weight_grads = torch.bmm(b, inputs.reshape(count, -1, inputs.shape[-1]))
+    elif isinstance(layer, nn.ConvTranspose2d):  # the adjoint convolution's, roles swapped
+        weight_grads = _conv_weight_grads(layer, output_grads, inputs)
+        b = output_grads.reshape(count, output_grads.shape[1], -1)
     else:
         weight_grads = _conv_weight_grads(layer, inputs, output_grads)
         b = output_grads.reshape(count, output_grads.shape[1], -1)
@@ -386,12 +397,17 @@ against 0.11-0.30 for the second convolutions of ``tanh-cnn``, ``esipova-cnn``, 
 ``xu-cnn`` and ``galli-cnn``, 1.8-6.7 against 0.08-1.1 on ``zhao-resnet18``'s."""
 
 
-def _conv_weight_grads(layer: nn.Conv2d, inputs: torch.Tensor, output_grads: torch.Tensor) -> torch.Tensor:
+def _conv_weight_grads(
+    layer: nn.Conv2d | nn.ConvTranspose2d, inputs: torch.Tensor, output_grads: torch.Tensor
+) -> torch.Tensor:
     """Per-example weight gradients (n, C_out, C_in·k_h·k_w) of a convolution from its inputs
     (n, C_in, H, W) and output gradients (n, C_out, H', W'): G_i = B_i U_iᵀ with U_i the unfolded
     input, formed as the weight gradient of one convolution with n groups (example i's input
     channels and output gradients are group i), so the backend's convolution kernel computes
     them and U_i is never formed.
+
+    A transposed convolution's per-example weight gradients (n, C_in, C_out·k_h·k_w) are this
+    with its output gradients as ``inputs`` and its inputs as ``output_grads`` (:func:`_piece`).
 
     One thread, batches of 32 (2026-11-26): ``esipova-cnn``'s 32→16 channels on 26×26, 3×3,
     2.5-2.8 ms against 6.7 ms one kernel offset at a time (bmm on strided slices); ``galli-cnn``'s

@@ -24,6 +24,9 @@ class LocalTraining:
     lr: float
     class_weights: tuple[float, ...] | None = None
     """w_y: each example's loss is multiplied by its class's weight (``training.class_weights``)."""
+    reconstruction: bool = False
+    """Each example's loss is its reconstruction error (:func:`reconstruction_errors`), not the
+    cross-entropy of its label (``training.objective = "reconstruction"``)."""
 
 
 def weighted_losses(
@@ -37,6 +40,34 @@ def weighted_losses(
         return losses
     weights = torch.as_tensor(class_weights, dtype=losses.dtype, device=losses.device)
     return losses * weights.index_select(0, labels)
+
+
+def reconstruction_errors(outputs: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
+    """Each example's mean squared reconstruction error, ℓ_i = (1/D) Σ_j (x̂_ij − x_ij)² over
+    its D input values, where x̂_i is the model's output for x_i (an autoencoder, seed 002's
+    Fashion MNIST experiment: ``training.objective = "reconstruction"``). The label plays no
+    part; it still names the example's class for the per-cohort evaluation."""
+    if outputs.shape != features.shape:
+        raise ValueError(
+            f"a reconstruction needs outputs of the input's shape {tuple(features.shape[1:])}, "
+            f"got {tuple(outputs.shape[1:])}"
+        )
+    return (outputs - features).square().flatten(1).mean(1)
+
+
+def example_losses(
+    outputs: torch.Tensor,
+    features: torch.Tensor,
+    labels: torch.Tensor,
+    class_weights: tuple[float, ...] | None = None,
+    reconstruction: bool = False,
+) -> torch.Tensor:
+    """Each example's training loss: its reconstruction error where ``reconstruction``
+    (:func:`reconstruction_errors`), else its class-weighted cross-entropy
+    (:func:`weighted_losses`)."""
+    if reconstruction:
+        return reconstruction_errors(outputs, features)
+    return weighted_losses(outputs, labels, class_weights)
 
 
 def local_update(
@@ -61,10 +92,12 @@ def local_update(
             batch = order[start : start + training.batch_size]
             optimizer.zero_grad(set_to_none=True)
             logits = model(features[batch])
-            if training.class_weights is None:
+            if training.class_weights is None and not training.reconstruction:
                 loss = loss_function(logits, labels[batch])
-            else:  # the mean of the weighted example losses (not torch's weight-normalised mean)
-                loss = weighted_losses(logits, labels[batch], training.class_weights).mean()
+            else:  # the mean of the example losses (not torch's weight-normalised mean)
+                loss = example_losses(
+                    logits, features[batch], labels[batch], training.class_weights, training.reconstruction
+                ).mean()
             loss.backward()
             optimizer.step()
     return model_to_vector(model) - global_vector
@@ -89,11 +122,13 @@ def one_step_updates(
     lr: float,
     micro_batch: int = ONE_STEP_MICRO_BATCH,
     class_weights: tuple[float, ...] | None = None,
+    reconstruction: bool = False,
 ) -> np.ndarray:
     """Δ_i of many one-example, one-step clients at once (the sample-level special case).
 
     A client with one example (x_i, y_i) that takes one local SGD step has
-    Δ_i = θ_i − θ_t with θ_i = θ_t − η_l ∇_θ ℓ(θ_t; x_i, y_i): a per-sample gradient. They are
+    Δ_i = θ_i − θ_t with θ_i = θ_t − η_l ∇_θ ℓ(θ_t; x_i, y_i): a per-sample gradient of the
+    example's loss (:func:`example_losses`). They are
     computed with ``torch.func`` (``vmap`` of ``grad``) in micro-batches, and the step is taken in
     the model's float32 exactly as :func:`local_update` takes it, so both paths agree to rounding.
     Row i belongs to example i. Where the policy is row-scaling and the model's layers allow,
@@ -112,9 +147,9 @@ def one_step_updates(
 
     def example_loss(parameters, x, y):
         logits = functional_call(model, (parameters, buffers), (x.unsqueeze(0),))
-        if class_weights is None:
+        if class_weights is None and not reconstruction:
             return nn.functional.cross_entropy(logits, y.unsqueeze(0))
-        return weighted_losses(logits, y.unsqueeze(0), class_weights).sum()
+        return example_losses(logits, x.unsqueeze(0), y.unsqueeze(0), class_weights, reconstruction).sum()
 
     # a dropout layer draws each example's own mask (the caller seeds the draws)
     randomness = "different" if has_dropout(model) else "error"

@@ -32,7 +32,7 @@ from fairclip.sims.executors.jobs import simulate_jobs
 from fairclip.sims.reproduce.claims import (
     epsilon_text,
 )
-from fairclip.sims.reproduce.setups import PolicySetup, Run, Setup, per_run_keys
+from fairclip.sims.reproduce.setups import SELECTION_METRICS, PolicySetup, Run, Setup, per_run_keys
 from fairclip.sims.sweeps.runs import discard_checkpoints, finished_summary, run_checkpoint, save_run
 from fairclip.strategies import accounting
 from fairclip.strategies.errors import PolicyConfigError
@@ -427,11 +427,13 @@ def overall_metric(summary: dict[str, Any], metric: str = "accuracy") -> float:
 def choose(
     grid: list[Run], summaries: dict[str, dict[str, Any]], metric: str = "accuracy"
 ) -> dict[tuple[str, float | None], dict]:
-    """Per (policy, ε): the grid point of the best overall validation ``metric`` (first on ties;
-    a diverged run, NaN, never wins unless all did)."""
+    """Per (policy, ε): the grid point of the best overall validation ``metric``, its highest or,
+    for a loss, its lowest value (:data:`fairclip.sims.reproduce.setups.SELECTION_METRICS`; first
+    on ties; a diverged run, NaN, never wins unless all did)."""
+    sign = -1.0 if SELECTION_METRICS.get(metric) == "min" else 1.0
     best: dict[tuple[str, float | None], tuple[float, dict[str, Any]]] = {}
     for run in grid:
-        score = overall_metric(summaries[run.key], metric)
+        score = sign * overall_metric(summaries[run.key], metric)
         score = -math.inf if not math.isfinite(score) else score
         cell = (run.policy, run.target_epsilon)
         if cell not in best or score > best[cell][0]:

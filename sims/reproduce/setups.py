@@ -30,9 +30,10 @@ from fairclip.strategies.errors import did_you_mean
 SETUP_DIR = Path(__file__).parent / "builtin"
 
 
-SELECTION_METRICS = ("accuracy", "macro_accuracy", "f1")
-"""Overall validation metrics a grid search may choose by (``f1``: the positive class's F1 of a
-binary task, seed 001's validation criterion)."""
+SELECTION_METRICS = {"accuracy": "max", "macro_accuracy": "max", "f1": "max", "loss": "min"}
+"""Overall validation metrics a grid search may choose by, and whether it keeps their highest or
+lowest value (``f1``: the positive class's F1 of a binary task, seed 001's validation criterion;
+``loss``: the evaluation loss, an autoencoder's mean squared reconstruction error, seed 002)."""
 
 
 @dataclass(frozen=True)
@@ -81,8 +82,8 @@ class Setup:
     paper_epsilon: float | None = None
     notes: str = ""
     select_by: str = "accuracy"
-    """The overall validation metric a grid point is chosen by (``accuracy``, or ``macro_accuracy``:
-    the mean of the per-class accuracies, as seed 000 selects)."""
+    """The overall validation metric a grid point is chosen by (``accuracy``; ``macro_accuracy``:
+    the mean of the per-class accuracies, as seed 000 selects; any of :data:`SELECTION_METRICS`)."""
     relative_to: str | None = None
     """A policy of the setup (``none``) whose metrics every other policy is reported against:
     the mean over seeds of the paired difference run − reference run of the same seed (same data
