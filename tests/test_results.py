@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 
 from fairclip.atomic import write_csv
+from fairclip.scenarios.errors import ConfigError
+from fairclip.sims.reproduce import setups
 from fairclip.sims.reproduce.tables import COLUMNS
 from fairclip.sims.sweeps.folder import read_table
 from tools import results
@@ -336,3 +338,21 @@ def test_keep_replaces_only_a_kept_reproduction(tmp_path):
     (tmp_path / "empty").mkdir()
     assert results.keep(out, tmp_path / "empty")["finished_runs"] == 2  # an empty folder is used
     assert results.keep(out, tmp_path / "empty")["finished_runs"] == 2  # and replaced once kept
+
+
+def test_a_setup_that_repeats_anothers_published_numbers_is_counted_once(tmp_path, monkeypatch):
+    """softadaclip-adult-age groups softadaclip-adult's runs by age: its 20 paper values are
+    softadaclip-adult's (``setup.paper_values_from``), compared in its report but counted on the
+    claims page only where they were published first."""
+    age, adult = (results.RESULTS_DIR / name for name in ("softadaclip-adult-age", "softadaclip-adult"))
+    if not (age / "record.json").is_file():
+        pytest.skip("no results folder here (an installed copy): nothing recorded to check")
+    table = read_table(age / "reproduction.csv", keep_default_na=False)
+    assert (table["paper"].astype(str) != "").sum() == 20
+    assert results.agreement(age)["published"] == 0
+    assert results.agreement(adult)["published"] == 20
+    text = setups.builtin_setups()["softadaclip-adult-age"].read_text()
+    monkeypatch.setattr(setups, "SETUP_DIR", tmp_path)
+    (tmp_path / "softadaclip-adult-age.toml").write_text(text.replace('"softadaclip-adult"', '"no-such"', 1))
+    with pytest.raises(ConfigError, match=r"setup\.paper_values_from names no built-in setup"):
+        setups.load_setup("softadaclip-adult-age")

@@ -423,18 +423,26 @@ def agreement(folder: Path) -> dict[str, int]:
     """How the recorded means of ``folder`` compare with the paper's numbers: how many have a paper
     value (``published``), of those how many a paper standard error too (``with_stderr``), and
     how many lie within ± 2 combined standard errors (where both sides have one) and within ± 2
-    points. A record tabulated before ``paper_stderr`` was a column takes the setup file's."""
+    points. A record tabulated before ``paper_stderr`` was a column takes the setup file's. A
+    number the setup repeats from ``setup.paper_values_from`` (the same policy, metric and value
+    there) is counted with that setup, not again here."""
 
     table = read_table(folder / "reproduction.csv", keep_default_na=False)
     setup = load_setup(json.loads((folder / "record.json").read_text())["setup"])
     errors = {s.name: s.paper_stderr for s in setup.policies}
+    repeated = {}
+    if setup.paper_values_from is not None:
+        repeated = {s.name: s.paper for s in load_setup(setup.paper_values_from).policies}
     counts = {"published": 0, "with_stderr": 0, "within_combined": 0, "within_points": 0}
     for _, row in table[table["paper"].astype(str) != ""].iterrows():
         paper, mean = float(row["paper"]), float(row["fairclip_mean"])
+        text = "" if setup.epsilons == [None] else f"{float(row['epsilon']):g}"
+        # a non-private row's ε is inf where its paper value is filed under the setup's ε
+        if paper in {values.get(row["metric"]) for values in repeated.get(row["policy"], {}).values()}:
+            continue  # counted with the setup it repeats
         if "paper_stderr" in table.columns:  # empty: the paper gives none for this number
             paper_se = float(row["paper_stderr"]) if str(row["paper_stderr"]) != "" else None
         else:
-            text = "" if setup.epsilons == [None] else f"{float(row['epsilon']):g}"
             paper_se = errors.get(row["policy"], {}).get(text, {}).get(row["metric"])
         se = float(row["fairclip_stderr"]) if str(row["fairclip_stderr"]) != "" else float("nan")
         counts["published"] += 1

@@ -106,6 +106,11 @@ class Setup:
     paired_metrics: tuple[PairedMetric, ...] = ()
     """Metrics paired with the reference run of the same seed (``[setup.paired_metrics]``:
     privacy costs, excessive risks and their gaps, :mod:`fairclip.sims.reproduce.paired_metrics`)."""
+    paper_values_from: str | None = None
+    """Another setup whose published numbers this one repeats (``setup.paper_values_from``: a
+    second grouping of the same runs, seed 001's age setups): its reports compare them as well,
+    but the claims page counts each number once, where that setup has it
+    (``tools.results.agreement``)."""
     absolute: frozenset[str] = frozenset()
     """Metrics of ``metrics`` that every policy reports as its own value, never as a change
     against ``relative_to`` (``[setup.absolute_metrics]``: seed 004's Table 2 gives each
@@ -203,6 +208,7 @@ def load_setup(name: str) -> Setup:
             notes=head.get("notes", ""),
             select_by=head.get("select_by", "accuracy"),
             relative_to=head.get("relative_to"),
+            paper_values_from=head.get("paper_values_from"),
             absolute=frozenset(absolute),
             budget=_budget(head, where),
             selects=any([grid, full_grid, *(t for s in policies for t in (s.grid, s.full_grid))]),
@@ -212,6 +218,8 @@ def load_setup(name: str) -> Setup:
         _refuse_per_run_keys(setup, where)
         if setup.relative_to is not None and setup.relative_to not in {s.name for s in policies}:
             raise ConfigError(f"{where}: setup.relative_to names no policy of the setup")
+        if setup.paper_values_from is not None and setup.paper_values_from not in builtin_setups():
+            raise ConfigError(f"{where}: setup.paper_values_from names no built-in setup")
         if "paired_metrics" in head:
             if setup.relative_to is not None:
                 raise ConfigError(
