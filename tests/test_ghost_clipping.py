@@ -302,18 +302,26 @@ def test_convolutions_of_any_stride_padding_and_dilation(channels, stride, paddi
     )
     features = torch.randn(7, channels, 9, 9)
     model(features)  # materialise the lazy layer
+    _assert_norms_and_sums_as_materialised(model, features, torch.arange(7) % 3, slice(2, 6))
+
+
+def _assert_norms_and_sums_as_materialised(
+    model: nn.Module, features: torch.Tensor, labels: torch.Tensor, rows: slice
+) -> None:
+    """The norm-only path's per-example norms, and two weighted sums of ``rows``, equal those of
+    the materialised updates (one SGD step of lr 0.7)."""
     theta = model_to_vector(model)
-    labels = torch.arange(7) % 3
     updates = one_step_updates(model, theta, features, labels, lr=0.7)
     gradients = one_step_gradients(model, theta, features, labels, lr=0.7)
     assert gradients is not None
     np.testing.assert_allclose(gradients.norms, row_norms(updates), rtol=1e-5)
-    weights = np.random.default_rng(4).uniform(-1, 1, (2, 4))
+    count = rows.stop - rows.start
+    weights = np.random.default_rng(4).uniform(-1, 1, (2, count))
     np.testing.assert_allclose(
-        gradients.weighted_sums(slice(2, 6), weights),
-        weights @ updates[2:6],
+        gradients.weighted_sums(rows, weights),
+        weights @ updates[rows],
         rtol=1e-5,
-        atol=_float32_tolerance(theta, 4),
+        atol=_float32_tolerance(theta, count),
     )
 
 
@@ -344,19 +352,7 @@ def test_transposed_convolutions_of_any_stride_padding_and_dilation(
     for size in (3, 8):
         features = torch.randn(6, channels, size, size)
         model(features)  # materialise the lazy layer
-        theta = model_to_vector(model)
-        labels = torch.arange(6) % 3
-        updates = one_step_updates(model, theta, features, labels, lr=0.7)
-        gradients = one_step_gradients(model, theta, features, labels, lr=0.7)
-        assert gradients is not None
-        np.testing.assert_allclose(gradients.norms, row_norms(updates), rtol=1e-5)
-        weights = np.random.default_rng(4).uniform(-1, 1, (2, 4))
-        np.testing.assert_allclose(
-            gradients.weighted_sums(slice(1, 5), weights),
-            weights @ updates[1:5],
-            rtol=1e-5,
-            atol=_float32_tolerance(theta, 4),
-        )
+        _assert_norms_and_sums_as_materialised(model, features, torch.arange(6) % 3, slice(1, 5))
         model = copy.deepcopy(model)[:-1].append(nn.LazyLinear(3))  # the next size's own head
 
 
