@@ -436,13 +436,13 @@ def agreement(folder: Path) -> dict[str, int]:
     counts = {"published": 0, "with_stderr": 0, "within_combined": 0, "within_points": 0}
     for _, row in table[table["paper"].astype(str) != ""].iterrows():
         paper, mean = float(row["paper"]), float(row["fairclip_mean"])
-        text = "" if setup.epsilons == [None] else f"{float(row['epsilon']):g}"
         # a non-private row's ε is inf where its paper value is filed under the setup's ε
         if paper in {values.get(row["metric"]) for values in repeated.get(row["policy"], {}).values()}:
             continue  # counted with the setup it repeats
         if "paper_stderr" in table.columns:  # empty: the paper gives none for this number
             paper_se = float(row["paper_stderr"]) if str(row["paper_stderr"]) != "" else None
         else:
+            text = "" if setup.epsilons == [None] else f"{float(row['epsilon']):g}"
             paper_se = errors.get(row["policy"], {}).get(text, {}).get(row["metric"])
         se = float(row["fairclip_stderr"]) if str(row["fairclip_stderr"]) != "" else float("nan")
         counts["published"] += 1

@@ -135,8 +135,8 @@ def checked_model(
         ) from None
     finally:
         model.train(was_training)
+    shape = tuple(outputs.shape[1:]) if isinstance(outputs, torch.Tensor) else type(outputs).__name__
     if reconstruction:
-        shape = tuple(outputs.shape[1:]) if isinstance(outputs, torch.Tensor) else type(outputs).__name__
         if shape != tuple(input_shape):
             raise ValueError(
                 f"training.objective = reconstruction needs a model whose output has its input's shape "
@@ -144,7 +144,6 @@ def checked_model(
             )
         return model
     if not isinstance(outputs, torch.Tensor) or tuple(outputs.shape) != (2, num_classes):
-        shape = tuple(outputs.shape[1:]) if isinstance(outputs, torch.Tensor) else type(outputs).__name__
         raise ValueError(
             f"the model gives {shape} outputs per example, but the data have {num_classes} classes: "
             f"its last layer must give {num_classes} (one logit per class)"
@@ -268,9 +267,10 @@ class ClassificationTask:
             self.reconstruction,
         )
         torch.manual_seed(int(rng(seed, Stream.DATA, 1).integers(2**62)))
-        built = build_model(model, input_shape, data.num_classes) if isinstance(model, str) else None
-        if built is None:
-            built = model(input_shape, data.num_classes)  # type: ignore[operator]
+        if isinstance(model, str):
+            built = build_model(model, input_shape, data.num_classes)
+        else:
+            built = model(input_shape, data.num_classes)
         # a built-in model is checked too: an autoencoder must reconstruct, a classifier must not
         self.model = checked_model(built, input_shape, data.num_classes, self.reconstruction)
         self.model = self.model.to(self.device)  # initialised on the CPU: the same θ_0 on any device

@@ -65,36 +65,54 @@ def evaluate(
         losses *= np.asarray(class_weights, dtype=np.float64)[labels.cpu().numpy()]
     correct = (logits.argmax(dim=1) == labels).cpu().numpy().astype(np.float64)
     label_array = labels.cpu().numpy()
-    per_class = [correct[label_array == c].mean() for c in range(num_classes) if np.any(label_array == c)]
+    per_class = class_means(correct, label_array, num_classes)
     overall = {
         "accuracy": float(correct.mean()),
         "loss": float(losses.mean()),
-        "macro_accuracy": float(np.mean(per_class)),
-        "worst_class_accuracy": float(np.min(per_class)),
+        "macro_accuracy": float(np.mean(list(per_class.values()))),
+        "worst_class_accuracy": float(np.min(list(per_class.values()))),
     }
-    for c in range(num_classes):
-        if np.any(label_array == c):
-            overall[f"accuracy_class_{c}"] = float(correct[label_array == c].mean())
+    overall.update({f"accuracy_class_{c}": value for c, value in per_class.items()})
     if num_classes == 2:  # F1 of the positive class (seed 001 reports it)
         from sklearn.metrics import f1_score
 
         predictions = logits.argmax(dim=1).cpu().numpy()
         overall["f1"] = float(f1_score(label_array, predictions, pos_label=1, zero_division=0.0))
+    cohorts = cohort_means(cohort_weights, {"accuracy": correct, "loss": losses})
+    accuracies = _finite(cohorts, "accuracy")
+    if accuracies:
+        overall["worst_cohort_accuracy"] = float(min(accuracies))
+        overall["cohort_accuracy_gap"] = float(max(accuracies) - min(accuracies))
+    cohort_losses = _finite(cohorts, "loss")
+    if cohort_losses:
+        overall["cohort_loss_gap"] = float(max(cohort_losses) - min(cohort_losses))
+    return overall, cohorts
+
+
+def class_means(values: np.ndarray, labels: np.ndarray, num_classes: int) -> dict[int, float]:
+    """The mean of each row's value over the rows of each class present in ``labels``."""
+    return {c: float(values[labels == c].mean()) for c in range(num_classes) if np.any(labels == c)}
+
+
+def cohort_means(
+    cohort_weights: dict[str, np.ndarray], values: dict[str, np.ndarray]
+) -> dict[str, dict[str, float]]:
+    """Each cohort's weighted mean of each per-row value (``values``: name -> one value a row),
+    the cohort's rows weighted as its test distribution weighs them; NaN for a cohort without
+    weight."""
     cohorts = {}
     for name, weights in cohort_weights.items():
         total = weights.sum()
         cohorts[name] = {
-            "accuracy": float(weights @ correct / total) if total > 0 else float("nan"),
-            "loss": float(weights @ losses / total) if total > 0 else float("nan"),
+            metric: float(weights @ rows / total) if total > 0 else float("nan")
+            for metric, rows in values.items()
         }
-    accuracies = [metrics["accuracy"] for metrics in cohorts.values() if np.isfinite(metrics["accuracy"])]
-    if accuracies:
-        overall["worst_cohort_accuracy"] = float(min(accuracies))
-        overall["cohort_accuracy_gap"] = float(max(accuracies) - min(accuracies))
-    cohort_losses = [metrics["loss"] for metrics in cohorts.values() if np.isfinite(metrics["loss"])]
-    if cohort_losses:
-        overall["cohort_loss_gap"] = float(max(cohort_losses) - min(cohort_losses))
-    return overall, cohorts
+    return cohorts
+
+
+def _finite(cohorts: dict[str, dict[str, float]], metric: str) -> list[float]:
+    """The cohorts' finite values of ``metric``."""
+    return [metrics[metric] for metrics in cohorts.values() if np.isfinite(metrics[metric])]
 
 
 def evaluate_reconstruction(
@@ -114,16 +132,11 @@ def evaluate_reconstruction(
     (``cohort_loss_gap``). Seed 002 reports the overall loss as "mse"."""
     outputs = predict(model, vector, features)
     losses = reconstruction_errors(outputs, features).cpu().numpy().astype(np.float64)
-    label_array = labels.cpu().numpy()
     overall = {"loss": float(losses.mean())}
-    for c in range(num_classes):
-        if np.any(label_array == c):
-            overall[f"loss_class_{c}"] = float(losses[label_array == c].mean())
-    cohorts = {}
-    for name, weights in cohort_weights.items():
-        total = weights.sum()
-        cohorts[name] = {"loss": float(weights @ losses / total) if total > 0 else float("nan")}
-    cohort_losses = [metrics["loss"] for metrics in cohorts.values() if np.isfinite(metrics["loss"])]
+    per_class = class_means(losses, labels.cpu().numpy(), num_classes)
+    overall.update({f"loss_class_{c}": value for c, value in per_class.items()})
+    cohorts = cohort_means(cohort_weights, {"loss": losses})
+    cohort_losses = _finite(cohorts, "loss")
     if cohort_losses:
         overall["worst_cohort_loss"] = float(max(cohort_losses))
         overall["cohort_loss_gap"] = float(max(cohort_losses) - min(cohort_losses))

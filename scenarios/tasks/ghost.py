@@ -351,11 +351,11 @@ def _piece(layer: nn.Module, inputs: torch.Tensor, output_grads: torch.Tensor) -
     if isinstance(layer, nn.Linear):  # a sequence: one gradient term per position
         b = output_grads.reshape(count, -1, output_grads.shape[-1]).transpose(1, 2)
         weight_grads = torch.bmm(b, inputs.reshape(count, -1, inputs.shape[-1]))
-    elif isinstance(layer, nn.ConvTranspose2d):  # the adjoint convolution's, roles swapped
-        weight_grads = _conv_weight_grads(layer, output_grads, inputs)
-        b = output_grads.reshape(count, output_grads.shape[1], -1)
     else:
-        weight_grads = _conv_weight_grads(layer, inputs, output_grads)
+        if isinstance(layer, nn.ConvTranspose2d):  # the adjoint convolution's, roles swapped
+            weight_grads = _conv_weight_grads(layer, output_grads, inputs)
+        else:
+            weight_grads = _conv_weight_grads(layer, inputs, output_grads)
         b = output_grads.reshape(count, output_grads.shape[1], -1)
     # b: (n, outputs, positions); the bias gradient sums the positions
     bias_grads = b.sum(2).double() if has_bias else None
