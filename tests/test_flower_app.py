@@ -393,6 +393,50 @@ def test_a_node_tells_its_cohort_only_to_policies_that_need_it(server_task_ident
     assert identity["partition-id"] == 1 and identity["num-partitions"] == 6
 
 
+def test_a_node_draws_its_dropout_masks_from_the_seed_the_round_and_its_partition(server_task_identity):
+    """A model with dropout (``eicu-mlp``) trains on a Flower node as the simulation trains that
+    client: the masks come from the run's seed, the round and the node's partition, not from
+    torch's process-wide generator, so a node that trains a round again (a lost state, a
+    counts-first exchange) sends the same update."""
+    import torch
+
+    from fairclip.client.app import clients as client_app
+    from fairclip.scenarios.tasks import build_task
+
+    sets = "scenario.model=eicu-mlp;policy.initial_bound=1e6"
+    run_config = {"scenario": "demo", "seed": 3, "federation.num_clients": 6, "policy.name": "constant"}
+    run_config["set"] = sets
+    context = _context(run_config, {"partition-id": 4, "num-partitions": 6}, run_id=31)
+    client = client_app.local_client(context)
+    assert client.task._dropout and not client.task.one_step
+    model = client.task.initial_model()
+
+    calls = iter(range(1000, 2000))
+
+    def contribution(round_number: int) -> np.ndarray:
+        torch.manual_seed(next(calls))  # torch's generator holds something else at each call
+        instruction = Message(
+            train_content(model, {"bound": 1e6}, round_number), dst_node_id=7, message_type="train"
+        )
+        reply = client_app.train(
+            instruction, _context(run_config, {"partition-id": 4, "num-partitions": 6}, 31)
+        )
+        return reply.content.array_records[UPDATE][CONTRIBUTION].numpy()
+
+    first = contribution(2)
+    np.testing.assert_array_equal(contribution(2), first)
+    simulated = build_task(
+        load_config("demo", None, ["seed=3", "federation.num_clients=6", *sets.split(";")])
+    )
+    np.testing.assert_allclose(
+        simulated.local_updates(model, np.array([4]), 2)[0], first, rtol=1e-6, atol=1e-9
+    )
+    for layer in simulated.model.modules():  # the same call without dropout: the masks were in use
+        if isinstance(layer, torch.nn.Dropout):
+            layer.p = 0.0
+    assert not np.allclose(simulated.local_updates(model, np.array([4]), 2)[0], first)
+
+
 def test_the_client_app_keeps_its_task_across_copies_of_itself(monkeypatch, tmp_path):
     """Flower's simulation runtime sends the ClientApp object to its Ray workers pickled by value
     with every message: the scenario's task must be built once per process, not per message."""
