@@ -473,8 +473,9 @@ class TrainingSpec(_Section):
     averaged over the last epoch's ⌈1/q⌉ rounds; ``"last-epoch-examples"``, as seed 004's Table
     2, the mean over every example of the last epoch's batches under the θ_t of its round. Both
     last-epoch readings also report each cohort's mean update norm before clipping over those
-    rounds (``<cohort>/train_update_norm``) and, with ``cohort_directions``, the mean norm of its
-    batch mean update (``<cohort>/train_mean_update_norm``; :mod:`fairclip.server.last_epoch`).
+    rounds (``<cohort>/train_update_norm``) and the mean norm of its batch mean update
+    (``<cohort>/train_mean_update_norm``; :mod:`fairclip.server.last_epoch`), whose updates the
+    server trains again in those rounds (about one more training of the batch a round).
     Simulation-only diagnostics of private data, not covered by DP; the Flower apps refuse them."""
     train_loss_limit: Annotated[int, Field(ge=1)] | None = None
     """With ``train_loss = true``: compute each cohort's training loss on a seeded subset of at

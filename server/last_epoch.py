@@ -28,8 +28,8 @@ entry per sampled client::
 
     N_k = Σ_t Σ_{i in B_t, a_i = k} ||Δ_i|| / Σ_t |{i in B_t : a_i = k}|
 
-and, where the run sums each cohort's updates (``training.cohort_directions``), the norm of the
-cohort's mean update in each batch, averaged over the epoch's batches that hold the cohort::
+and the norm of the cohort's mean update in each batch, averaged over the epoch's batches that
+hold the cohort::
 
     G_k = mean_{t : B_t holds k} || (1 / |B_t,k|) Σ_{i in B_t,k} Δ_i ||
 
@@ -37,8 +37,12 @@ This is seed 004's "average gradient norm" (Table 2, Figures 1, 2, 4, 6, 7): its
 names G_B = (1/b) Σ_i g_i of a batch "the average gradient", and its Line 14 aims the bounds at
 "the relative size of the average gradient" of each group. For clients of one example that take
 one local step at client learning rate 1 (seed 004's setups), Δ_i is minus the per-example
-gradient. With Poisson batches of rate q, an epoch is
-E = ⌈1/q⌉ rounds (Opacus' data loader of rate 1/len(loader)).
+gradient. The server forms each batch's cohort sums Σ_{i in B_t,k} Δ_i itself, in the last
+epoch's rounds only, from the updates the clients train in that round
+(:meth:`fairclip.scenarios.tasks.classification.ClassificationTask.cohort_update_sums`): 2K
+model-sized sums per summation block in every round (``training.cohort_directions``, which
+kept them before 2026-12-06) cost ``xu-cnn`` 16 s a round against 0.6 s without. With Poisson
+batches of rate q, an epoch is E = ⌈1/q⌉ rounds (Opacus' data loader of rate 1/len(loader)).
 
 All of these are simulation-only diagnostics of the clients' data, not covered by DP
 (:meth:`fairclip.server.run.Run.finish`).
@@ -78,8 +82,7 @@ class LastEpoch:
         self.norm_counts = np.zeros(num_cohorts)
         self.mean_norm_sums = np.zeros(num_cohorts)
         self.mean_norm_batches = np.zeros(num_cohorts)
-        """Σ over the noted batches that hold cohort k of G_k's terms, and how many (where the
-        run sums each cohort's updates: every noted round, or none)."""
+        """Σ over the noted batches that hold cohort k of G_k's terms, and how many."""
         self.rounds = 0
         """Rounds whose losses were noted."""
 
@@ -103,19 +106,19 @@ class LastEpoch:
             self.loss_counts += counts
         self.rounds += 1
 
-    def add_norms(
-        self, norm_sums: np.ndarray, clients: np.ndarray, cohort_sums: np.ndarray | None = None
-    ) -> None:
-        """One round's Σ ||Δ_i|| before clipping per cohort, its sampled clients per cohort, and
-        (K × d, where the run keeps them) each cohort's Σ Δ_i."""
-        clients = np.asarray(clients, dtype=np.float64)
+    def add_norms(self, norm_sums: np.ndarray, clients: np.ndarray) -> None:
+        """One round's Σ ||Δ_i|| before clipping per cohort and its sampled clients per cohort."""
         self.norm_sums += np.asarray(norm_sums, dtype=np.float64)
-        self.norm_counts += clients
-        if cohort_sums is not None:
-            held = clients > 0
-            lengths = np.linalg.norm(np.asarray(cohort_sums, dtype=np.float64), axis=1)
-            self.mean_norm_sums[held] += lengths[held] / clients[held]
-            self.mean_norm_batches[held] += 1
+        self.norm_counts += np.asarray(clients, dtype=np.float64)
+
+    def add_batch_updates(self, cohort_sums: np.ndarray, clients: np.ndarray) -> None:
+        """One round's Σ Δ_i per cohort (K × d) and its sampled clients per cohort: a term
+        ||Σ_{i in B_t,k} Δ_i|| / |B_t,k| of G_k for each cohort the batch holds."""
+        clients = np.asarray(clients, dtype=np.float64)
+        held = clients > 0
+        lengths = np.linalg.norm(np.asarray(cohort_sums, dtype=np.float64), axis=1)
+        self.mean_norm_sums[held] += lengths[held] / clients[held]
+        self.mean_norm_batches[held] += 1
 
     def losses(self) -> np.ndarray:
         """L_k for each cohort (NaN before any round, and for a cohort no example of which was
@@ -129,7 +132,7 @@ class LastEpoch:
         return _mean(self.norm_sums, self.norm_counts)
 
     def mean_update_norms(self) -> np.ndarray:
-        """G_k for each cohort (NaN for a cohort no batch held, or without the cohorts' sums)."""
+        """G_k for each cohort (NaN for a cohort no batch held)."""
         return _mean(self.mean_norm_sums, self.mean_norm_batches)
 
     def state(self) -> dict[str, Any]:
@@ -147,7 +150,8 @@ class LastEpoch:
     def restore(self, state: dict[str, Any]) -> None:
         """Continue from ``state``. A checkpoint written before the norms were kept holds none:
         its norms then start at the next round, and where it had noted rounds already they are
-        unknown (NaN), never an average over part of the epoch."""
+        unknown (NaN), never an average over part of the epoch. So is G_k where the noted rounds
+        added no term of it (a run without ``training.cohort_directions`` before 2026-12-06)."""
         self.loss_sums = np.asarray(state["sums"], dtype=np.float64).copy()
         self.loss_counts = np.asarray(
             state.get("counts", np.zeros_like(self.loss_sums)), dtype=np.float64
@@ -158,6 +162,8 @@ class LastEpoch:
             self.norm_counts = np.asarray(state["norm_counts"], dtype=np.float64).copy()
             self.mean_norm_sums = np.asarray(state["mean_norm_sums"], dtype=np.float64).copy()
             self.mean_norm_batches = np.asarray(state["mean_norm_batches"], dtype=np.float64).copy()
+            if self.rounds and not self.mean_norm_batches.any():
+                self.mean_norm_sums = np.full(self.loss_sums.shape, math.nan)
         elif self.rounds:
             self.norm_sums = np.full(self.loss_sums.shape, math.nan)
             self.mean_norm_sums = np.full(self.loss_sums.shape, math.nan)

@@ -114,7 +114,7 @@ class Run:
         """How many client evaluations were released and accounted (``[evaluation] clients``)."""
         self.last_epoch: LastEpoch | None = None
         """The last epoch's cohort losses and update norms (``training.train_loss =
-        "last-epoch"`` or ``"last-epoch-examples"``), from :meth:`note_batch_losses` and
+        "last-epoch"`` or ``"last-epoch-examples"``), from :meth:`note_last_epoch` and
         :meth:`finish_round`; set below, with the run's other settings."""
         self.client_evaluation: dict[str, Any] | None = None
         """The last client evaluation released: its round, noise and noisy metrics (summary.json)."""
@@ -346,14 +346,16 @@ class Run:
         """Ids of the clients of round ``round_number`` (Poisson sampling with rate q)."""
         return self.rounds.sample(round_number)
 
-    def note_batch_losses(self, round_number: int, client_ids: np.ndarray) -> None:
+    def note_last_epoch(self, round_number: int, client_ids: np.ndarray) -> None:
         """Before round ``round_number`` trains: where ``training.train_loss`` is
         ``"last-epoch"`` or ``"last-epoch-examples"`` and the round is one of the last epoch's,
-        add each cohort's loss of the sampled clients' examples under θ_t
-        (:mod:`fairclip.server.last_epoch`). The model is only read."""
+        add each cohort's loss of the sampled clients' examples under θ_t and the norm of each
+        cohort's sum of the updates they train from it (:mod:`fairclip.server.last_epoch`). The
+        model is only read, and no step changes."""
         last_epoch = self.last_epoch
         if last_epoch is not None and last_epoch.wants(round_number, self.rounds_to_run):
             last_epoch.add(*self.task.cohort_batch_losses(self.model, client_ids))
+            last_epoch.add_batch_updates(*self.task.cohort_update_sums(self.model, client_ids, round_number))
 
     def evaluates_clients(self, round_number: int) -> bool:
         """Whether round ``round_number`` is followed by the clients' evaluation of the model it
@@ -472,10 +474,7 @@ class Run:
                 self.dropped_rounds.append(round_number)
             self.public_columns.update(public)
             if self.last_epoch is not None and self.last_epoch.wants(round_number, self.rounds_to_run):
-                diagnostics = sums.diagnostics
-                self.last_epoch.add_norms(
-                    diagnostics.norm_before, diagnostics.sampled, diagnostics.unclipped_sums
-                )
+                self.last_epoch.add_norms(sums.diagnostics.norm_before, sums.diagnostics.sampled)
             row = {**public, **internal, **(extra or {})}
             self.rows.append(row)
         return row
@@ -548,8 +547,8 @@ class Run:
         """Each cohort's mean training loss (``training.train_loss``) as ``train_loss`` beside its
         test metrics: under the evaluated model, or over the last epoch's batches
         (``"last-epoch"``, ``"last-epoch-examples"``; then also its mean update norm before
-        clipping, ``train_update_norm``, and with ``training.cohort_directions`` the mean norm
-        of its batch mean update, ``train_mean_update_norm``). Simulation-only diagnostics of
+        clipping, ``train_update_norm``, and the mean norm of its batch mean update,
+        ``train_mean_update_norm``). Simulation-only diagnostics of
         the clients' data, which the summary names as not covered by DP (``not_covered_by_dp``)."""
         cohorts = self.summary["cohorts"]
         if self.last_epoch is not None:
@@ -559,11 +558,10 @@ class Run:
                 cohorts[name] = {**cohorts.get(name, {}), "train_update_norm": float(norms[k])}
             self.summary["train_loss_rounds"] = self.last_epoch.rounds
             self._not_covered("cohorts.*.train_update_norm (the clients' updates before clipping)")
-            if self.config.training.cohort_directions:
-                batch_means = self.last_epoch.mean_update_norms()
-                for k, name in enumerate(self.task.cohort_names):
-                    cohorts[name]["train_mean_update_norm"] = float(batch_means[k])
-                self._not_covered("cohorts.*.train_mean_update_norm (the clients' updates before clipping)")
+            batch_means = self.last_epoch.mean_update_norms()
+            for k, name in enumerate(self.task.cohort_names):
+                cohorts[name]["train_mean_update_norm"] = float(batch_means[k])
+            self._not_covered("cohorts.*.train_mean_update_norm (the clients' updates before clipping)")
         else:
             limit = self.config.training.train_loss_limit
             losses = self.task.train_losses(self.evaluated_model, limit=limit)

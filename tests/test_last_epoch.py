@@ -103,6 +103,7 @@ def test_the_last_epochs_batch_means_are_averaged_with_absent_cohorts_as_zero():
     assert [final[name] for name in task.cohort_names] != pytest.approx(got, rel=1e-6)
     assert result.summary["not_covered_by_dp"] == [
         "cohorts.*.train_update_norm (the clients' updates before clipping)",
+        "cohorts.*.train_mean_update_norm (the clients' updates before clipping)",
         "cohorts.*.train_loss (the clients' training examples)",
     ]
 
@@ -110,10 +111,10 @@ def test_the_last_epochs_batch_means_are_averaged_with_absent_cohorts_as_zero():
 def test_seed_004s_reading_weights_each_example_once_and_the_norms_are_the_gradients():
     """``"last-epoch-examples"``: each cohort's loss over every example of the last epoch's
     batches, its mean per-example gradient norm before clipping (one-example clients, one step
-    at client learning rate 1: the update is minus the gradient) and, with the cohorts' sums
-    kept, the norm of its mean gradient in each batch averaged over the batches that hold it
-    (seed 004's "average gradient norm"), all by hand."""
-    config = _config("training.train_loss=last-epoch-examples", "training.cohort_directions=true")
+    at client learning rate 1: the update is minus the gradient) and
+    the norm of its mean gradient in each batch averaged over the batches that hold it (seed
+    004's "average gradient norm"), all by hand."""
+    config = _config("training.train_loss=last-epoch-examples")
     task = _task(config)
     models = _Models(task.initial_model())
     result = simulate(config, task, observers=[models])
@@ -159,7 +160,19 @@ def test_seed_004s_reading_weights_each_example_once_and_the_norms_are_the_gradi
     batches = simulate(_config(), _task(_config()))
     assert batches.summary["cohorts"]["few"]["train_loss"] < 0.95 * cohorts["few"]["train_loss"]
     assert batches.summary["cohorts"]["few"]["train_update_norm"] == cohorts["few"]["train_update_norm"]
-    assert "train_mean_update_norm" not in batches.summary["cohorts"]["few"]  # no cohort sums kept
+    # the server forms the cohorts' sums itself (above, as weighted sums of per-example gradients
+    # it never forms): the same from formed rows, with the directions diagnostics on (whose
+    # executor sums them apart), and in seed 003's reading too
+    for other in ("training.per_example=materialize", "training.cohort_directions=true"):
+        again = _config("training.train_loss=last-epoch-examples", other)
+        tracked = simulate(again, _task(again)).summary["cohorts"]
+        for name in names:
+            assert tracked[name]["train_mean_update_norm"] == pytest.approx(
+                cohorts[name]["train_mean_update_norm"], rel=1e-6
+            )
+        assert batches.summary["cohorts"][name]["train_mean_update_norm"] == pytest.approx(
+            cohorts[name]["train_mean_update_norm"], rel=1e-9
+        )
     assert result.summary["not_covered_by_dp"] == [
         "cohorts.*.train_update_norm (the clients' updates before clipping)",
         "cohorts.*.train_mean_update_norm (the clients' updates before clipping)",
@@ -184,7 +197,7 @@ def test_a_run_stopped_in_its_last_epoch_continues_with_the_same_losses(tmp_path
         simulate(config, _task(config), observers=[Stop()], checkpoint=Checkpointing(path))
     resumed = simulate(config, _task(config), checkpoint=Checkpointing(path))
     for name in ("many", "few"):
-        for value in ("train_loss", "train_update_norm"):
+        for value in ("train_loss", "train_update_norm", "train_mean_update_norm"):
             assert resumed.summary["cohorts"][name][value] == uninterrupted.summary["cohorts"][name][value]
     assert resumed.summary["train_loss_rounds"] == math.ceil(1 / RATE)
 
@@ -235,6 +248,19 @@ def test_a_checkpoint_without_norms_leaves_them_unknown_not_partial():
     restored.add_norms(np.array([2.0, 2.0]), np.array([1, 1]))
     assert np.isnan(restored.update_norms()).all()
     assert restored.losses().tolist() == [1.0 / 3, 2.0 / 3]
+    # one written inside the last epoch by a run that kept no cohort sums (before 2026-12-06,
+    # without training.cohort_directions): G_k is unknown, not an average of the later rounds
+    without_sums = LastEpoch(2, 0.1)
+    without_sums.add(np.array([1.0, 2.0]), np.array([1, 1]))
+    without_sums.add_norms(np.array([2.0, 2.0]), np.array([1, 1]))
+    resumed = LastEpoch(2, 0.1)
+    resumed.restore(without_sums.state())
+    resumed.add_batch_updates(np.array([[3.0, 4.0], [0.0, 1.0]]), np.array([1, 1]))
+    assert np.isnan(resumed.mean_update_norms()).all() and resumed.update_norms().tolist() == [2.0, 2.0]
+    kept = LastEpoch(2, 0.1)
+    kept.add_batch_updates(np.array([[3.0, 4.0], [0.0, 0.0]]), np.array([2, 0]))
+    kept.restore(kept.state())
+    assert kept.mean_update_norms()[0] == 2.5 and np.isnan(kept.mean_update_norms()[1])
     before_the_epoch = LastEpoch(2, 0.1)
     before_the_epoch.restore({"sums": np.zeros(2), "rounds": 0})
     before_the_epoch.add_norms(np.array([2.0, 3.0]), np.array([1, 2]))

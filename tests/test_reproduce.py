@@ -124,10 +124,13 @@ def test_every_setup_runs_a_few_steps(ray_session, cli, tmp_path, name, request)
     assert set(table.loc[~absolute, "metric"]) == set(setup.metric_names)
     assert set(table.loc[absolute, "metric"]) == (sources | setup.absolute if setup.relative_to else set())
     assert (table["seeds"] == 1).all()
-    means = table["fairclip_mean"].astype(float)
+    means = pd.to_numeric(table["fairclip_mean"])  # "" (no value): NaN
     paired = table["metric"].isin([metric.name for metric in setup.paired_metrics])
     own = table["metric"].isin(setup.absolute)  # Table 2's losses and norms: positive, not rates
-    assert (means[own] > 0).all()
+    # one round's batch of 16 may hold no example of a small class (xu-mnist's 500 eights): its
+    # last-epoch loss and norm are then unknown, never 0; every other number is there
+    assert (means[own].dropna() > 0).all() and (means[own].notna().any() or not own.any())
+    assert means[~own].notna().all()
     # accuracies lie in [0, 1]; a loss need not
     rates = ~table["metric"].str.contains("loss") & ~paired & ~own
     levels = means[absolute & rates] if setup.relative_to else means[rates]

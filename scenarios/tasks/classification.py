@@ -533,7 +533,19 @@ class ClassificationTask:
         ``Conv2d``, ``ConvTranspose2d`` and ``GroupNorm`` layers
         (:mod:`fairclip.scenarios.tasks.ghost`). ``None`` where that does not apply (the executor
         then materialises the updates)."""
-        if self.forms_updates(policy) or not len(client_ids):
+        return (
+            None if self.forms_updates(policy) else self._norm_only_gradients(model, client_ids, round_number)
+        )
+
+    def _norm_only_gradients(
+        self, model: np.ndarray, client_ids: np.ndarray, round_number: int
+    ) -> OneStepGradients | None:
+        """:meth:`per_example_gradients` whatever the policy: ``None`` where the updates must be
+        formed (not one-step clients, ``per_example`` not ``auto``, an objective's term, a layer
+        the norm-only path does not take) or there are no clients."""
+        if self.objective is not None or not (self.one_step and self.per_example == "auto"):
+            return None
+        if not len(client_ids):
             return None
         with self._dropout_masks(round_number, int(client_ids[0])):
             return one_step_gradients(
@@ -626,6 +638,39 @@ class ClassificationTask:
         cohorts = np.repeat(self.client_cohorts[ids], sizes)
         np.add.at(sums, cohorts, losses)
         np.add.at(counts, cohorts, 1.0)
+        return sums, counts
+
+    def cohort_update_sums(
+        self, model: np.ndarray, client_ids: np.ndarray, round_number: int
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Each cohort's sum of the finite updates Δ_i that the sampled clients ``client_ids`` train
+        from ``model`` in round ``round_number`` (K × d), and each cohort's sampled clients (K):
+        :meth:`local_updates`, a function of θ_t, the client and the round, formed here in calls
+        of :attr:`rows_per_call` clients (``training.train_loss``'s "average gradient norm",
+        :mod:`fairclip.server.last_epoch`). A simulation-only diagnostic of private data; it
+        changes no step (dropout masks are seeded per call, so a model with dropout on the
+        one-step path draws them per call of this diagnostic, not of the round's training)."""
+        ids = np.asarray(client_ids, dtype=np.int64)
+        num_cohorts = len(self.cohort_names)
+        counts = np.bincount(self.client_cohorts[ids], minlength=num_cohorts).astype(np.float64)
+        sums = np.zeros((num_cohorts, model.shape[0]))
+        step = max(1, self.rows_per_call)
+        for start in range(0, len(ids), step):
+            chunk = ids[start : start + step]
+            cohorts = self.client_cohorts[chunk]
+            gradients = self._norm_only_gradients(model, chunk, round_number)
+            if gradients is not None:  # each cohort's sum as a weighted sum, its rows never formed
+                members = (cohorts[None, :] == np.arange(num_cohorts)[:, None]) & np.isfinite(gradients.norms)
+                held = np.flatnonzero(members.any(axis=1))
+                if len(held):
+                    sums[held] += gradients.weighted_sums(
+                        slice(0, len(chunk)), members[held].astype(np.float64)
+                    )
+                continue
+            updates = self.local_updates(model, chunk, round_number)
+            finite = np.isfinite(updates).all(axis=1)
+            for k in np.unique(cohorts[finite]):
+                sums[k] += updates[finite & (cohorts == k)].sum(axis=0)
         return sums, counts
 
     def _example_losses(self, model: np.ndarray, features: torch.Tensor, labels: torch.Tensor) -> np.ndarray:

@@ -66,9 +66,9 @@ def simulate(
         begin_round = getattr(task, "begin_round", None)
         for round_number in range(server.rounds_completed + 1, server.rounds_to_run + 1):
             client_ids = server.sample(round_number)
-            server.note_batch_losses(round_number, client_ids)  # training.train_loss = "last-epoch"
             if begin_round is not None:  # a batch term of the training objective (FairLens)
                 begin_round(server.model, client_ids, round_number)
+            server.note_last_epoch(round_number, client_ids)  # training.train_loss = "last-epoch"
             if server.policy.counts_first:
                 counts = execute(server.model, client_ids, round_number, server.broadcast(), Exchange.COUNTS)
                 server.release_counts(round_number, counts)
