@@ -202,11 +202,16 @@ def test_a_run_stopped_in_its_last_epoch_continues_with_the_same_losses(tmp_path
     assert resumed.summary["train_loss_rounds"] == math.ceil(1 / RATE)
 
 
-def test_the_diagnostic_leaves_the_training_as_it_is():
-    """Reading the model before each round draws no randomness and changes no step: the final
-    model and test metrics equal those of a run that takes the final model's loss instead."""
-    last_epoch = simulate(_config(), _task(_config()))
-    final_model = simulate(_config("training.train_loss=true"), _task(_config("training.train_loss=true")))
+@pytest.mark.parametrize("objective", ["cross-entropy", "fairlens"])
+def test_the_diagnostic_leaves_the_training_as_it_is(objective):
+    """Reading the model and training the batch's updates again before each round of the last
+    epoch draws no randomness and changes no step: the final model and test metrics equal those
+    of a run that takes the final model's loss instead, under FairLens' batch term too (its
+    updates are formed after the round's term)."""
+    objective = f"training.objective={objective}"
+    last_epoch = simulate(_config(objective), _task(_config(objective)))
+    final = _config(objective, "training.train_loss=true")
+    final_model = simulate(final, _task(final))
     for name in ("many", "few"):
         for metric in ("accuracy", "loss"):
             assert last_epoch.summary["cohorts"][name][metric] == final_model.summary["cohorts"][name][metric]
