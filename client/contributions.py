@@ -20,6 +20,7 @@ from fairclip.strategies.aggregation import (
     CohortDiagnostics,
     Exchange,
     RoundSums,
+    cohort_members,
 )
 from fairclip.strategies.base import Broadcast, ClientReports, ScaledReports
 
@@ -58,7 +59,7 @@ def contribute_blocks(
             kept = _contributing(reports, rows)
             raw = np.where(kept[:, None] > 0, updates[rows], 0.0)  # a dropped row adds nothing
             if directions:
-                members = _cohort_members(cohorts[rows], kept, num_cohorts)
+                members = cohort_members(cohorts[rows], kept, num_cohorts)
                 cohort_sums = (members @ raw, members @ reports.contributions[rows])
             if unclipped_total:
                 total = raw.sum(axis=0)
@@ -77,12 +78,6 @@ def _contributing(reports: ClientReports | ScaledReports, rows: slice) -> np.nda
     """1 for each of the block's rows that contributes (its update and its norm are finite),
     else 0: the rows the unclipped sums take, on both the materialised and the one-step path."""
     return 1.0 - np.asarray(reports.nonfinite, dtype=np.float64)[rows]
-
-
-def _cohort_members(block_cohorts: np.ndarray, kept: np.ndarray, num_cohorts: int) -> np.ndarray:
-    """K × n weights: 1 where row i contributes (``kept``) and is in cohort k (the cohort sums of
-    the directions diagnostics)."""
-    return (block_cohorts[None, :] == np.arange(num_cohorts)[:, None]) * kept[None, :]
 
 
 def contribute_scaled_blocks(
@@ -128,7 +123,7 @@ def contribute_scaled_blocks(
         if direction_reports:
             weights.append(scaled.report_scales[rows])
         if tracked:
-            members = _cohort_members(cohorts[rows], _contributing(scaled, rows), num_cohorts)
+            members = cohort_members(cohorts[rows], _contributing(scaled, rows), num_cohorts)
             weights += [*members, *(members * scaled.contribution_scales[rows][None, :])]
         if totalled:
             weights.append(_contributing(scaled, rows))

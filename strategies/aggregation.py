@@ -126,6 +126,14 @@ class CohortDiagnostics:
         return float(np.median(self.norms[cohort]))
 
 
+def cohort_members(cohorts: np.ndarray, kept: np.ndarray, num_cohorts: int) -> np.ndarray:
+    """K × n weights: 1 where row i is kept (``kept``: 1 or ``True`` for a row whose update is
+    finite) and is in cohort k; ``weights @ rows`` is then each cohort's sum of its kept rows
+    (:attr:`CohortDiagnostics.unclipped_sums`, and the last epoch's cohort sums,
+    :meth:`fairclip.scenarios.tasks.classification.ClassificationTask.cohort_update_sums`)."""
+    return (cohorts[None, :] == np.arange(num_cohorts)[:, None]) * kept[None, :]
+
+
 def _add_or_none(first: np.ndarray | None, second: np.ndarray | None) -> np.ndarray | None:
     """The sum of two tracked arrays; None unless both are tracked."""
     return None if first is None or second is None else first + second

@@ -47,6 +47,7 @@ from fairclip.scenarios.tasks.training import (
     reconstruction_errors,
 )
 from fairclip.strategies import Policy
+from fairclip.strategies.aggregation import cohort_members
 from fairclip.strategies.evaluation import contribution as evaluation_contribution
 from fairclip.strategies.randomness import Stream, rng
 
@@ -660,17 +661,14 @@ class ClassificationTask:
             cohorts = self.client_cohorts[chunk]
             gradients = self._norm_only_gradients(model, chunk, round_number)
             if gradients is not None:  # each cohort's sum as a weighted sum, its rows never formed
-                members = (cohorts[None, :] == np.arange(num_cohorts)[:, None]) & np.isfinite(gradients.norms)
-                held = np.flatnonzero(members.any(axis=1))
+                members = cohort_members(cohorts, np.isfinite(gradients.norms), num_cohorts)
+                held = np.flatnonzero(members.any(axis=1))  # a cohort the call lacks costs no sum
                 if len(held):
-                    sums[held] += gradients.weighted_sums(
-                        slice(0, len(chunk)), members[held].astype(np.float64)
-                    )
+                    sums[held] += gradients.weighted_sums(slice(0, len(chunk)), members[held])
                 continue
             updates = self.local_updates(model, chunk, round_number)
             finite = np.isfinite(updates).all(axis=1)
-            for k in np.unique(cohorts[finite]):
-                sums[k] += updates[finite & (cohorts == k)].sum(axis=0)
+            sums += cohort_members(cohorts, finite, num_cohorts) @ np.where(finite[:, None], updates, 0.0)
         return sums, counts
 
     def _example_losses(self, model: np.ndarray, features: torch.Tensor, labels: torch.Tensor) -> np.ndarray:
