@@ -20,7 +20,7 @@ from fairclip.strategies.aggregation import (
     CohortDiagnostics,
     Exchange,
     RoundSums,
-    cohort_members,
+    cohort_sums,
 )
 from fairclip.strategies.base import Broadcast, ClientReports, ScaledReports
 
@@ -47,31 +47,50 @@ def contribute_blocks(
     policy's client side runs once over all rows (it acts on each client's row alone), then each
     block is summed on its own rows -- the same sums as one call per block, bit for bit, without
     the per-call cost that 64 small blocks a round would pay. ``directions``: also each
-    cohort's sums of its raw updates and of its contributions (simulation diagnostics);
-    ``unclipped_total``: also the sum of all raw updates that contribute (simulation only)."""
+    cohort's sums of its raw updates and of its contributions over all the rows (simulation
+    diagnostics, carried by the last block: :func:`_call_cohort_sums`); ``unclipped_total``:
+    also each block's sum of the raw updates that contribute (simulation only)."""
     updates = np.atleast_2d(np.asarray(updates, dtype=np.float64))
     cohorts = np.asarray(cohorts, dtype=np.int64)
     reports = policy.client_side(updates, cohorts, params)
+    blocks = _block_rows(sizes, updates.shape[0])
+    call_sums = None
+    if directions:
+        kept = _contributing(reports, slice(0, updates.shape[0]))
+        groups = np.where(kept > 0, cohorts, -1)  # a dropped row is in no cohort's sums
+        call_sums = (
+            cohort_sums(updates, groups, num_cohorts),
+            cohort_sums(reports.contributions, groups, num_cohorts),
+        )
     sums = []
-    for rows, size in _block_rows(sizes, updates.shape[0]):
-        cohort_sums, total = None, None
-        if directions or unclipped_total:
+    for j, (rows, size) in enumerate(blocks):
+        total = None
+        if unclipped_total:
             kept = _contributing(reports, rows)
-            raw = np.where(kept[:, None] > 0, updates[rows], 0.0)  # a dropped row adds nothing
-            if directions:
-                members = cohort_members(cohorts[rows], kept, num_cohorts)
-                cohort_sums = (members @ raw, members @ reports.contributions[rows])
-            if unclipped_total:
-                total = raw.sum(axis=0)
+            total = np.where(kept[:, None] > 0, updates[rows], 0.0).sum(axis=0)
+        carried = _call_cohort_sums(call_sums, j, len(blocks))
         sums.append(
             RoundSums(
                 contribution_sum=reports.contributions[rows].sum(axis=0),
                 report_sum=reports.reports[rows].sum(axis=0),
                 num_reports=size,
-                diagnostics=_diagnostics(reports, cohorts[rows], rows, num_cohorts, cohort_sums, total),
+                diagnostics=_diagnostics(reports, cohorts[rows], rows, num_cohorts, carried, total),
             )
         )
     return sums
+
+
+def _call_cohort_sums(
+    call_sums: tuple[np.ndarray, np.ndarray] | None, block: int, blocks: int
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """The cohort sums (``training.cohort_directions``) that block ``block`` of a call's
+    ``blocks`` carries: the whole call's, on its last block; none on the others. Formed once a
+    call rather than once a block (each row read once, not 2 K times a block), they are
+    diagnostics, never released. A call's blocks are the same on every executor and number of
+    workers (:func:`fairclip.strategies.aggregation.group_blocks`) and the server adds the blocks
+    in their order (:meth:`CohortDiagnostics.__add__` adds the calls'), so they stay the same
+    on all of them, bit for bit, as the released sums do."""
+    return call_sums if block == blocks - 1 else None
 
 
 def _contributing(reports: ClientReports | ScaledReports, rows: slice) -> np.ndarray:
@@ -101,8 +120,10 @@ def contribute_scaled_blocks(
     the first exchange of a counts-first round forms no contribution sum (an empty vector,
     ``NOT_SENT``), the second no report sum (zeros). ``directions`` (simulation diagnostics, in
     the exchange that carries the contributions): each cohort's sums of its unscaled and scaled
-    rows, 2K more weighted sums per block; ``unclipped_total`` (there too): the sum of the
-    unscaled rows that contribute, one more. ``on_device``: each block's ``contribution_sum``,
+    rows over the whole call, two weighted sums of each cohort's rows
+    (:meth:`OneStepGradients.grouped_sums`, :func:`_call_cohort_sums`);
+    ``unclipped_total`` (there too): each block's sum of the unscaled rows that contribute, one
+    more weighted sum per block. ``on_device``: each block's ``contribution_sum``,
     and its ``report_sum`` where that is a weighted sum of the updates (a direction report, as
     ``online``'s), stays where the gradients are (a GPU, or the CPU), as a float64 tensor with
     the same numbers, for the caller to add up there
@@ -122,27 +143,28 @@ def contribute_scaled_blocks(
         weights = [scaled.contribution_scales[rows]] if contributions else []
         if direction_reports:
             weights.append(scaled.report_scales[rows])
-        if tracked:
-            members = cohort_members(cohorts[rows], _contributing(scaled, rows), num_cohorts)
-            weights += [*members, *(members * scaled.contribution_scales[rows][None, :])]
         if totalled:
             weights.append(_contributing(scaled, rows))
         block_weights.append(np.stack(weights) if weights else np.empty((0, rows.stop - rows.start)))
     block_rows = [rows for rows, _ in blocks]
     block_sums = gradients.block_weighted_sums(block_rows, block_weights, on_device=on_device)
+    call_sums = None
+    if tracked and blocks:
+        kept = _contributing(scaled, slice(0, cohorts.shape[0]))
+        groups = np.where(kept > 0, cohorts, -1)  # a dropped row is in no cohort's sums
+        unscaled, scaled_sums = gradients.grouped_sums(
+            groups, np.stack([kept, kept * scaled.contribution_scales]), num_cohorts
+        )
+        call_sums = (unscaled, scaled_sums)
     sums = []
-    for (rows, size), weighted_rows in zip(blocks, block_sums, strict=True):
+    for j, ((rows, size), weighted_rows) in enumerate(zip(blocks, block_sums, strict=True)):
         if isinstance(weighted_rows, torch.Tensor):  # on the device: the model-sized sums stay
             stays = int(contributions) + int(direction_reports)
             weighted = [*weighted_rows[:stays], *weighted_rows[stays:].cpu().numpy()]
         else:
             weighted = list(weighted_rows)
         total = weighted.pop() if totalled else None
-        cohort_sums = None
-        if tracked:
-            per_cohort = np.stack(weighted[-2 * num_cohorts :])
-            weighted = weighted[: -2 * num_cohorts]
-            cohort_sums = (per_cohort[:num_cohorts], per_cohort[num_cohorts:])
+        carried = _call_cohort_sums(call_sums, j, len(blocks))
         contribution_sum = weighted.pop(0) if contributions else NOT_SENT
         if exchange is Exchange.UPDATES:
             report_sum = np.zeros(report_size)
@@ -153,7 +175,7 @@ def contribute_scaled_blocks(
                 contribution_sum=contribution_sum,
                 report_sum=report_sum,
                 num_reports=size,
-                diagnostics=_diagnostics(scaled, cohorts[rows], rows, num_cohorts, cohort_sums, total),
+                diagnostics=_diagnostics(scaled, cohorts[rows], rows, num_cohorts, carried, total),
             )
         )
     return sums
@@ -172,7 +194,7 @@ def _diagnostics(
     block_cohorts: np.ndarray,
     rows: slice,
     num_cohorts: int,
-    cohort_sums: tuple[np.ndarray, np.ndarray] | None = None,
+    carried: tuple[np.ndarray, np.ndarray] | None = None,
     unclipped_total: np.ndarray | None = None,
 ) -> CohortDiagnostics:
     """The simulation-only per-cohort diagnostics of one block's rows (with each cohort's
@@ -191,7 +213,7 @@ def _diagnostics(
             for d in CLIENT_DIAGNOSTICS
         },
         norms=tuple(block_norms[block_cohorts == k] for k in range(num_cohorts)),
-        unclipped_sums=None if cohort_sums is None else cohort_sums[0],
-        clipped_sums=None if cohort_sums is None else cohort_sums[1],
+        unclipped_sums=None if carried is None else carried[0],
+        clipped_sums=None if carried is None else carried[1],
         unclipped_total=unclipped_total,
     )

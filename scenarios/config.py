@@ -445,7 +445,9 @@ class TrainingSpec(_Section):
     """Record, per cohort and round, the direction and magnitude errors of the client side of
     the policy: cos(Σ c_i, Σ Δ_i) and ||Σ c_i|| / ||Σ Δ_i|| over the cohort's sampled clients
     (seed 003, section 4). Simulation-only diagnostics (``rounds.csv``, never released); they cost
-    2 K model-sized sums per summation block."""
+    2 K model-sized sums per call of the client side (each sampled client's update read twice),
+    about twice a one-step call's time on ``xu-cnn`` and ``galli-cnn`` (before 2026-12-06, 2 K
+    sums per summation block: about 25 times)."""
     clipping_error: Literal["both", "direction", "magnitude"] = "both"
     """Seed 003's Table 1 ablation, for non-private runs of a clipping policy (simulation only):
     ``direction`` steps along the clipped aggregate Σ c_i rescaled to the length of the unclipped

@@ -70,7 +70,9 @@ class CohortDiagnostics:
     Where a run asks for them (``training.cohort_directions``), also each cohort's aggregate
     update before and after the client side of the policy (K × d: Σ_{i in k} Δ_i and
     Σ_{i in k} c_i, the contribution before noise), from which :meth:`direction_cosine` and
-    :meth:`magnitude_ratio` come (seed 003, section 4: clipping's direction and magnitude errors)."""
+    :meth:`magnitude_ratio` come (seed 003, section 4: clipping's direction and magnitude errors).
+    They are formed once per call of the client side and carried by its last block (None on
+    the others, which adds nothing), not per summation block."""
 
     sampled: np.ndarray
     exceeded: np.ndarray
@@ -96,8 +98,8 @@ class CohortDiagnostics:
         return CohortDiagnostics(
             **{d.name: getattr(self, d.name) + getattr(other, d.name) for d in CLIENT_DIAGNOSTICS},
             norms=tuple(map(np.concatenate, zip(self.norms, other.norms, strict=True))) if known else (),
-            unclipped_sums=_add_or_none(self.unclipped_sums, other.unclipped_sums),
-            clipped_sums=_add_or_none(self.clipped_sums, other.clipped_sums),
+            unclipped_sums=_add_carried(self.unclipped_sums, other.unclipped_sums),
+            clipped_sums=_add_carried(self.clipped_sums, other.clipped_sums),
             unclipped_total=_add_or_none(self.unclipped_total, other.unclipped_total),
         )
 
@@ -126,17 +128,27 @@ class CohortDiagnostics:
         return float(np.median(self.norms[cohort]))
 
 
-def cohort_members(cohorts: np.ndarray, kept: np.ndarray, num_cohorts: int) -> np.ndarray:
-    """K × n weights: 1 where row i is kept (``kept``: 1 or ``True`` for a row whose update is
-    finite) and is in cohort k; ``weights @ rows`` is then each cohort's sum of its kept rows
-    (:attr:`CohortDiagnostics.unclipped_sums`, and the last epoch's cohort sums,
-    :meth:`fairclip.scenarios.tasks.classification.ClassificationTask.cohort_update_sums`)."""
-    return (cohorts[None, :] == np.arange(num_cohorts)[:, None]) * kept[None, :]
+def cohort_sums(rows: np.ndarray, groups: np.ndarray, num_cohorts: int) -> np.ndarray:
+    """K × d: each cohort's sum of its ``rows`` (n × d), where ``groups[i]`` is row i's cohort,
+    or -1 for a row in none (one whose update is not finite). Each row is read once, whatever K
+    (:attr:`CohortDiagnostics.unclipped_sums`, the last epoch's cohort sums
+    :meth:`fairclip.scenarios.tasks.classification.ClassificationTask.cohort_update_sums`; the
+    norm-only path's counterpart is :meth:`fairclip.scenarios.tasks.ghost.OneStepGradients.grouped_sums`)."""
+    return np.stack([rows[groups == k].sum(axis=0) for k in range(num_cohorts)])
 
 
 def _add_or_none(first: np.ndarray | None, second: np.ndarray | None) -> np.ndarray | None:
     """The sum of two tracked arrays; None unless both are tracked."""
     return None if first is None or second is None else first + second
+
+
+def _add_carried(first: np.ndarray | None, second: np.ndarray | None) -> np.ndarray | None:
+    """The sum of the cohort sums two parts carry, where None is a part that carries none: a
+    call's cohort sums ride on its last block only
+    (:func:`fairclip.client.contributions.contribute_blocks`); None where neither carries any."""
+    if first is None or second is None:
+        return second if first is None else first
+    return first + second
 
 
 @dataclass

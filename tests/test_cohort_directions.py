@@ -61,6 +61,49 @@ def test_each_cohorts_sums_are_its_raw_updates_and_its_contributions(seed, bound
     np.testing.assert_array_equal(plain.contribution_sum, total.contribution_sum)
 
 
+@pytest.mark.parametrize("path", ["materialised", "one-step"])
+def test_a_calls_cohort_sums_ride_on_its_last_block_and_add_up_over_calls(path):
+    """Formed once a call, not once a summation block (each row read once): the call's last
+    block carries them, its other blocks none; the calls' parts added in block order give the
+    cohort sums of all the rows, as a round adds the groups of several calls."""
+    torch.manual_seed(0)
+    model = build_model("mlp", (1, 6, 6), 10)
+    theta = model_to_vector(model)
+    count, num_cohorts = 24, 3
+    features = torch.randn(count, 1, 6, 6, generator=torch.Generator().manual_seed(5))
+    labels = torch.arange(count) % 10
+    cohorts = np.arange(count) % num_cohorts
+    policy = build_policy("constant", {"initial_bound": 0.05}, num_cohorts=num_cohorts)
+    params = policy.broadcast(policy.initial_state(theta.shape[0]))
+    updates = one_step_updates(model, theta, features, labels, lr=0.5)
+
+    def call(rows: slice, sizes: list[int]):
+        if path == "materialised":
+            return contribute_blocks(
+                policy, params, updates[rows], cohorts[rows], num_cohorts, sizes, directions=True
+            )
+        gradients = one_step_gradients(model, theta, features[rows], labels[rows], lr=0.5)
+        return contribute_scaled_blocks(
+            policy, params, gradients, cohorts[rows], num_cohorts, sizes, directions=True
+        )
+
+    first, second = call(slice(0, 10), [4, 0, 6]), call(slice(10, count), [5, 9])
+    parts = [*first, *second]
+    carried = [part.diagnostics.unclipped_sums is not None for part in parts]
+    assert carried == [False, False, True, False, True]
+    assert [part.diagnostics.clipped_sums is not None for part in parts] == carried
+    total = add_in_order(parts).diagnostics
+    clipped = policy.client_side(updates, cohorts, params).contributions
+    tolerance = count * float(np.spacing(np.float32(np.abs(theta).max())))
+    for k in range(num_cohorts):
+        mine = cohorts == k
+        np.testing.assert_allclose(total.unclipped_sums[k], updates[mine].sum(0), atol=tolerance)
+        np.testing.assert_allclose(total.clipped_sums[k], clipped[mine].sum(0), atol=tolerance)
+    # a run that does not track them carries none anywhere
+    plain = contribute_blocks(policy, params, updates, cohorts, num_cohorts, [count])
+    assert add_in_order(plain).diagnostics.unclipped_sums is None
+
+
 def test_a_non_finite_update_is_left_out_of_its_cohorts_sums():
     updates = np.array([[3.0, 4.0], [np.nan, 1.0], [0.3, 0.4]])
     cohorts = np.array([0, 0, 1])

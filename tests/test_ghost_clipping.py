@@ -503,6 +503,40 @@ def test_all_blocks_at_once_equal_the_blocks_one_by_one(sizes, weight_rows, mode
         np.testing.assert_allclose(have, want, rtol=1e-12, atol=1e-12 * (1 + np.abs(want).max(initial=0)))
 
 
+@settings(max_examples=25, deadline=None)
+@given(
+    count=st.integers(1, 12),
+    num_groups=st.integers(1, 4),
+    weight_rows=st.integers(1, 2),
+    model_name=st.sampled_from(["mlp-tanh", "esipova-cnn"]),
+    seed=st.integers(0, 2**16),
+)
+def test_grouped_sums_equal_one_weighted_sum_per_group(count, num_groups, weight_rows, model_name, seed):
+    """Each group's sums from its own rows (the cohort sums of training.cohort_directions) equal
+    the weighted sums over all the rows with the other groups' weights set to 0; a row in no
+    group (-1) adds nothing, and a group without rows sums to 0."""
+    shape = SHAPES.get(model_name, (1, 28, 28))
+    generator = torch.Generator().manual_seed(seed)
+    torch.manual_seed(seed)
+    model = build_model(model_name, shape, 10)
+    features = torch.randn(count, *shape, generator=generator)
+    labels = torch.arange(count) % 10
+    gradients = one_step_gradients(model, model_to_vector(model), features, labels, lr=0.3)
+    rng = np.random.default_rng(seed)
+    groups = rng.integers(-1, num_groups, size=count)
+    weights = rng.uniform(-1, 1, (weight_rows, count))
+    grouped = gradients.grouped_sums(groups, weights, num_groups)
+    assert grouped.shape == (weight_rows, num_groups, gradients.dim)
+    everything = slice(0, count)
+    for group in range(num_groups):
+        want = gradients.weighted_sums(everything, weights * (groups == group))
+        np.testing.assert_allclose(
+            grouped[:, group], want, rtol=1e-12, atol=1e-12 * (1 + np.abs(want).max(initial=0))
+        )
+        if not (groups == group).any():
+            assert not grouped[:, group].any()
+
+
 @pytest.mark.parametrize(("limit_blocks", "chunks"), [(2, [2, 2, 1]), (3, [3, 2]), (1, [1] * 5)])
 def test_sums_larger_than_the_limit_are_batched_in_chunks_of_blocks(monkeypatch, limit_blocks, chunks):
     """Where a group's sums hold more than :data:`BATCHED_SUMS_LIMIT` numbers, they are formed in

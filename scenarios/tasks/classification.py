@@ -47,7 +47,7 @@ from fairclip.scenarios.tasks.training import (
     reconstruction_errors,
 )
 from fairclip.strategies import Policy
-from fairclip.strategies.aggregation import cohort_members
+from fairclip.strategies.aggregation import cohort_sums
 from fairclip.strategies.evaluation import contribution as evaluation_contribution
 from fairclip.strategies.randomness import Stream, rng
 
@@ -660,15 +660,13 @@ class ClassificationTask:
             chunk = ids[start : start + step]
             cohorts = self.client_cohorts[chunk]
             gradients = self._norm_only_gradients(model, chunk, round_number)
-            if gradients is not None:  # each cohort's sum as a weighted sum, its rows never formed
-                members = cohort_members(cohorts, np.isfinite(gradients.norms), num_cohorts)
-                held = np.flatnonzero(members.any(axis=1))  # a cohort the call lacks costs no sum
-                if len(held):
-                    sums[held] += gradients.weighted_sums(slice(0, len(chunk)), members[held])
+            if gradients is not None:  # each cohort's sum of its rows, which are never formed
+                groups = np.where(np.isfinite(gradients.norms), cohorts, -1)
+                sums += gradients.grouped_sums(groups, np.ones((1, len(chunk))), num_cohorts)[0]
                 continue
             updates = self.local_updates(model, chunk, round_number)
-            finite = np.isfinite(updates).all(axis=1)
-            sums += cohort_members(cohorts, finite, num_cohorts) @ np.where(finite[:, None], updates, 0.0)
+            groups = np.where(np.isfinite(updates).all(axis=1), cohorts, -1)
+            sums += cohort_sums(updates, groups, num_cohorts)
         return sums, counts
 
     def _example_losses(self, model: np.ndarray, features: torch.Tensor, labels: torch.Tensor) -> np.ndarray:

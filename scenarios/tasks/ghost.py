@@ -70,9 +70,11 @@ class _OuterProduct:
         squares = self.inputs.square().sum(1) * b2
         return squares + b2 if self.bias else squares
 
-    def write_weighted_sums(self, rows: slice, weights: torch.Tensor, out: torch.Tensor) -> None:
-        """Σ_i w_ji ∇ℓ_i over ``rows`` for each row j of ``weights``, into ``out``'s row j
-        (its columns of this layer: W row-major, then the bias)."""
+    def write_weighted_sums(
+        self, rows: slice | torch.Tensor, weights: torch.Tensor, out: torch.Tensor
+    ) -> None:
+        """Σ_i w_ji ∇ℓ_i over ``rows`` (a slice or row indices) for each row j of ``weights``,
+        into ``out``'s row j (its columns of this layer: W row-major, then the bias)."""
         a, b = self.inputs[rows], self.output_grads[rows]
         outputs, inputs = b.shape[1], a.shape[1]
         for w, row in zip(weights, out, strict=True):
@@ -104,7 +106,9 @@ class _PerExample:
         squares = self.weight_grads.square().sum(1)
         return squares if self.bias_grads is None else squares + self.bias_grads.square().sum(1)
 
-    def write_weighted_sums(self, rows: slice, weights: torch.Tensor, out: torch.Tensor) -> None:
+    def write_weighted_sums(
+        self, rows: slice | torch.Tensor, weights: torch.Tensor, out: torch.Tensor
+    ) -> None:
         """:meth:`_OuterProduct.write_weighted_sums` for formed per-example gradients."""
         grads = self.weight_grads[rows]
         if self.bias_grads is not None:
@@ -159,14 +163,30 @@ class OneStepGradients:
     lr: float
     dim: int
 
-    def weighted_sums(self, rows: slice, weights: np.ndarray) -> np.ndarray:
+    def weighted_sums(self, rows: slice | torch.Tensor, weights: np.ndarray) -> np.ndarray:
         """:meth:`device_weighted_sums` copied to the host: (m, d) float64 numpy."""
         return self.device_weighted_sums(rows, weights).cpu().numpy()
 
-    def device_weighted_sums(self, rows: slice, weights: np.ndarray) -> torch.Tensor:
+    def grouped_sums(self, groups: np.ndarray, weights: np.ndarray, num_groups: int) -> np.ndarray:
+        """Σ_{i in group g} w_ji Δ_i for each group g < ``num_groups`` and each row j of
+        ``weights`` (m, n): (m, G, d) float64 numpy, where ``groups`` gives each of the n rows'
+        group (-1: none; a row whose gradient is not finite must be in none). Each group's
+        products read its own rows only, so the G groups cost one pass over the rows, not the
+        G passes of :meth:`weighted_sums` with one 0/1 weight row per group (the cohort sums of
+        ``training.cohort_directions``: 2 rows of weights for K cohorts instead of 2 K)."""
+        weights = np.atleast_2d(np.asarray(weights, dtype=np.float64))
+        sums = np.zeros((weights.shape[0], num_groups, self.dim))
+        for group in range(num_groups):
+            index = np.flatnonzero(groups == group)
+            if index.size:
+                rows = torch.from_numpy(index).to(self._device())
+                sums[:, group] = self.weighted_sums(rows, weights[:, index])
+        return sums
+
+    def device_weighted_sums(self, rows: slice | torch.Tensor, weights: np.ndarray) -> torch.Tensor:
         """Σ_{i in rows} w_ji Δ_i for each row j of ``weights`` (m, len(rows)): (m, d) float64,
-        a tensor where the gradients are. A row whose gradient is not finite must have weight 0
-        in every sum (it adds nothing)."""
+        a tensor where the gradients are; ``rows``, a slice or a tensor of row indices. A row
+        whose gradient is not finite must have weight 0 in every sum (it adds nothing)."""
         weights = np.atleast_2d(np.asarray(weights, dtype=np.float64))
         device = self._device()
         if weights.shape[0] == 0:
