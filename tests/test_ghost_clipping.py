@@ -471,6 +471,17 @@ def _flat_positions(channels, stride, padding, dilation) -> int:
     return int(np.prod(probe(torch.zeros(1, channels, 9, 9)).shape[2:]))
 
 
+def _seeded_gradients(model_name: str, count: int, seed: int):
+    """The one-step gradients of ``count`` random examples on ``model_name``, all from ``seed``."""
+    shape = SHAPES.get(model_name, (1, 28, 28))
+    generator = torch.Generator().manual_seed(seed)
+    torch.manual_seed(seed)
+    model = build_model(model_name, shape, 10)
+    features = torch.randn(count, *shape, generator=generator)
+    labels = torch.arange(count) % 10
+    return one_step_gradients(model, model_to_vector(model), features, labels, lr=0.3)
+
+
 @settings(max_examples=25, deadline=None)
 @given(
     sizes=st.lists(st.integers(0, 6), min_size=1, max_size=6),
@@ -484,13 +495,7 @@ def test_all_blocks_at_once_equal_the_blocks_one_by_one(sizes, weight_rows, mode
     outer-product model and a convolutional one."""
     count = sum(sizes)
     assume(count > 0)
-    shape = SHAPES.get(model_name, (1, 28, 28))
-    generator = torch.Generator().manual_seed(seed)
-    torch.manual_seed(seed)
-    model = build_model(model_name, shape, 10)
-    features = torch.randn(count, *shape, generator=generator)
-    labels = torch.arange(count) % 10
-    gradients = one_step_gradients(model, model_to_vector(model), features, labels, lr=0.3)
+    gradients = _seeded_gradients(model_name, count, seed)
     ends = np.cumsum([0, *sizes])
     blocks = [slice(int(ends[j]), int(ends[j + 1])) for j in range(len(sizes))]
     rng = np.random.default_rng(seed)
@@ -515,13 +520,7 @@ def test_grouped_sums_equal_one_weighted_sum_per_group(count, num_groups, weight
     """Each group's sums from its own rows (the cohort sums of training.cohort_directions) equal
     the weighted sums over all the rows with the other groups' weights set to 0; a row in no
     group (-1) adds nothing, and a group without rows sums to 0."""
-    shape = SHAPES.get(model_name, (1, 28, 28))
-    generator = torch.Generator().manual_seed(seed)
-    torch.manual_seed(seed)
-    model = build_model(model_name, shape, 10)
-    features = torch.randn(count, *shape, generator=generator)
-    labels = torch.arange(count) % 10
-    gradients = one_step_gradients(model, model_to_vector(model), features, labels, lr=0.3)
+    gradients = _seeded_gradients(model_name, count, seed)
     rng = np.random.default_rng(seed)
     groups = rng.integers(-1, num_groups, size=count)
     weights = rng.uniform(-1, 1, (weight_rows, count))
