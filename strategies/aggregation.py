@@ -20,6 +20,8 @@ from typing import Any
 
 import numpy as np
 
+from fairclip.strategies.clipping import inner, vector_norm
+
 
 @dataclass(frozen=True)
 class Diagnostic:
@@ -109,16 +111,16 @@ class CohortDiagnostics:
         if self.unclipped_sums is None or self.clipped_sums is None:
             return float("nan")
         before, after = self.unclipped_sums[cohort], self.clipped_sums[cohort]
-        norms = float(np.linalg.norm(before)) * float(np.linalg.norm(after))
-        return float(before @ after) / norms if norms > 0 else float("nan")
+        norms = vector_norm(before) * vector_norm(after)
+        return inner(before, after) / norms if norms > 0 else float("nan")
 
     def magnitude_ratio(self, cohort: int) -> float:
         """||Σ c_i|| / ||Σ Δ_i|| over the cohort's clients: how much of the cohort's aggregate
         update's length clipping kept; NaN where not tracked or the unclipped sum is zero."""
         if self.unclipped_sums is None or self.clipped_sums is None:
             return float("nan")
-        before = float(np.linalg.norm(self.unclipped_sums[cohort]))
-        return float(np.linalg.norm(self.clipped_sums[cohort])) / before if before > 0 else float("nan")
+        before = vector_norm(self.unclipped_sums[cohort])
+        return vector_norm(self.clipped_sums[cohort]) / before if before > 0 else float("nan")
 
     def median_norm(self, cohort: int) -> float:
         """Median update norm (before clipping) of cohort ``cohort``'s clients; NaN where none

@@ -27,6 +27,7 @@ import numpy as np
 
 from fairclip.strategies import reports
 from fairclip.strategies.base import Broadcast, Policy, RowScales, exponential_step
+from fairclip.strategies.clipping import inner
 from fairclip.strategies.params import NonNegativeFinite, PolicyParams, PositiveFinite
 
 
@@ -48,7 +49,7 @@ def _sign_of_inner(a: np.ndarray, b: np.ndarray | None) -> float:
     scales = [float(np.max(np.abs(v), initial=0.0)) for v in (a, b)]
     if not all(0.0 < scale < np.inf for scale in scales):
         return 0.0
-    return float(np.sign(np.dot(a / scales[0], b / scales[1])))
+    return float(np.sign(inner(a / scales[0], b / scales[1])))
 
 
 class OnlineSensitivityClipping(Policy):

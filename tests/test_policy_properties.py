@@ -32,7 +32,15 @@ from fairclip.strategies import (
     build_policy,
     policy_parameters,
 )
-from fairclip.strategies.clipping import SAFETY, clip_rows, clip_rows_with_norms, hard_clip, row_norms
+from fairclip.strategies.clipping import (
+    SAFETY,
+    clip_rows,
+    clip_rows_with_norms,
+    hard_clip,
+    inner,
+    row_norms,
+    vector_norm,
+)
 from fairclip.strategies.testing import log_uniform, noisy_counts, round_inputs, update_matrices
 
 NAMES = sorted(POLICIES)
@@ -347,6 +355,33 @@ def test_contributions_stay_within_the_noised_sensitivity(name, data):
     assert np.array_equal(out.contribution_norms, row_norms(out.contributions))
 
     check_semantics(name, policy, params_t, updates, cohorts, out)
+
+
+@SETTINGS
+@given(
+    vectors=st.integers(1, 40).flatmap(
+        lambda d: st.tuples(
+            st.lists(st.floats(-1e3, 1e3), min_size=d, max_size=d),
+            st.lists(st.floats(-1e3, 1e3), min_size=d, max_size=d),
+        )
+    ),
+    scale=log_uniform(-300, 300),
+)
+def test_a_vectors_norm_and_inner_product_without_blas(vectors, scale):
+    """vector_norm and inner (the server's per-round norms and products, numpy's own loops
+    instead of BLAS) are the norm and np.dot to float64 rounding, and a vector of huge or tiny
+    entries keeps its norm (no overflow to inf, no underflow to 0, where np.linalg.norm of a
+    single 1.9e-261 gives 0)."""
+    a, b = (np.asarray(v) for v in vectors)
+    assert inner(a, b) == pytest.approx(float(np.dot(a, b)), rel=1e-9, abs=1e-9 * (1 + np.abs(a) @ np.abs(b)))
+    peak = float(np.abs(a).max())
+    if peak == 0:
+        assert vector_norm(a) == 0.0
+        return
+    unit_norm = float(np.linalg.norm(a / peak))  # its largest entry 1: no underflow, no overflow
+    assert vector_norm(a) == pytest.approx(peak * unit_norm, rel=1e-12)
+    scaled = a / peak * scale  # its largest entry: scale, from 1e-300 to 1e300
+    assert vector_norm(scaled) == pytest.approx(scale * unit_norm, rel=1e-12)
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -28,6 +28,7 @@ from typing import Literal
 import numpy as np
 
 from fairclip.strategies.aggregation import RoundSums
+from fairclip.strategies.clipping import vector_norm
 
 ClippingError = Literal["both", "direction", "magnitude"]
 
@@ -56,7 +57,7 @@ def _norm(vector: np.ndarray) -> float:
     below about 1e-308 lose their digits (six entries of 3.0e-159 came out 8.9e-8 off, against
     the 1e-9 the ablation's property test allows)."""
     peak = float(np.abs(vector).max(initial=0.0))
-    return peak * float(np.linalg.norm(vector / peak)) if peak > 0 else 0.0
+    return peak * vector_norm(vector / peak) if peak > 0 else 0.0
 
 
 def _at_length(direction: np.ndarray, length: float) -> np.ndarray:
@@ -65,4 +66,4 @@ def _at_length(direction: np.ndarray, length: float) -> np.ndarray:
     if peak == 0:
         return np.zeros_like(direction)
     unit = direction / peak
-    return unit * (length / float(np.linalg.norm(unit)))
+    return unit * (length / vector_norm(unit))
