@@ -55,6 +55,8 @@ from typing import Any
 
 import numpy as np
 
+from fairclip.strategies.clipping import row_norms
+
 LAST_EPOCH = "last-epoch"
 """``training.train_loss``'s value for seed 003's batch-mean estimate."""
 
@@ -116,7 +118,7 @@ class LastEpoch:
         ||Σ_{i in B_t,k} Δ_i|| / |B_t,k| of G_k for each cohort the batch holds."""
         clients = np.asarray(clients, dtype=np.float64)
         held = clients > 0
-        lengths = np.linalg.norm(np.asarray(cohort_sums, dtype=np.float64), axis=1)
+        lengths = row_norms(np.asarray(cohort_sums, dtype=np.float64))  # no overflow, no BLAS
         self.mean_norm_sums[held] += lengths[held] / clients[held]
         self.mean_norm_batches[held] += 1
 

@@ -272,6 +272,15 @@ def test_a_checkpoint_without_norms_leaves_them_unknown_not_partial():
     assert before_the_epoch.update_norms().tolist() == [2.0, 1.5]
 
 
+def test_a_cohorts_batch_sum_norm_neither_overflows_nor_underflows():
+    """G_k's term ||Σ Δ_i|| takes each cohort's length as the clipping does (``row_norms``):
+    ``np.linalg.norm(axis=1)`` gave inf for six entries of 1e300 and 0 for six of 3e-170."""
+    epoch = LastEpoch(2, 0.1)
+    epoch.add_batch_updates(np.array([[1e300] * 6, [3e-170] * 6]), np.array([1, 2]))
+    expected = [math.sqrt(6) * 1e300, math.sqrt(6) * 3e-170 / 2]
+    assert epoch.mean_update_norms() == pytest.approx(expected, rel=1e-12)
+
+
 def test_a_loss_limit_is_refused_beside_it():
     with pytest.raises(ConfigError, match=r"train_loss_limit applies only with training\.train_loss = true"):
         _config("training.train_loss_limit=10")
