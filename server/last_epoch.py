@@ -118,7 +118,7 @@ class LastEpoch:
         ||Σ_{i in B_t,k} Δ_i|| / |B_t,k| of G_k for each cohort the batch holds."""
         clients = np.asarray(clients, dtype=np.float64)
         held = clients > 0
-        lengths = row_norms(np.asarray(cohort_sums, dtype=np.float64))  # no overflow, no BLAS
+        lengths = row_norms(cohort_sums)  # float64, no overflow, no BLAS
         self.mean_norm_sums[held] += lengths[held] / clients[held]
         self.mean_norm_batches[held] += 1
 
