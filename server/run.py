@@ -116,6 +116,10 @@ class Run:
         """The last epoch's cohort losses and update norms (``training.train_loss =
         "last-epoch"`` or ``"last-epoch-examples"``), from :meth:`note_last_epoch` and
         :meth:`finish_round`; set below, with the run's other settings."""
+        self._noted_batch: tuple[int, tuple[Any, ...], tuple[Any, ...]] | None = None
+        """The batch :meth:`note_last_epoch` measured for the round now training: (round, its
+        cohort losses, its cohort update sums), added to :attr:`last_epoch` with the round's
+        release, so that a checkpoint written while it trains holds the earlier rounds only."""
         self.client_evaluation: dict[str, Any] | None = None
         """The last client evaluation released: its round, noise and noisy metrics (summary.json)."""
         self.rounds = Rounds(
@@ -351,11 +355,17 @@ class Run:
         ``"last-epoch"`` or ``"last-epoch-examples"`` and the round is one of the last epoch's,
         add each cohort's loss of the sampled clients' examples under θ_t and the norm of each
         cohort's sum of the updates they train from it (:mod:`fairclip.server.last_epoch`). The
-        model is only read, and no step changes."""
+        model is only read, and no step changes. The measurements join the last epoch's sums when
+        :meth:`finish_round` releases the round: an interruption while the round trains leaves
+        them out of the checkpoint, and the resumed run measures that batch once."""
+        self._noted_batch = None
         last_epoch = self.last_epoch
         if last_epoch is not None and last_epoch.wants(round_number, self.rounds_to_run):
-            last_epoch.add(*self.task.cohort_batch_losses(self.model, client_ids))
-            last_epoch.add_batch_updates(*self.task.cohort_update_sums(self.model, client_ids, round_number))
+            self._noted_batch = (
+                round_number,
+                self.task.cohort_batch_losses(self.model, client_ids),
+                self.task.cohort_update_sums(self.model, client_ids, round_number),
+            )
 
     def evaluates_clients(self, round_number: int) -> bool:
         """Whether round ``round_number`` is followed by the clients' evaluation of the model it
@@ -475,6 +485,11 @@ class Run:
             self.public_columns.update(public)
             if self.last_epoch is not None and self.last_epoch.wants(round_number, self.rounds_to_run):
                 self.last_epoch.add_norms(sums.diagnostics.norm_before, sums.diagnostics.sampled)
+                if self._noted_batch is not None and self._noted_batch[0] == round_number:
+                    _, losses, update_sums = self._noted_batch
+                    self.last_epoch.add(*losses)
+                    self.last_epoch.add_batch_updates(*update_sums)
+            self._noted_batch = None
             row = {**public, **internal, **(extra or {})}
             self.rows.append(row)
         return row

@@ -17,9 +17,10 @@ from fairclip.scenarios.data.federated_dataset import FederatedDataset
 from fairclip.scenarios.errors import ConfigError
 from fairclip.scenarios.models import load_vector
 from fairclip.scenarios.tasks.classification import ClassificationTask
-from fairclip.server.checkpoint import Checkpointing
+from fairclip.server.checkpoint import Checkpointing, rounds_done
 from fairclip.server.last_epoch import LastEpoch
 from fairclip.server.run import Run
+from fairclip.sims.executors.local import LocalExecutor
 from fairclip.sims.executors.loop import simulate
 
 CLIENTS, RATE, ROUNDS = 60, 0.1, 25
@@ -200,6 +201,39 @@ def test_a_run_stopped_in_its_last_epoch_continues_with_the_same_losses(tmp_path
         for value in ("train_loss", "train_update_norm", "train_mean_update_norm"):
             assert resumed.summary["cohorts"][name][value] == uninterrupted.summary["cohorts"][name][value]
     assert resumed.summary["train_loss_rounds"] == math.ceil(1 / RATE)
+
+
+def test_a_run_stopped_while_a_last_epoch_round_trains_counts_that_round_once(tmp_path):
+    """Ctrl-C or SIGTERM lands while a round trains (most of a round's time), after the round's
+    batch was measured: the checkpoint written then holds the rounds before it, and so must the
+    last epoch's sums, or the resumed run measures that batch a second time."""
+    config = _config()
+    uninterrupted = simulate(config, _task(config))
+    stop = ROUNDS - 4  # inside the last epoch
+
+    def interrupted_in(round_number: int):
+        def factory(task, policy):
+            execute = LocalExecutor(task, policy)
+
+            def train(model, client_ids, number, *args):
+                if number == round_number:
+                    raise KeyboardInterrupt
+                return execute(model, client_ids, number, *args)
+
+            return train
+
+        return factory
+
+    path = tmp_path / "checkpoint.pkl"
+    with pytest.raises(KeyboardInterrupt):
+        simulate(config, _task(config), executor_factory=interrupted_in(stop), checkpoint=Checkpointing(path))
+    assert rounds_done(path, config) == stop - 1, "the interrupted round is not in the checkpoint"
+    resumed = simulate(config, _task(config), checkpoint=Checkpointing(path))
+    assert resumed.summary["train_loss_rounds"] == math.ceil(1 / RATE)  # 11 before the fix
+    assert uninterrupted.summary["train_loss_rounds"] == math.ceil(1 / RATE)
+    for name in ("many", "few"):
+        for value in ("train_loss", "train_update_norm", "train_mean_update_norm"):
+            assert resumed.summary["cohorts"][name][value] == uninterrupted.summary["cohorts"][name][value]
 
 
 @pytest.mark.parametrize("objective", ["cross-entropy", "fairlens"])
