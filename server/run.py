@@ -116,6 +116,10 @@ class Run:
         """The last epoch's cohort losses and update norms (``training.train_loss =
         "last-epoch"`` or ``"last-epoch-examples"``), from :meth:`note_last_epoch` and
         :meth:`finish_round`; set below, with the run's other settings."""
+        self.evaluation_due: int | None = None
+        """The round whose model the clients are to evaluate next (:meth:`finish_round` of a round
+        :meth:`evaluates_clients`, until :meth:`finish_evaluation`): a snapshot taken in between
+        would continue after that round without its evaluation."""
         self._noted_batch: tuple[int, tuple[Any, ...], tuple[Any, ...]] | None = None
         """The batch :meth:`note_last_epoch` measured for the round now training: (round, its
         cohort losses, its cohort update sums), added to :attr:`last_epoch` with the round's
@@ -264,10 +268,12 @@ class Run:
         """What a later process needs to continue this run after its last finished round
         (:mod:`fairclip.server.checkpoint`): the round server's state, the rows and summary so
         far, and the pieces of run time behind them. No generator state: the run's randomness
-        is keyed by (seed, round). Refused between a counts-first round's two releases."""
+        is keyed by (seed, round). Refused between a round's releases (:attr:`between_releases`)."""
         rounds = self.rounds
         if rounds.pending is not None:
             raise RuntimeError(f"round {rounds.pending.number} is half released (its counts only)")
+        if self.evaluation_due is not None:
+            raise RuntimeError(f"round {self.evaluation_due} is released but its clients' evaluation is not")
         return {
             "rounds_completed": rounds.rounds_completed,
             "model": rounds.model,
@@ -414,6 +420,7 @@ class Run:
             )
             self.rounds.accountant.step(self._evaluation_event, self.plan.sample_rate)
             self.evaluation_releases += 1
+            self.evaluation_due = None
             per_cohort = client_evaluation.cohort_metrics(noisy, names, evaluation.loss_bound)
             gap = client_evaluation.accuracy_gap(per_cohort)
             public: dict[str, Any] = {
@@ -492,7 +499,15 @@ class Run:
             self._noted_batch = None
             row = {**public, **internal, **(extra or {})}
             self.rows.append(row)
+            self.evaluation_due = round_number if self.evaluates_clients(round_number) else None
         return row
+
+    @property
+    def between_releases(self) -> bool:
+        """Whether the last round is part released: its counts without its updates (a
+        counts-first policy), or its updates without the clients' evaluation that follows them.
+        No checkpoint is written then (:meth:`snapshot`): the one before the round stands."""
+        return self.rounds.pending is not None or self.evaluation_due is not None
 
     def finish(self, interrupted: bool = False, error: BaseException | None = None) -> RunResult:
         """The result, with the budget message when the budget cut the run short.

@@ -421,3 +421,27 @@ def test_a_training_loss_beside_the_clients_evaluation_stays_out_of_its_release(
         assert "train_loss" in summary["cohorts"][name]
         np.testing.assert_equal(summary["cohorts"][name]["client_accuracy"], released["client_accuracy"])
     assert summary["not_covered_by_dp"] == ["cohorts.*.train_loss (the clients' training examples)"]
+
+
+def test_a_run_stopped_while_its_clients_evaluate_continues_to_the_same_result(tmp_path):
+    """Ctrl-C or SIGTERM lands while the clients evaluate round 2's model (after the round's
+    release, before the evaluation's): the checkpoint written then may not hold round 2 without
+    its evaluation, or the resumed run goes on to round 3 and that evaluation is never made."""
+    from fairclip.server.checkpoint import CHECKPOINT_FILE, Checkpointing, rounds_done
+
+    config = _config("training.rounds=4", "training.eval_every=2")
+    straight = simulate(config, build_task(config))
+
+    class InterruptedEvaluation(LocalExecutor):
+        def evaluate_clients(self, model, client_ids, max_examples, loss_bound):
+            raise KeyboardInterrupt
+
+    path = tmp_path / CHECKPOINT_FILE
+    every_round = Checkpointing(path, every_seconds=1e-9)
+    with pytest.raises(KeyboardInterrupt):
+        simulate(config, build_task(config), InterruptedEvaluation, checkpoint=every_round)
+    assert rounds_done(path, config) == 1, "the checkpoint of round 1 stands"
+    resumed = simulate(config, build_task(config), checkpoint=Checkpointing(path))
+    assert pd.DataFrame(resumed.rows).equals(pd.DataFrame(straight.rows))
+    assert resumed.summary["privacy"] == straight.summary["privacy"]
+    assert resumed.summary["client_evaluation"] == straight.summary["client_evaluation"]

@@ -93,7 +93,7 @@ def simulate(
         with contextlib.suppress(Exception):  # the interruption, not this, is what the caller sees
             server.finish(interrupted=True, error=error)
         saved = False
-        if checkpoint is not None and server.rounds.pending is None:
+        if checkpoint is not None and not server.between_releases:
             with interrupts_deferred():  # a second Ctrl-C does not cut the write short
                 saved = checkpoint.save(server)
         if saved or not counts_releases or _noted(checkpoint, server):
