@@ -364,7 +364,6 @@ class Run:
         model is only read, and no step changes. The measurements join the last epoch's sums when
         :meth:`finish_round` releases the round: an interruption while the round trains leaves
         them out of the checkpoint, and the resumed run measures that batch once."""
-        self._noted_batch = None
         last_epoch = self.last_epoch
         if last_epoch is not None and last_epoch.wants(round_number, self.rounds_to_run):
             self._noted_batch = (

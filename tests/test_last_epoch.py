@@ -211,22 +211,15 @@ def test_a_run_stopped_while_a_last_epoch_round_trains_counts_that_round_once(tm
     uninterrupted = simulate(config, _task(config))
     stop = ROUNDS - 4  # inside the last epoch
 
-    def interrupted_in(round_number: int):
-        def factory(task, policy):
-            execute = LocalExecutor(task, policy)
-
-            def train(model, client_ids, number, *args):
-                if number == round_number:
-                    raise KeyboardInterrupt
-                return execute(model, client_ids, number, *args)
-
-            return train
-
-        return factory
+    class InterruptedRound(LocalExecutor):
+        def __call__(self, model, client_ids, round_number, *args):
+            if round_number == stop:
+                raise KeyboardInterrupt
+            return super().__call__(model, client_ids, round_number, *args)
 
     path = tmp_path / "checkpoint.pkl"
     with pytest.raises(KeyboardInterrupt):
-        simulate(config, _task(config), executor_factory=interrupted_in(stop), checkpoint=Checkpointing(path))
+        simulate(config, _task(config), InterruptedRound, checkpoint=Checkpointing(path))
     assert rounds_done(path, config) == stop - 1, "the interrupted round is not in the checkpoint"
     resumed = simulate(config, _task(config), checkpoint=Checkpointing(path))
     assert resumed.summary["train_loss_rounds"] == math.ceil(1 / RATE)  # 11 before the fix
