@@ -16,6 +16,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from fairclip.server.provenance import cpu_model
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 """The folder that holds ``benchmarks/`` (the repository root)."""
 
@@ -195,16 +197,6 @@ def measured(
 # ----- machine --------------------------------------------------------------------------------
 
 
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.lower().startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def _version(name: str) -> str | None:
     try:
         return metadata.version(name)
@@ -290,7 +282,7 @@ def machine_info() -> dict[str, Any]:
     return {
         "cores": os.cpu_count(),
         "usable_cores": usable,
-        "cpu_model": _cpu_model(),
+        "cpu_model": cpu_model(),
         "memory_bytes": memory,
         "load_average": load,
         "platform": platform.platform(),

@@ -54,17 +54,33 @@ def git_commit() -> str | None:
     return commit.stdout.strip() + ("+dirty" if status.stdout.strip() else "")
 
 
+def cpu_model() -> str:
+    """The CPU's model name from ``/proc/cpuinfo`` (Linux), else what :mod:`platform` knows."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.lower().startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def machine() -> dict[str, Any]:
-    """CPU cores this process may use, the platform, and the GPU torch sees (if any)."""
+    """CPU cores this process may use, the platform, the CPU model, the vector instructions
+    torch's CPU kernels use (``torch.backends.cpu.get_cpu_capability()``: two hosts that differ
+    here can round the same computation differently), and the GPU torch sees (if any)."""
     info: dict[str, Any] = {
         "platform": platform.platform(),
         "processor": platform.machine(),
+        "cpu": cpu_model(),
+        "cpu_capability": None,
         "cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
         "gpu": None,
     }
     try:
         import torch
 
+        info["cpu_capability"] = torch.backends.cpu.get_cpu_capability()
         if torch.cuda.is_available():
             info["gpu"] = torch.cuda.get_device_name(0)
     except Exception:  # torch without a working CUDA runtime: no GPU to report
