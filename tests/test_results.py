@@ -263,6 +263,30 @@ def test_two_hosts_of_one_kind_are_told_apart_by_their_platform(tmp_path):
     ) in results.results_markdown(store)
 
 
+def test_two_hosts_of_one_platform_are_told_apart_by_their_cpu(tmp_path):
+    """Two hosts that report the same platform string (one sandbox image on two CPUs) round the
+    same code differently (xu-mnist's notes): the record names each one's CPU model and torch's
+    CPU kernels, and a run recorded before provenance named the CPU reads as a third place."""
+    out, store = tmp_path / "run", tmp_path / "results"
+    out.mkdir()
+    _finished(out)
+    before = {"platform": "Linux-a", "processor": "x86_64", "cores": 2, "gpu": None}
+    amd = {**before, "cpu": "AMD EPYC 7B13", "cpu_capability": "AVX2"}
+    intel = {**before, "cpu": "Intel(R) Xeon(R) Processor", "cpu_capability": "AVX512"}
+    for index, machine in enumerate([before, amd, intel, intel]):
+        run = out / "runs" / f"run-{index}"
+        run.mkdir(parents=True, exist_ok=True)
+        provenance = {"started": "2026-12-07T12:00:00+00:00", "wall_seconds": 60.0, "machine": machine}
+        provenance["execution"] = {"backend": "local", "workers": 1, "device": "cpu"}
+        (run / "summary.json").write_text(json.dumps({"provenance": provenance}))
+    results.record(out, store / "xu-mnist", "fairclip reproduce xu-mnist --seeds 3")
+    assert (
+        "4 min of run time: 1 run (1 min) on 2 CPU core(s), trained on cpu; "
+        "1 run (1 min) on 2 CPU core(s) (AMD EPYC 7B13, AVX2), trained on cpu; "
+        "2 runs (2 min) on 2 CPU core(s) (Intel(R) Xeon(R) Processor, AVX512), trained on cpu, recorded at"
+    ) in results.results_markdown(store)
+
+
 @pytest.mark.parametrize(
     ("option", "named"),
     [
