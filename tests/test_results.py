@@ -239,52 +239,51 @@ def test_runs_made_on_two_machines_are_recorded_as_two(tmp_path):
     assert "CPU core(s) per run, recorded at" in results.results_markdown(store)
 
 
-def test_two_hosts_of_one_kind_are_told_apart_by_their_platform(tmp_path):
+_ONE = {"platform": "Linux-a", "processor": "x86_64", "cores": 2, "gpu": None}
+_GPU = {"platform": "Linux-c", "processor": "x86_64", "cores": 16, "gpu": "NVIDIA H200"}
+_AMD = {**_ONE, "cpu": "AMD EPYC 7B13", "cpu_capability": "AVX2"}
+_INTEL = {**_ONE, "cpu": "Intel(R) Xeon(R) Processor", "cpu_capability": "AVX512"}
+_OTHER = {**_ONE, "platform": "Linux-b"}
+
+
+@pytest.mark.parametrize(
+    ("places", "heading"),
+    [
+        pytest.param(
+            [(_ONE, "cpu"), (_OTHER, "cpu"), (_OTHER, "cpu"), (_GPU, "cuda")],
+            "4 min of run time: 1 run (1 min) on 2 CPU core(s) (Linux-a), trained on cpu; "
+            "2 runs (2 min) on 2 CPU core(s) (Linux-b), trained on cpu; "
+            "1 run (1 min) on 16 CPU core(s) with an NVIDIA H200, trained on cuda, recorded at",
+            id="one kind, two platforms",
+        ),
+        pytest.param(
+            [(_ONE, "cpu"), (_AMD, "cpu"), (_INTEL, "cpu"), (_INTEL, "cpu")],
+            "4 min of run time: 1 run (1 min) on 2 CPU core(s), trained on cpu; "
+            "1 run (1 min) on 2 CPU core(s) (AMD EPYC 7B13, AVX2), trained on cpu; "
+            "2 runs (2 min) on 2 CPU core(s) (Intel(R) Xeon(R) Processor, AVX512), trained on cpu, "
+            "recorded at",
+            id="one platform, two CPUs",
+        ),
+    ],
+)  # fmt: skip
+def test_two_hosts_that_look_alike_are_told_apart(tmp_path, places, heading):
     """Runs made on two hosts with the same cores and device (two sandboxes of one kind) are two
-    entries; the heading names each one's platform, so they do not read as one machine named
-    twice. A host whose cores, GPU or device set it apart is named as before."""
+    entries, and the heading names what sets each apart, so they do not read as one machine named
+    twice: the platform, or, where the platform string is the same too (one sandbox image on two
+    CPUs, which rounded xu-mnist differently), the CPU model and torch's CPU kernels, which runs
+    recorded before provenance named them lack. A host whose cores, GPU or device set it apart is
+    named as before."""
     out, store = tmp_path / "run", tmp_path / "results"
     out.mkdir()
     _finished(out)
-    one = {"platform": "Linux-a", "processor": "x86_64", "cores": 2, "gpu": None}
-    other = {**one, "platform": "Linux-b"}
-    gpu = {"platform": "Linux-c", "processor": "x86_64", "cores": 16, "gpu": "NVIDIA H200"}
-    for index, (machine, device) in enumerate([(one, "cpu"), (other, "cpu"), (other, "cpu"), (gpu, "cuda")]):
+    for index, (machine, device) in enumerate(places):
         run = out / "runs" / f"run-{index}"
         run.mkdir(parents=True, exist_ok=True)
         provenance = {"started": "2026-11-25T12:00:00+00:00", "wall_seconds": 60.0, "machine": machine}
         provenance["execution"] = {"backend": "local", "workers": 1, "device": device}
         (run / "summary.json").write_text(json.dumps({"provenance": provenance}))
     results.record(out, store / "xu-dutch", "fairclip reproduce xu-dutch --seeds 3")
-    assert (
-        "4 min of run time: 1 run (1 min) on 2 CPU core(s) (Linux-a), trained on cpu; "
-        "2 runs (2 min) on 2 CPU core(s) (Linux-b), trained on cpu; "
-        "1 run (1 min) on 16 CPU core(s) with an NVIDIA H200, trained on cuda, recorded at"
-    ) in results.results_markdown(store)
-
-
-def test_two_hosts_of_one_platform_are_told_apart_by_their_cpu(tmp_path):
-    """Two hosts that report the same platform string (one sandbox image on two CPUs) round the
-    same code differently (xu-mnist's notes): the record names each one's CPU model and torch's
-    CPU kernels, and a run recorded before provenance named the CPU reads as a third place."""
-    out, store = tmp_path / "run", tmp_path / "results"
-    out.mkdir()
-    _finished(out)
-    before = {"platform": "Linux-a", "processor": "x86_64", "cores": 2, "gpu": None}
-    amd = {**before, "cpu": "AMD EPYC 7B13", "cpu_capability": "AVX2"}
-    intel = {**before, "cpu": "Intel(R) Xeon(R) Processor", "cpu_capability": "AVX512"}
-    for index, machine in enumerate([before, amd, intel, intel]):
-        run = out / "runs" / f"run-{index}"
-        run.mkdir(parents=True, exist_ok=True)
-        provenance = {"started": "2026-12-07T12:00:00+00:00", "wall_seconds": 60.0, "machine": machine}
-        provenance["execution"] = {"backend": "local", "workers": 1, "device": "cpu"}
-        (run / "summary.json").write_text(json.dumps({"provenance": provenance}))
-    results.record(out, store / "xu-mnist", "fairclip reproduce xu-mnist --seeds 3")
-    assert (
-        "4 min of run time: 1 run (1 min) on 2 CPU core(s), trained on cpu; "
-        "1 run (1 min) on 2 CPU core(s) (AMD EPYC 7B13, AVX2), trained on cpu; "
-        "2 runs (2 min) on 2 CPU core(s) (Intel(R) Xeon(R) Processor, AVX512), trained on cpu, recorded at"
-    ) in results.results_markdown(store)
+    assert heading in results.results_markdown(store)
 
 
 @pytest.mark.parametrize(
