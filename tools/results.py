@@ -320,9 +320,8 @@ def _place(entry: dict[str, Any], platform: bool = False) -> str:
     """Where one entry of a record's ``machines`` ran: its cores, their CPU model and torch's
     CPU kernels (where recorded, since 2026-12-07), GPU (and ``platform``) and training device."""
     machine = entry["machine"]
-    named = [part for part in (machine.get("cpu"), machine.get("cpu_capability")) if part]
-    if platform:
-        named.append(str(machine.get("platform")))
+    parts = (machine.get("cpu"), machine.get("cpu_capability"), machine.get("platform") if platform else None)
+    named = [str(part) for part in parts if part]
     host = f" ({', '.join(named)})" if named else ""
     gpu = f" with an {machine['gpu']}" if machine.get("gpu") else ""
     device = f", trained on {entry['device']}" if entry["device"] else " (training device not recorded)"
