@@ -6,8 +6,11 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pandas as pd
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 TRUE_MEAN = 0.4
 
@@ -82,3 +85,58 @@ def test_rounds_csv_has_one_row_per_round_and_the_required_columns(runs):
     assert rounds["clip_bound"].iloc[-1] < rounds["clip_bound"].iloc[0]
     assert (rounds["noise_std"] == 0).all()
     assert not list(out.glob("**/*.tmp"))
+
+
+def _task(*overrides: str):
+    from fairclip.scenarios.config import load_config
+    from fairclip.scenarios.tasks import build_task
+
+    config = load_config("bimodal-mean", None, list(overrides))
+    return build_task(config)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    client=st.integers(0, 9),
+    point=st.floats(-1e3, 1e3, allow_nan=False),
+    estimate=st.floats(-10, 10, allow_nan=False),
+)
+def test_a_neighbouring_population_gets_the_same_published_evaluation(client, point, estimate):
+    """DP covers the released estimate and nothing else: what a run publishes beside it must be
+    post-processing. Replace one client's point and every metric and summary entry of the same
+    estimate stays as it was (they used to be the clients' exact loss and mean)."""
+    task, neighbour = _task("federation.num_clients=10"), _task("federation.num_clients=10")
+    assert not task.draws_points
+    neighbour.points[client] = point
+    model = np.array([estimate])
+    assert task.evaluate(model) == neighbour.evaluate(model)
+    assert task.summary(model) == neighbour.summary(model)
+
+
+def test_a_three_client_run_publishes_only_functions_of_its_estimate():
+    """End to end, with one client in the minority cohort (where its cohort's exact loss would be
+    its own point's distance to the estimate): every published mean-estimation column follows
+    from the released estimate and the scenario's settings (centres 0 and 1, spreads 0.01)."""
+    from fairclip.api import simulate_config
+    from fairclip.scenarios.config import load_config
+
+    overrides = [
+        "federation.num_clients=3",
+        "federation.sample_rate=1.0",
+        "training.rounds=3",
+        "privacy.noise_multiplier=1.0",
+        "policy.name=bounded",
+    ]
+    result = simulate_config(load_config("bimodal-mean", None, overrides))
+    published = {"estimate", "loss", "distance_to_mean", "near_zero/loss", "near_one/loss"}
+    assert published | {"near_one/distance"} <= result.public_columns
+    mean = (2 * 0.0 + 1 * 1.0) / 3  # cohort sizes 2 and 1 of three clients (shares 0.6, 0.4)
+    for row in result.rows:
+        mu = row["estimate"]
+        near_zero, near_one = 0.5 * (mu**2 + 0.01**2), 0.5 * ((mu - 1) ** 2 + 0.01**2)
+        assert row["near_zero/loss"] == pytest.approx(near_zero, rel=1e-12)
+        assert row["near_one/loss"] == pytest.approx(near_one, rel=1e-12)
+        assert row["near_one/distance"] == pytest.approx(abs(mu - 1), rel=1e-12)
+        assert row["loss"] == pytest.approx((2 * near_zero + near_one) / 3, rel=1e-12)
+        assert row["distance_to_mean"] == pytest.approx(abs(mu - mean), rel=1e-12)
+    assert result.summary["population_mean"] == [pytest.approx(mean)]

@@ -52,10 +52,13 @@ class Task(Protocol):
         """Raw updates Δ_i = θ_i − θ_t of the given clients, one row each."""
 
     def evaluate(self, model: np.ndarray) -> tuple[dict[str, float], dict[str, dict[str, float]]]:
-        """(global metrics, per-cohort metrics) of ``model``."""
+        """(global metrics, per-cohort metrics) of ``model``. A run publishes them as
+        post-processing of the released model, so they may read only data no client holds (a
+        held-out test set, the scenario's settings), never the clients' own examples."""
 
     def summary(self, model: np.ndarray) -> dict[str, Any]:
-        """Task-specific entries of ``summary.json`` for the final model."""
+        """Task-specific entries of ``summary.json`` for the final model, published as
+        :meth:`evaluate`'s metrics are: from the model and public data only."""
 
     def keep_clients(self, owned: np.ndarray) -> None:
         """Keep only the clients ``owned`` (a boolean mask over the N clients) and their data;

@@ -3,15 +3,25 @@
 Client i of cohort k holds one point x_i = c_k + spread_k · z_i, z_i ~ N(0, I_d); the model is
 μ, and the update is x_i − μ (:func:`local_updates`). Cohort sizes come from
 :func:`fairclip.scenarios.data.cohort_client_counts`; cohort k's clients are a contiguous run of ids
-(:class:`fairclip.scenarios.data.generated_clients.CohortRanges`). Per cohort the task reports the
-distance ||μ − c_k|| and the loss ½·mean ||x_i − μ||² over the cohort's clients.
+(:class:`fairclip.scenarios.data.generated_clients.CohortRanges`).
+
+The task is evaluated as a classification task is on its test set: on data no client holds.
+Here that is each cohort's distribution, a scenario setting. Per cohort it reports the distance
+||μ − c_k|| and the expected loss on a fresh point of the cohort,
+
+    L_k(μ) = E ½||x − μ||² = ½(||μ − c_k||² + d·spread_k²),
+
+and overall the loss Σ_k (n_k/N) L_k(μ) and the distance to the population's mean
+μ* = Σ_k (n_k/N) c_k (seed 000's "true mean", 0.4 for ``bimodal-mean``). Every one is a function of
+the released μ and the scenario's settings alone, so the run publishes them as post-processing.
+The clients' own points are never read for them: their exact mean or loss would be a statistic
+of the private data that DP does not cover (with three clients, one cohort's loss gives away its
+one client's point).
 
 A population whose points would take more than
 :data:`fairclip.scenarios.data.generated_clients.GENERATE_ABOVE_BYTES` (N × d × 8 bytes) holds none:
 client i's z_i is drawn from its own generator (seed, DATA, 2, i) when it is sampled, so a round
-costs what its sampled clients cost, whatever N. Its losses are then the expectations over each
-cohort's distribution, ½(||μ − c_k||² + d·spread_k²), and the population mean is Σ_k (n_k/N) c_k
-(a mean over N points differs from these by about spread/√N).
+costs what its sampled clients cost, whatever N.
 """
 
 from __future__ import annotations
@@ -25,9 +35,6 @@ from fairclip.scenarios.config import ScenarioSpec
 from fairclip.scenarios.data import cohort_client_counts
 from fairclip.scenarios.data.generated_clients import CLIENT_KEY, GENERATE_ABOVE_BYTES, CohortRanges
 from fairclip.strategies.randomness import Stream, rng
-
-EVALUATION_ROWS = 2**22
-"""Held points are evaluated this many at a time (a block's temporaries: 2 × 32 MiB for d = 1)."""
 
 
 def local_updates(points: np.ndarray, model: np.ndarray) -> np.ndarray:
@@ -101,32 +108,20 @@ class MeanEstimationTask:
         return self
 
     def _cohort_losses(self, model: np.ndarray) -> np.ndarray:
-        """½·mean ||x_i − μ||² of each cohort: over its held points, block by block, or its
-        distribution's expectation."""
-        if self.points is None:
-            offsets = np.sum((self.centres - model[None, :]) ** 2, axis=1)
-            return 0.5 * (offsets + self.dimension * self.spreads**2)
-        losses = np.full(len(self.cohort_names), np.nan)
-        for cohort in range(len(self.cohort_names)):
-            members = self.client_cohorts.members(cohort)
-            if not len(members):
-                continue
-            total = 0.0
-            for start in range(members.start, members.stop, EVALUATION_ROWS):
-                block = self.points[start : min(start + EVALUATION_ROWS, members.stop)] - model[None, :]
-                total += float(np.einsum("ij,ij->", block, block))
-            losses[cohort] = 0.5 * total / len(members)
-        return losses
+        """L_k(μ) = ½(||μ − c_k||² + d·spread_k²): the expected ½||x − μ||² of a fresh point of
+        each cohort (module docstring)."""
+        offsets = np.sum((self.centres - model[None, :]) ** 2, axis=1)
+        return 0.5 * (offsets + self.dimension * self.spreads**2)
 
     @functools.cached_property
     def population_mean(self) -> np.ndarray:
-        """The mean of the N points (held), or of the cohorts' distributions weighted by size;
-        fixed data, computed once (an O(N) pass over held points)."""
-        if self.points is not None:
-            return self.points.mean(0)
+        """μ* = Σ_k (n_k/N) c_k: the mean of the population's distribution (scenario settings, not
+        the clients' points)."""
         return (self.cohort_sizes[:, None] * self.centres).sum(0) / self.cohort_sizes.sum()
 
     def evaluate(self, model: np.ndarray) -> tuple[dict[str, float], dict[str, dict[str, float]]]:
+        """Each cohort's distance ||μ − c_k|| and loss L_k(μ); overall Σ_k (n_k/N) L_k(μ), ||μ − μ*||
+        and, in one dimension, μ itself: functions of μ and the scenario alone (module docstring)."""
         losses = self._cohort_losses(model)
         per_cohort = {
             name: {
