@@ -167,7 +167,8 @@ class Scenario:
     model name, a factory ``(input_shape, num_classes) -> torch.nn.Module``, or a reference.
     ``num_clients`` defaults to the dataset's. ``settings`` holds any other configuration key
     (dotted, typed: ``{"training.client_lr": 0.5, "privacy.target_epsilon": 2.0}``); keys not
-    given take the defaults of ``docs/design.md`` (policy ``none`` until one is chosen).
+    given take their defaults (the Configuration keys page of the docs; policy ``none`` until one
+    is chosen).
 
     Python objects are registered (:func:`fairclip.plugins.register`) under the scenario's name
     when it runs, so comparisons on Ray find them in their worker processes too.

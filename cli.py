@@ -176,7 +176,7 @@ def run(
     tensorboard: TensorBoardOption = None,
     mlflow: MLflowOption = None,
 ) -> None:
-    """Run one simulation; write rounds.csv and summary.json."""
+    """Run one simulation; write rounds.csv, summary.json and model.npy."""
     if workers > 1 and executor is not Executor.local:
         raise ConfigError("--workers applies to the local executor; the ray executor takes --actors")
     if address and executor is Executor.ray:
@@ -629,7 +629,7 @@ def _print_run_summary(summary: dict, out: Path) -> None:
         stdout.print(f"outside epsilon (preprocessing): {'; '.join(outside)}")
     for flag in summary.get("flags", []):
         console.print(f"[yellow]warning: {flag}[/yellow]")
-    stdout.print(f"wrote {out / 'rounds.csv'} and {out / 'summary.json'}")
+    stdout.print(f"wrote {out / 'rounds.csv'}, {out / 'summary.json'} and {out / 'model.npy'}")
 
 
 @app.command()

@@ -306,7 +306,7 @@ def _sections() -> Iterator[tuple[str, Any]]:
     yield "seed", None
     for variant in typing.get_args(RunConfig.model_fields["scenario"].annotation):
         yield "scenario", variant
-    for name in ("federation", "training", "privacy"):
+    for name in ("federation", "training", "privacy", "evaluation"):
         yield name, RunConfig.model_fields[name].annotation
 
 
@@ -317,9 +317,10 @@ def configuration_page() -> str:
         "",
         "Generated from the configuration model (`RunConfig`) and the policies' parameter schemas "
         "at build time. A scenario is a TOML file with a top-level `seed` and the tables "
-        "`[scenario]`, `[federation]`, `[training]`, `[policy]` and `[privacy]`; every key below "
-        "can also be set with `--set KEY=VALUE` on the command line, with "
-        "`overrides={KEY: value}` in Python and in a Flower run's `--run-config`. An unknown key or "
+        "`[scenario]`, `[federation]`, `[training]`, `[policy]`, `[privacy]` and `[evaluation]`; every "
+        "key below can also be set with `--set KEY=VALUE` on the command line, with "
+        "`overrides={KEY: value}` in Python, and in a Flower run's `--run-config`: directly where the "
+        "app declares the key, otherwise in its `set='KEY=VALUE;...'`. An unknown key or "
         "a value out of range ends the command with one line naming it, and exit status 2, before "
         "any work starts.",
         "",

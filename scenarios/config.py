@@ -577,8 +577,8 @@ class EvaluationSpec(_Section):
 
     clients: bool = False
     """Have a fresh sample of clients evaluate the model on their held-out examples after every
-    reporting round, released with DP noise and accounted in ε (simulations; the Flower apps
-    refuse it for now)."""
+    reporting round, released with DP noise and accounted in ε (simulations and fairclip's Flower
+    apps)."""
     server: bool = True
     """Evaluate the model on the server's own test set (off: the summary's cohorts are the
     clients' noisy evaluation)."""
