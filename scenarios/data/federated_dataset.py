@@ -24,6 +24,10 @@ class FederatedDataset:
     weighs every test example for the cohort's metrics (1/0 for a test set split by cohort; a
     class mix for cohorts defined by labels). Checked on construction: a bad dataset raises one
     ``ValueError`` line naming the problem.
+
+    The test set is the server's own: every metric of a run is computed on it and published as
+    post-processing of the released model, which DP covers only if no client holds these
+    examples. Give a held-out split, never the clients' training rows.
     """
 
     train_x: np.ndarray
@@ -108,7 +112,8 @@ class FederatedDataset:
         ``dirichlet``, ``by_cohort``), which also gives the cohorts. ``cohorts``: per client, its
         cohort, as names or as indices. ``test_cohorts``: per test example, the cohort whose
         metrics it counts for (the same kind of values). Cohorts are ordered by first appearance
-        among the clients. ``num_classes`` defaults to the largest label + 1.
+        among the clients. ``num_classes`` defaults to the largest label + 1. ``test_x`` and
+        ``test_y`` must be examples no client holds (the class docstring says why).
         """
         train_x = _features(x, "x")
         train_y = _labels(y, "y")
