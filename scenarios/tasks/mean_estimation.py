@@ -130,9 +130,8 @@ class MeanEstimationTask:
             }
             for index, name in enumerate(self.cohort_names)
         }
-        present = self.cohort_sizes > 0
         overall = {
-            "loss": float(np.sum(losses[present] * self.cohort_sizes[present]) / self.cohort_sizes.sum()),
+            "loss": float(np.sum(losses * self.cohort_sizes) / self.cohort_sizes.sum()),
             "distance_to_mean": float(np.linalg.norm(model - self.population_mean)),
         }
         if self.dimension == 1:
