@@ -16,7 +16,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from fairclip.server.provenance import cpu_model
+from fairclip.server.provenance import machine, usable_cores
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 """The folder that holds ``benchmarks/`` (the repository root)."""
@@ -269,7 +269,9 @@ def _cpu_seconds(process: Any) -> float:
 
 
 def machine_info() -> dict[str, Any]:
-    """Cores, CPU model, memory, load and the versions of the libraries that matter here."""
+    """The machine as a run's provenance names it (:func:`fairclip.server.provenance.machine`:
+    platform, CPU, its vector instructions, usable ``cores``, GPU), with what a benchmark also
+    needs: all the cores, memory, load and the versions of the libraries that matter here."""
     try:
         memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError):
@@ -278,28 +280,13 @@ def machine_info() -> dict[str, Any]:
         load = list(os.getloadavg())
     except OSError:
         load = None
-    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return {
-        "cores": os.cpu_count(),
-        "usable_cores": usable,
-        "cpu_model": cpu_model(),
+        **machine(),
+        "all_cores": os.cpu_count(),
         "memory_bytes": memory,
         "load_average": load,
-        "platform": platform.platform(),
         "python": platform.python_version(),
         "libraries": {
             name: _version(name) for name in ("fairclip", "torch", "flwr", "ray", "opacus", "numpy", "pfl")
         },
-        "gpu": _gpu_name(),
     }
-
-
-def _gpu_name() -> str | None:
-    """The first CUDA device's name, None where torch sees none."""
-    import torch
-
-    return torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
-
-
-def usable_cores() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)

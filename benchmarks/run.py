@@ -385,8 +385,8 @@ def print_table(report: dict[str, Any]) -> None:
 
     machine = report["machine"]
     title = (
-        f"fairclip bench{' --quick' if report['quick'] else ''} — {machine['cpu_model']}, "
-        f"{machine['usable_cores']} cores, load {machine['load_average']}"
+        f"fairclip bench{' --quick' if report['quick'] else ''} — {machine['cpu']}, "
+        f"{machine['cores']} cores, load {machine['load_average']}"
         + (f", {report['device']}: {machine.get('gpu')}" if report.get("device", "cpu") != "cpu" else "")
     )
     table = Table(title=title, show_lines=False)

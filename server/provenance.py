@@ -65,6 +65,11 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+def usable_cores() -> int:
+    """The CPU cores this process may run on (its affinity, where the platform has one)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
 def machine() -> dict[str, Any]:
     """CPU cores this process may use, the platform, the CPU model, the vector instructions
     torch's CPU kernels use (``torch.backends.cpu.get_cpu_capability()``: two hosts that differ
@@ -74,7 +79,7 @@ def machine() -> dict[str, Any]:
         "processor": platform.machine(),
         "cpu": cpu_model(),
         "cpu_capability": None,
-        "cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+        "cores": usable_cores(),
         "gpu": None,
     }
     try:
