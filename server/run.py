@@ -157,6 +157,9 @@ class Run:
         """Columns of ``rows`` that DP covers (or that are public anyway) and may be published;
         every other column -- exact counts, simulation diagnostics, what an executor adds -- is
         internal to the server (:func:`fairclip.server.outputs.split_rows`)."""
+        self._round_diagnostics: set[str] = set()
+        """The other columns of ``rows``, in a simulation: named in the summary's
+        ``not_covered_by_dp`` (:meth:`_name_round_diagnostics`)."""
         self.stop_reason: str | None = None
         self.execution: dict[str, Any] | None = None
         """How the executor runs the clients (executor, workers or actors and nodes), where it
@@ -305,6 +308,7 @@ class Run:
         rounds.last_event = snapshot["last_event"]
         self.rows = list(snapshot["rows"])
         self.public_columns = set(snapshot["public_columns"])
+        self._round_diagnostics = {key for row in self.rows for key in row} - self.public_columns
         self.summary = snapshot["summary"]
         self.evaluated_model = snapshot["evaluated_model"]
         self._earlier_pieces = list(snapshot["pieces"])
@@ -456,6 +460,8 @@ class Run:
             self.public_columns.update(public)
             row.update(public)
             row.update(internal)
+            if self.simulation:
+                self._name_round_diagnostics(row)
         return row
 
     def broadcast(self) -> Broadcast:
@@ -498,6 +504,8 @@ class Run:
             self._noted_batch = None
             row = {**public, **internal, **(extra or {})}
             self.rows.append(row)
+            if self.simulation:
+                self._name_round_diagnostics(row)
             self.evaluation_due = round_number if self.evaluates_clients(round_number) else None
         return row
 
@@ -598,6 +606,27 @@ class Run:
             cohorts[name] = {**cohorts.get(name, {}), "train_loss": value}
         self._not_covered("cohorts.*.train_loss (the clients' training examples)")
 
+    def _name_round_diagnostics(self, row: dict[str, Any]) -> None:
+        """Name the columns of a simulation's ``rounds.csv`` that DP does not cover -- every column
+        outside :attr:`public_columns`: exact counts and clipped fractions, the clients' norms
+        before and after clipping, exact evaluations, what the executor adds -- in one entry of
+        the summary's ``not_covered_by_dp`` (:data:`ROUND_DIAGNOSTICS`), kept up to date as
+        columns appear. A ServerApp writes these columns to its server-internal folder instead
+        (:func:`fairclip.server.outputs.write_server_run`)."""
+        columns = set(row) - self.public_columns
+        if columns <= self._round_diagnostics:
+            return
+        self._round_diagnostics |= columns
+        later = [e for e in self.summary.get("not_covered_by_dp", []) if not e.startswith(ROUND_DIAGNOSTICS)]
+        self.summary["not_covered_by_dp"] = [*self._round_diagnostics_named(), *later]
+
+    def _round_diagnostics_named(self) -> list[str]:
+        """The summary's first ``not_covered_by_dp`` entry (none before a round has finished, and
+        none outside a simulation): the columns of ``rounds.csv`` that DP does not cover."""
+        if not (self.simulation and self._round_diagnostics):
+            return []
+        return [ROUND_DIAGNOSTICS + ", ".join(sorted(self._round_diagnostics))]
+
     def _not_covered(self, entry: str) -> None:
         """Name ``entry``, a summary value computed from the clients' data without noise (a
         simulation's diagnostic), in the summary's ``not_covered_by_dp``."""
@@ -672,6 +701,7 @@ class Run:
                 else {}
             ),
             **self.task.summary(self.model),
+            **({"not_covered_by_dp": named} if (named := self._round_diagnostics_named()) else {}),
             "config": config.as_dict(),
             "provenance": self._provenance(),
         }
@@ -727,6 +757,10 @@ def dropped_rounds_flag(rounds: list[int], completed: int) -> str:
         "from them"
     )
 
+
+ROUND_DIAGNOSTICS = "rounds.csv columns (exact, from the clients and their sampling): "
+"""How the summary's ``not_covered_by_dp`` entry that names a simulation's internal ``rounds.csv``
+columns begins (:meth:`Run._name_round_diagnostics`)."""
 
 NOISY_REPORT_COLUMNS = 16
 """A released noisy report sum of at most this many coordinates (the noisy counts of every

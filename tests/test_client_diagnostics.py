@@ -1,16 +1,21 @@
 """The per-client diagnostics are one declared list (``aggregation.CLIENT_DIAGNOSTICS``)
 that the client side, the sums, a reply's record and the row writer all read; none of them is
-released (they are simulation-only: no DP covers them)."""
+released (they are simulation-only: no DP covers them), and a simulation's summary names every
+column of its ``rounds.csv`` that DP does not cover."""
 
 from __future__ import annotations
 
 import dataclasses
+import json
 from types import SimpleNamespace
 
 import numpy as np
+import pandas as pd
 
+from fairclip.api import simulate_config
 from fairclip.client.protocol import DIAGNOSTIC_FIELDS
-from fairclip.server.run import _round_row
+from fairclip.scenarios.config import load_config
+from fairclip.server.run import ROUND_DIAGNOSTICS, _round_row
 from fairclip.strategies.aggregation import CLIENT_DIAGNOSTICS, CohortDiagnostics, RoundSums
 
 KINDS = {"count", "bit", "norm"}
@@ -52,3 +57,24 @@ def test_every_diagnostic_column_is_internal_never_public():
         assert internal[f"{name}/sampled"] == 2
         assert internal[f"{name}/clipped_fraction"] == 0.5
     assert not any("/" in column for column in public)
+
+
+def test_a_simulation_names_every_rounds_column_dp_does_not_cover(cli, tmp_path):
+    """End to end through ``fairclip run``, with the clients' evaluation on (whose exact values a
+    simulation keeps too): the summary's ``not_covered_by_dp`` names, in one entry, exactly the
+    columns of ``rounds.csv`` outside the run's public columns, and no public one."""
+    overrides = ["federation.num_clients=200", "training.rounds=3", "evaluation.clients=true"]
+    out = tmp_path / "run"
+    sets = [item for override in overrides for item in ("--set", override)]
+    status, _, err = cli("run", "--scenario", "demo", *sets, "--out", str(out))
+    assert status == 0, err
+    columns = set(pd.read_csv(out / "rounds.csv").columns)
+    summary = json.loads((out / "summary.json").read_text())
+    entries = [entry for entry in summary["not_covered_by_dp"] if entry.startswith(ROUND_DIAGNOSTICS)]
+    assert len(entries) == 1
+    named = set(entries[0][len(ROUND_DIAGNOSTICS) :].split(", "))
+    result = simulate_config(load_config("demo", None, overrides))  # the same run, for its split
+    assert named == columns - result.public_columns
+    assert {"clipped_fraction", "sampled_clients", "client_eval_sampled"} <= named
+    assert any(column.endswith("_exact") for column in named)
+    assert not named & result.public_columns and "epsilon" in result.public_columns
