@@ -423,8 +423,11 @@ def _config_of(run_folder: Path):
     return validate(pickle.loads((run_folder / CHECKPOINT_FILE).read_bytes())["config"])
 
 
-RAY_ROUNDS = 20_000
-"""Far more rounds than run before the SIGTERM (about 15 ms a round here)."""
+RAY_TASK_CPU_SECONDS = 3.0
+"""CPU time each run's task spends before the SIGTERM: past its imports and into its rounds (about
+15 ms a round here), and far from the end of xu-adult's 2,827 (about 40 s of CPU here). A wall-clock
+wait is neither: 20 s left a task without a finished round in a loaded CI run (2026-12-06), and
+40 s outlasted both runs on a fast CI machine (2026-12-07)."""
 
 
 @pytest.mark.slow
@@ -433,6 +436,8 @@ def test_a_reproduction_on_ray_killed_writes_the_checkpoints_of_its_running_task
     own handler, which exits at once), cancels the tasks, and each writes its checkpoint after
     the rounds it finished; then the driver exits with 143, and the Ray it started is gone. Also
     when it was started with SIGINT ignored, through which Ray cancels a running task."""
+    import uuid
+
     import psutil
 
     from fairclip.scenarios.data import DATASET_FILES
@@ -440,34 +445,34 @@ def test_a_reproduction_on_ray_killed_writes_the_checkpoints_of_its_running_task
     for relative in DATASET_FILES["adult"]:
         if not (DATA_DIR / relative).is_file():
             pytest.skip(f"{DATA_DIR / relative} is absent: set FAIRCLIP_DATA to the benchmark data folder")
-    environment = {**os.environ, "FLWR_TELEMETRY_ENABLED": "0", "FAIRCLIP_DATA": str(DATA_DIR)}
+    mark = uuid.uuid4().hex
+    environment = {
+        **os.environ, "FLWR_TELEMETRY_ENABLED": "0", "FAIRCLIP_DATA": str(DATA_DIR), MARK_VARIABLE: mark,
+    }  # fmt: skip
     out = tmp_path / "killed"
     command = [
         sys.executable, "-m", "fairclip", "reproduce", "xu-adult", "--seeds", "1",
-        "--strategies", "none,constant", "--backend", "ray",
-        "--max-rounds", str(RAY_ROUNDS), "--out", str(out),
+        "--strategies", "none,constant", "--backend", "ray", "--out", str(out),
     ]  # fmt: skip
     # Started as `cmd &` in a script would be: SIGINT ignored, in the driver and Ray's workers.
     process = subprocess.Popen(
         command, env=environment, stderr=subprocess.PIPE, text=True, preexec_fn=_ignore_sigint
     )
-    driver = psutil.Process(process.pid)
     try:
         deadline = time.monotonic() + 180
-        while True:  # Ray names a worker after the task it runs
-            started = driver.children(recursive=True)
-            tasks = [p for p in started if _title(p).startswith("ray::run_simulation")]
-            # At least 2: a process that a task's worker forks carries its title too. A CI run
-            # (2026-12-04) never saw exactly 2 in the 150 s both runs took under load, where the
-            # same reproduction alone, or beside 3 busy loops, showed exactly 2 throughout.
-            if len(tasks) >= 2:
+        while True:
+            started = _marked_processes(mark)
+            tasks = _task_workers(started)
+            if len(tasks) == 2:
                 break
-            assert process.poll() is None, process.communicate()
-            assert time.monotonic() < deadline, "the two runs did not start on Ray in time"
+            assert process.poll() is None, (_titles(started), process.communicate())
+            assert time.monotonic() < deadline, (
+                f"the two runs did not start on Ray in time: {_titles(started)}"
+            )
             time.sleep(0.2)
-        # well into both runs' rounds: 20 s left one task without a finished round in a CI run
-        # beside a two-core reproduction (2026-12-06), so it wrote no checkpoint
-        time.sleep(40.0)
+        for task in tasks:  # well into both runs' rounds, on a loaded machine as on an idle one
+            _wait_for_cpu(task.pid, RAY_TASK_CPU_SECONDS)
+        started = _marked_processes(mark)
         process.send_signal(signal.SIGTERM)
         signalled = time.monotonic()
         _, err = process.communicate(timeout=120)
@@ -483,10 +488,50 @@ def test_a_reproduction_on_ray_killed_writes_the_checkpoints_of_its_running_task
     assert [folder.name for folder in folders] == ["constant__eps-none__seed-0", "none__eps-none__seed-0"]
     for folder in folders:
         assert not (folder / "summary.json").exists()
-        done = rounds_done(folder / CHECKPOINT_FILE, _config_of(folder))
-        assert 0 < done < RAY_ROUNDS, f"{folder.name}: {done} rounds in its checkpoint"
-    _, alive = psutil.wait_procs(started, timeout=30)
+        config = _config_of(folder)
+        done = rounds_done(folder / CHECKPOINT_FILE, config)
+        assert 0 < done < config.training.rounds, f"{folder.name}: {done} rounds in its checkpoint"
+    _, alive = psutil.wait_procs([p for p in started if p.pid != process.pid], timeout=30)
     assert not alive, f"Ray processes the driver started are still running: {alive}"
+
+
+MARK_VARIABLE = "FAIRCLIP_TEST_PROCESS_MARK"
+"""Set in a test's driver and so in every process it starts, Ray's included."""
+
+
+def _marked_processes(mark: str) -> list:
+    """The processes whose environment holds ``MARK_VARIABLE=mark``: the driver and all it started,
+    found by what they inherit rather than by their parent, which a Ray process need not keep."""
+    import psutil
+
+    found = []
+    for candidate in psutil.process_iter():
+        try:
+            if candidate.environ().get(MARK_VARIABLE) == mark:
+                found.append(candidate)
+        except psutil.Error:  # ended, or not ours to read
+            continue
+    return found
+
+
+def _task_workers(processes: list) -> list:
+    """The Ray workers that run a run's task (Ray names a worker after the task it runs), without
+    the processes they fork, which carry the title too (a CI run saw more than 2 for 2 tasks)."""
+    import psutil
+
+    titled = {p.pid: p for p in processes if _title(p).startswith("ray::run_simulation")}
+    workers = []
+    for worker in titled.values():
+        try:
+            if worker.ppid() not in titled:
+                workers.append(worker)
+        except psutil.Error:  # it has just ended
+            continue
+    return workers
+
+
+def _titles(processes: list) -> list[str]:
+    return sorted(_title(p) for p in processes)
 
 
 def _ignore_sigint() -> None:
