@@ -321,7 +321,7 @@ def test_runs_on_ray_left_by_their_driver_stop_and_write_their_checkpoint(ray_se
     done = rounds_done(paths["long"], long)
     assert 0 < done < endless
     workers = psutil.Process().children(recursive=True)  # this test's Ray is started here
-    running = [worker for worker in workers if _title(worker).startswith("ray::run_simulation")]
+    running = [worker for worker in workers if _runs_a_task(worker)]
     assert not running, "a cancelled run is still going"
 
 
@@ -519,7 +519,7 @@ def _task_workers(processes: list) -> list:
     the processes they fork, which carry the title too (a CI run saw more than 2 for 2 tasks)."""
     import psutil
 
-    titled = {p.pid: p for p in processes if _title(p).startswith("ray::run_simulation")}
+    titled = {p.pid: p for p in processes if _runs_a_task(p)}
     workers = []
     for worker in titled.values():
         try:
@@ -530,8 +530,30 @@ def _task_workers(processes: list) -> list:
     return workers
 
 
+def _runs_a_task(process) -> bool:
+    """Whether Ray has titled ``process`` after a run's task: in its command line, or else in its
+    kernel name (15 characters), where setting the title cannot rewrite the command line."""
+    import psutil
+
+    if _title(process).startswith("ray::run_simulation"):
+        return True
+    try:
+        return process.name().startswith("ray::run_simula")
+    except psutil.Error:  # it has just ended
+        return False
+
+
 def _titles(processes: list) -> list[str]:
-    return sorted(_title(p) for p in processes)
+    """Each process's command line and kernel name, for a failure's message."""
+    import psutil
+
+    titles = []
+    for process in processes:
+        try:
+            titles.append(f"{_title(process)} ({process.name()})")
+        except psutil.Error:
+            continue
+    return sorted(titles)
 
 
 def _ignore_sigint() -> None:
@@ -560,7 +582,7 @@ def _wait_until_a_run_has_worked(seconds_of_cpu: float, deadline: float = 240.0)
     start = time.monotonic()
     while time.monotonic() - start < deadline:
         for worker in psutil.Process().children(recursive=True):
-            if _title(worker).startswith("ray::run_simulation"):
+            if _runs_a_task(worker):
                 _wait_for_cpu(worker.pid, seconds_of_cpu, deadline)
                 return
         time.sleep(0.2)
